@@ -1,0 +1,45 @@
+# Two commands matter on a fresh machine: `make run` and `make test`.
+# Everything else (the virtualenv, dependencies, Postgres for the tests) is set up from here.
+
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+PYTEST_ARGS ?=
+
+.PHONY: run test lint bench proto clean help
+
+help:
+	@echo "make run    - start a one-shard server on loopback with a demo worker"
+	@echo "make test   - run the whole test suite (unit + integration)"
+	@echo "make lint   - ruff and mypy --strict on our sources"
+	@echo "make bench  - throughput, latency and engine benchmarks (numbers printed)"
+	@echo "make proto  - regenerate the Python stubs from proto/cronoq/v1/cronoq.proto"
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	touch $(STAMP)
+
+run: $(STAMP)
+	$(BIN)/python -m cronoq.shard.demo
+
+test: $(STAMP)
+	$(BIN)/python -m pytest -q -p no:cacheprovider $(PYTEST_ARGS)
+
+lint: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/mypy common shard bench tests
+
+bench: $(STAMP)
+	$(BIN)/python -m bench
+
+proto: $(STAMP)
+	$(BIN)/python -m grpc_tools.protoc -Iproto --python_out=common --pyi_out=common \
+		--grpc_python_out=common proto/cronoq/v1/cronoq.proto
+	cp proto/cronoq/v1/cronoq.proto common/cronoq/v1/cronoq.proto
+
+clean:
+	rm -rf $(VENV) build *.egg-info common/*.egg-info

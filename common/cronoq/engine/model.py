@@ -1,0 +1,203 @@
+"""The engine's vocabulary: statuses, classes, task specs, tasks, leases, actions and errors.
+
+These are plain data (``slots=True`` dataclasses, int enums) so that the engine stays free of I/O and
+the server can turn them into protobuf messages without a lookup table. Times are Unix seconds as
+floats, injected by the caller (the engine never reads a clock).
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import Any
+
+
+class Status(enum.IntEnum):
+    """Task statuses; the numbers are the wire ``TaskStatus`` values."""
+
+    BLOCKED = 1
+    SCHEDULED = 2
+    READY = 3
+    RUNNING = 4
+    RETRYING = 5
+    SUCCEEDED = 6
+    FAILED = 7
+    DEAD_LETTERED = 8
+    CANCELLED = 9
+    SKIPPED = 10
+    MISSED = 11
+    SHED = 12
+
+    @property
+    def label(self) -> str:
+        """Lower-case name used by the HTTP API, the CLI and metrics (``dead_lettered``)."""
+        return self.name.lower()
+
+    @property
+    def terminal(self) -> bool:
+        return self >= Status.SUCCEEDED
+
+
+TERMINAL = frozenset(s for s in Status if s.terminal)
+PENDING = frozenset({Status.BLOCKED, Status.SCHEDULED, Status.READY, Status.RETRYING})
+
+
+class Priority(enum.IntEnum):
+    """Priority classes; engine values are 0..3, the wire enum is this value + 1."""
+
+    CRITICAL = 0
+    HIGH = 1
+    NORMAL = 2
+    LOW = 3
+
+    @property
+    def label(self) -> str:
+        return self.name.lower()
+
+
+class Overflow(enum.Enum):
+    """What a pool does when a submission would exceed ``max_pending``."""
+
+    WAIT = "wait"
+    REJECT = "reject"
+    SHED_LOWEST = "shed_lowest"
+    SHED_OLDEST = "shed_oldest"
+
+
+@dataclass(slots=True, frozen=True)
+class RetryPolicy:
+    """Attempts and backoff; delay after attempt k is min(max, initial * multiplier**(k-1))."""
+
+    max_attempts: int = 3
+    initial_backoff: float = 1.0
+    multiplier: float = 2.0
+    max_backoff: float = 60.0
+    jitter: bool = True
+
+
+@dataclass(slots=True)
+class PoolConfig:
+    """One pool as the engine sees it (the server builds it from ``[[pools]]``)."""
+
+    name: str
+    max: int = 10
+    min: int = 1
+    lease_ttl: float | None = None
+    max_pending: int | None = None
+    overflow: Overflow = Overflow.WAIT
+    retry: RetryPolicy = field(default_factory=RetryPolicy)
+    default_duration: float = 1.0
+    max_slots_per_worker: int | None = None
+    cost_per_worker_second: float = 0.0
+
+
+@dataclass(slots=True)
+class EngineLimits:
+    """Engine-wide bounds (from ``[limits]``)."""
+
+    max_pending_total: int = 1_000_000
+    key_retention: float = 86_400.0
+    key_retention_max: int = 100_000
+    metrics_window: float = 60.0
+
+
+@dataclass(slots=True)
+class TaskSpec:
+    """A validated submission. Validation (field names in messages) happens before the engine."""
+
+    pool: str
+    payload: Any = b""
+    content_type: str = ""
+    kind: str = "default"
+    priority: Priority = Priority.NORMAL
+    key: str = ""
+    deadline: float | None = None  # absolute, Unix seconds; soft
+    duration_hint: float | None = None
+    timeout: float | None = None  # per attempt, seconds
+    retry: RetryPolicy | None = None  # None: the pool's policy
+    tags: dict[str, str] = field(default_factory=dict)
+    labels: dict[str, str] = field(default_factory=dict)
+    tenant: str = ""
+
+
+@dataclass(slots=True)
+class Task:
+    """A task the engine knows, live or retained after it finished."""
+
+    id: int
+    spec: TaskSpec
+    seq: int
+    status: Status
+    created: float
+    attempt: int = 0
+    max_attempts: int = 1
+    ready_at: float | None = None
+    started: float | None = None
+    finished: float | None = None
+    message: str = ""
+    lease: int = 0  # current lease id while RUNNING, else 0
+
+
+@dataclass(slots=True, frozen=True)
+class Submitted:
+    """The answer to one submitted spec: its id, and whether the key named an existing task."""
+
+    id: int
+    duplicate: bool
+
+
+# ------------------------------------------------------------------------------------------- actions
+
+
+@dataclass(slots=True, frozen=True)
+class Dispatch:
+    """Send this lease to this worker."""
+
+    worker_id: int
+    lease: int
+    task: Task
+    attempt: int
+    lease_ttl: float | None
+
+
+@dataclass(slots=True, frozen=True)
+class Abort:
+    """Tell this worker to stop this lease; its slot is already free."""
+
+    worker_id: int
+    lease: int
+    reason: str
+
+
+@dataclass(slots=True, frozen=True)
+class StatusEvent:
+    """A status change, for Watch and for waiters."""
+
+    id: int
+    pool: str
+    key: str
+    status: Status
+    attempt: int
+    at: float
+    message: str
+
+
+Action = Dispatch | Abort | StatusEvent
+
+
+# -------------------------------------------------------------------------------------------- errors
+
+
+class SubmitError(Exception):
+    """A submission the engine refuses; ``code`` is one of the reference engine's codes.
+
+    unknown_pool, unknown_resource, resource_exceeds_capacity, reservation_conflict, cycle,
+    unknown_dependency, full (overflow=wait: retry when space frees), overloaded,
+    duplicate_key_in_batch, invalid. ``index`` is the position in a batch when known.
+    """
+
+    def __init__(self, code: str, message: str, index: int | None = None) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+        self.index = index

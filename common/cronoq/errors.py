@@ -1,0 +1,173 @@
+"""Errors shared by the SDK, the engine and the servers.
+
+Every error that crosses the wire is an :class:`ApiError` subclass named for its gRPC status, the way
+psycopg maps SQLSTATE codes to classes: a server raises ``InvalidArgument("task.pool: ...")`` once, each
+transport renders it (gRPC status, HTTP code + JSON body), and the SDK turns the received status back into
+the same class. The class carries the retry decision (``retryable``) so callers need no table of their own.
+
+``Retryable`` and ``Permanent`` are what a handler raises to say how its attempt failed; the worker SDK
+turns them into the ``fail`` message of the worker protocol.
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+
+class CronoqError(Exception):
+    """Base of every error cronoq raises."""
+
+
+class ApiError(CronoqError):
+    """An error with a gRPC status code (lower-case name in ``code``)."""
+
+    code: ClassVar[str] = "unknown"
+    http_status: ClassVar[int] = 500
+    retryable: ClassVar[bool] = False
+
+    def __init__(self, message: str = "", code: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        if code is not None and code != type(self).code:
+            # Only for codes with no class of their own (kept so nothing is lost in translation).
+            self.code = code  # type: ignore[misc]
+
+    def __str__(self) -> str:
+        return f"{self.code}: {self.message}" if self.message else self.code
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return (type(self), (self.message, self.code))
+
+
+class InvalidArgument(ApiError):
+    code = "invalid_argument"
+    http_status = 400
+
+
+class Unauthenticated(ApiError):
+    code = "unauthenticated"
+    http_status = 401
+
+
+class PermissionDenied(ApiError):
+    code = "permission_denied"
+    http_status = 403
+
+
+class NotFound(ApiError):
+    code = "not_found"
+    http_status = 404
+
+
+class FailedPrecondition(ApiError):
+    code = "failed_precondition"
+    http_status = 409
+
+
+class AlreadyExists(ApiError):
+    code = "already_exists"
+    http_status = 409
+
+
+class ResourceExhausted(ApiError):
+    code = "resource_exhausted"
+    http_status = 429
+    retryable = True
+
+
+class Unavailable(ApiError):
+    code = "unavailable"
+    http_status = 503
+    retryable = True
+
+
+class DeadlineExceeded(ApiError):
+    code = "deadline_exceeded"
+    http_status = 504
+
+
+class DataLoss(ApiError):
+    code = "data_loss"
+    http_status = 500
+
+
+class Cancelled(ApiError):
+    code = "cancelled"
+    http_status = 499
+
+
+class Unimplemented(ApiError):
+    code = "unimplemented"
+    http_status = 501
+
+
+class Internal(ApiError):
+    code = "internal"
+    http_status = 500
+
+
+class Aborted(ApiError):
+    code = "aborted"
+    http_status = 409
+
+
+class OutOfRange(ApiError):
+    code = "out_of_range"
+    http_status = 400
+
+
+class Unknown(ApiError):
+    code = "unknown"
+    http_status = 500
+
+
+_BY_CODE: dict[str, type[ApiError]] = {
+    cls.code: cls
+    for cls in (
+        InvalidArgument,
+        Unauthenticated,
+        PermissionDenied,
+        NotFound,
+        FailedPrecondition,
+        AlreadyExists,
+        ResourceExhausted,
+        Unavailable,
+        DeadlineExceeded,
+        DataLoss,
+        Cancelled,
+        Unimplemented,
+        Internal,
+        Aborted,
+        OutOfRange,
+        Unknown,
+    )
+}
+
+
+def error_for(code: str, message: str) -> ApiError:
+    """The error instance for a lower-case gRPC status name (``unknown`` keeps an unfamiliar code)."""
+    cls = _BY_CODE.get(code)
+    if cls is None:
+        return Unknown(message, code=code)
+    return cls(message)
+
+
+class Retryable(CronoqError):
+    """Raised by a handler: the attempt failed but a retry may succeed.
+
+    ``retry_after`` (seconds) is the earliest the next attempt should start; the server waits the larger
+    of it and the backoff of the task's retry policy.
+    """
+
+    def __init__(self, message: str = "", retry_after: float | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.retry_after = retry_after
+
+
+class Permanent(CronoqError):
+    """Raised by a handler: retrying cannot help (bad input, a 4xx). The task ends FAILED."""
+
+    def __init__(self, message: str = "") -> None:
+        super().__init__(message)
+        self.message = message
