@@ -37,7 +37,7 @@ bench: $(STAMP)
 	$(BIN)/python -m bench
 
 proto: $(STAMP)
-	$(BIN)/python -m grpc_tools.protoc -Iproto --python_out=common --pyi_out=common \
+	$(BIN)/python -m grpc_tools.protoc -Iproto --python_out=common \
 		--grpc_python_out=common proto/cronoq/v1/cronoq.proto
 	cp proto/cronoq/v1/cronoq.proto common/cronoq/v1/cronoq.proto
 

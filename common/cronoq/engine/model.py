@@ -138,7 +138,7 @@ class Task:
     lease: int = 0  # current lease id while RUNNING, else 0
 
 
-@dataclass(slots=True, frozen=True)
+@dataclass(slots=True)  # not frozen: one per submitted task, see the note on actions below
 class Submitted:
     """The answer to one submitted spec: its id, and whether the key named an existing task."""
 
@@ -147,9 +147,12 @@ class Submitted:
 
 
 # ------------------------------------------------------------------------------------------- actions
+# Actions are built on the hot path (four or five per task), so they are not frozen: a frozen
+# dataclass's __init__ goes through object.__setattr__ per field and costs about 8x as much. Treat
+# them as read-only all the same.
 
 
-@dataclass(slots=True, frozen=True)
+@dataclass(slots=True)
 class Dispatch:
     """Send this lease to this worker."""
 
@@ -160,7 +163,7 @@ class Dispatch:
     lease_ttl: float | None
 
 
-@dataclass(slots=True, frozen=True)
+@dataclass(slots=True)
 class Abort:
     """Tell this worker to stop this lease; its slot is already free."""
 
@@ -169,7 +172,7 @@ class Abort:
     reason: str
 
 
-@dataclass(slots=True, frozen=True)
+@dataclass(slots=True)
 class StatusEvent:
     """A status change, for Watch and for waiters."""
 

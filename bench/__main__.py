@@ -1,0 +1,136 @@
+"""``make bench``: end-to-end drain, submit→start latency and engine decisions/s, numbers printed.
+
+Targets on the 2-core reference machine (issue #2): ≥ 5,000 tasks/s end to end, p99 ≤ 2 ms at a steady
+200 tasks/s, engine ≥ 250,000 decisions/s. Nothing here asserts: the numbers are for people.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from cronoq.client import Client, task
+from tests.integration.serverproc import running_server
+
+from . import engine_bench
+
+POOL_CONFIG = """
+[limits]
+max_tasks_per_batch = 1000
+max_pending_per_pool = 1000000
+max_pending_total = 1000000
+
+[[pools]]
+name = "default"
+max = 1024
+lease_ttl_s = 30
+"""
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else float("nan")
+
+
+def start_worker(target: str, expect: int, slots: int) -> subprocess.Popen[str]:
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "bench.worker",
+            "--target",
+            target,
+            "--expect",
+            str(expect),
+            "--slots",
+            str(slots),
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert proc.stdout is not None
+    line = proc.stdout.readline()
+    if "registered" not in line:
+        raise RuntimeError(f"bench worker failed to register: {line!r}")
+    return proc
+
+
+async def drain(target: str, n: int, slots: int) -> dict[str, float]:
+    worker = start_worker(target, n, slots)
+    async with Client(target) as client:
+        start = time.perf_counter()
+        batch = 1000
+        for i in range(0, n, batch):
+            await client.submit_batch([task(None) for _ in range(min(batch, n - i))])
+        submitted = time.perf_counter()
+        out, _ = await asyncio.to_thread(worker.communicate)
+        end = time.perf_counter()
+    handled = json.loads(out.strip().splitlines()[-1])["handled"]
+    return {
+        "tasks": handled,
+        "submit_s": submitted - start,
+        "total_s": end - start,
+        "tasks_per_s": handled / (end - start),
+    }
+
+
+async def latency(target: str, rate: float, seconds: float) -> dict[str, float]:
+    n = int(rate * seconds)
+    worker = start_worker(target, n, 64)
+    async with Client(target) as client:
+        interval = 1.0 / rate
+        t0 = time.perf_counter()
+        for i in range(n):
+            delay = t0 + i * interval - time.perf_counter()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            await client.submit(str(time.time_ns()).encode())
+        out, _ = await asyncio.to_thread(worker.communicate)
+    lat = json.loads(out.strip().splitlines()[-1])["latencies"]
+    return {
+        "tasks": len(lat),
+        "p50_ms": percentile(lat, 0.50) * 1e3,
+        "p99_ms": percentile(lat, 0.99) * 1e3,
+        "max_ms": max(lat) * 1e3,
+    }
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(prog="make bench")
+    p.add_argument("--tasks", type=int, default=20_000)
+    p.add_argument("--slots", type=int, default=64)
+    p.add_argument("--rate", type=float, default=200.0)
+    p.add_argument("--seconds", type=float, default=10.0)
+    p.add_argument("--engine-tasks", type=int, default=100_000)
+    args = p.parse_args()
+
+    eng = engine_bench.run(args.engine_tasks)
+    print(
+        f"engine: {eng['decisions_per_s']:,.0f} decisions/s ({eng['decisions']:,.0f} decisions in {eng['seconds']:.2f} s)"
+        "   target >= 250,000",
+        flush=True,
+    )
+    with tempfile.TemporaryDirectory() as tmp, running_server(Path(tmp), POOL_CONFIG) as server:
+        d = asyncio.run(drain(server.target, args.tasks, args.slots))
+        print(
+            f"end-to-end drain: {d['tasks']:,.0f} no-op tasks, SubmitBatch x1000, 1 worker x {args.slots} slots: "
+            f"{d['tasks_per_s']:,.0f} tasks/s (submit {d['submit_s']:.2f} s, total {d['total_s']:.2f} s)"
+            "   target >= 5,000",
+            flush=True,
+        )
+        lat = asyncio.run(latency(server.target, args.rate, args.seconds))
+        print(
+            f"submit->start latency at {args.rate:.0f} tasks/s ({lat['tasks']} tasks): p50 {lat['p50_ms']:.2f} ms, "
+            f"p99 {lat['p99_ms']:.2f} ms, max {lat['max_ms']:.2f} ms   target p99 <= 2 ms",
+            flush=True,
+        )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,46 @@
+"""A benchmark worker process: no-op handler; records submit→start latency when the payload carries
+the submit time (Unix ns as text), and prints a JSON summary after ``--expect`` tasks."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+import time
+
+from cronoq.client import Lease, Worker
+
+
+async def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--target", required=True)
+    p.add_argument("--pool", default="default")
+    p.add_argument("--slots", type=int, default=64)
+    p.add_argument("--expect", type=int, required=True)
+    args = p.parse_args()
+    latencies: list[float] = []
+    done = asyncio.Event()
+    count = 0
+
+    async def handler(lease: Lease) -> None:
+        nonlocal count
+        if lease.payload:
+            latencies.append((time.time_ns() - int(lease.payload)) / 1e9)
+        count += 1
+        if count >= args.expect:
+            done.set()
+
+    worker = Worker(args.target, args.pool, handler, slots=args.slots, name="bench")
+    task = asyncio.create_task(worker.run())
+    await worker.wait_registered(30)
+    print(json.dumps({"registered": True}), flush=True)
+    await done.wait()
+    await worker.stop()
+    await task
+    print(json.dumps({"handled": count, "latencies": latencies}), flush=True)
+    sys.exit(0)
+
+
+if __name__ == "__main__":
+    asyncio.run(main())

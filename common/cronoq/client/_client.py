@@ -1,0 +1,272 @@
+"""``Client``: the producer and operator side of the gRPC API (Tasks and Admin services)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Iterable, Sequence
+from dataclasses import dataclass
+from types import TracebackType
+from typing import Any, Unpack
+
+import grpc
+
+from cronoq.client._connect import ChannelOptions, Endpoint, api_error, auth_metadata, open_channel
+from cronoq.client._models import (
+    Event,
+    RecurringInfo,
+    Result,
+    Snapshot,
+    Submitted,
+    TaskInfo,
+    TaskPage,
+    WorkerInfo,
+)
+from cronoq.client._spec import Ref, TaskOptions, task
+from cronoq.client._wire import duration, overlap_value, status_value, task_ref
+from cronoq.v1 import cronoq_pb2 as pb
+from cronoq.v1 import cronoq_pb2_grpc as pb_grpc
+
+# Added to a waiting call's own deadline so the server's answer (result or DEADLINE_EXCEEDED) arrives
+# before the client gives up on the call.
+WAIT_MARGIN = 5.0
+
+
+class Client:
+    """Submits, inspects, waits for and cancels tasks; reads snapshots; manages recurring schedules.
+
+    ``target`` is ``host:port`` or an ``http://``/``https://``/``grpc://`` URL; https, ``tls=True`` or
+    ``credentials`` (``grpc.ssl_channel_credentials``, for mTLS) select TLS. ``token`` is sent as a
+    bearer token. The channel opens on first use in the running event loop (and again if the client is
+    used from another loop); ``async with`` or :meth:`close` releases it.
+
+    Every failed call raises a :class:`~cronoq.errors.ApiError` subclass (``ClientError``) named for
+    its gRPC status; waits that run out raise ``TimeoutError``.
+    """
+
+    def __init__(
+        self,
+        target: str,
+        *,
+        token: str | None = None,
+        tls: bool = False,
+        credentials: Any = None,
+        options: ChannelOptions | None = None,
+    ) -> None:
+        self._endpoint = Endpoint.parse(target, secure=tls or credentials is not None)
+        self._credentials = credentials
+        self._options = tuple(options or ())
+        self._metadata = auth_metadata(token)
+        self._channel: Any = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._stubs_for_channel: _Stubs | None = None
+
+    async def __aenter__(self) -> Client:
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        """Closes the channel; a later call opens a new one."""
+        channel, loop = self._channel, self._loop
+        self._channel = self._loop = self._stubs_for_channel = None
+        # A channel belongs to its loop; one left behind on another loop is dropped with that loop.
+        if channel is not None and loop is asyncio.get_running_loop():
+            await channel.close()
+
+    def _stubs(self) -> _Stubs:
+        """The stubs of a channel on the running loop, opening one if needed."""
+        loop = asyncio.get_running_loop()
+        if self._stubs_for_channel is None or self._loop is not loop:
+            self._channel = open_channel(self._endpoint, self._credentials, self._options)
+            self._loop = loop
+            self._stubs_for_channel = _Stubs(
+                tasks=pb_grpc.TasksStub(self._channel), admin=pb_grpc.AdminStub(self._channel)
+            )
+        return self._stubs_for_channel
+
+    async def _call(
+        self, rpc: Any, request: Any, *, deadline: float | None = None, waits: bool = False
+    ) -> Any:
+        """One unary call. For calls that wait for a task (``waits``), DEADLINE_EXCEEDED, from the
+        server's wait limit or the call's own deadline, means the wait ran out: TimeoutError."""
+        try:
+            return await rpc(request, metadata=self._metadata, timeout=deadline)
+        except grpc.aio.AioRpcError as err:
+            if waits and err.code() == grpc.StatusCode.DEADLINE_EXCEEDED:
+                raise TimeoutError(err.details() or "timed out waiting for the task") from err
+            raise api_error(err) from err
+
+    # ------------------------------------------------------------------------------------ tasks
+
+    async def submit(
+        self,
+        payload: object = None,
+        *,
+        wait: bool = False,
+        wait_timeout: float | None = None,
+        call_timeout: float | None = None,
+        **task_opts: Unpack[TaskOptions],
+    ) -> Submitted:
+        """Submits one task (``payload`` and options as for :func:`task`, or a prebuilt spec).
+
+        With ``wait=True`` the call returns once the task has finished, with ``result`` set; the server
+        caps the wait, ``wait_timeout`` shortens it. ``call_timeout`` bounds the whole call (default
+        ``wait_timeout`` + 5 s); when it runs out ``TimeoutError`` is raised and the task stays submitted.
+        """
+        if wait_timeout is not None and not wait:
+            raise ValueError("wait_timeout needs wait=True")
+        wait_s = duration("wait_timeout", wait_timeout)
+        if call_timeout is None and wait_s is not None:
+            call_timeout = wait_s + WAIT_MARGIN
+        request = pb.SubmitRequest(task=_spec(payload, task_opts), wait=wait, wait_timeout_s=wait_s)
+        deadline = duration("call_timeout", call_timeout)
+        response = await self._call(self._stubs().tasks.Submit, request, deadline=deadline, waits=True)
+        return Submitted.from_proto(response)
+
+    async def submit_batch(self, specs: Iterable[Any]) -> list[Submitted]:
+        """Submits specs built with :func:`task` atomically: all are accepted or none. Results are in
+        input order; specs may depend on keys defined in the same batch."""
+        response = await self._call(self._stubs().tasks.SubmitBatch, pb.SubmitBatchRequest(tasks=list(specs)))
+        return [Submitted.from_proto(item) for item in response.tasks]
+
+    async def get(self, ref: Ref) -> TaskInfo:
+        """The task with this id or key; ``NotFound`` if the server does not know (or no longer keeps) it."""
+        return TaskInfo.from_proto(
+            await self._call(self._stubs().tasks.Get, pb.GetRequest(task=task_ref(ref)))
+        )
+
+    async def cancel(self, ref: Ref) -> bool:
+        """Cancels a live task; False when it had already finished."""
+        response = await self._call(self._stubs().tasks.Cancel, pb.CancelRequest(task=task_ref(ref)))
+        return bool(response.cancelled)
+
+    async def wait(self, ref: Ref, timeout: float | None = None) -> Result:
+        """Waits until the task is terminal. The server caps the wait (``limits.max_wait_s``);
+        ``TimeoutError`` when it runs out, ``Unavailable`` if the leader changes meanwhile."""
+        timeout_s = duration("timeout", timeout)
+        request = pb.WaitRequest(task=task_ref(ref), timeout_s=timeout_s)
+        deadline = None if timeout_s is None else timeout_s + WAIT_MARGIN
+        return Result.from_proto(
+            await self._call(self._stubs().tasks.Wait, request, deadline=deadline, waits=True)
+        )
+
+    async def list_tasks(
+        self,
+        *,
+        pools: Iterable[str] = (),
+        statuses: Iterable[str] = (),
+        after: int = 0,
+        limit: int = 0,
+    ) -> TaskPage:
+        """Tasks with ids above ``after`` in id order, filtered by pool and status names.
+        ``limit`` 0 means the server's page size (100, capped by ``limits.max_list``)."""
+        request = pb.ListTasksRequest(
+            pools=_names(pools),
+            statuses=[status_value(s) for s in _names(statuses)],
+            after=after,
+            limit=limit,
+        )
+        return TaskPage.from_proto(await self._call(self._stubs().tasks.ListTasks, request))
+
+    async def iter_tasks(
+        self, *, pools: Iterable[str] = (), statuses: Iterable[str] = (), page_size: int = 0
+    ) -> AsyncIterator[TaskInfo]:
+        """Every matching task, fetching pages of ``page_size`` as it goes."""
+        after = 0
+        while True:
+            page = await self.list_tasks(pools=pools, statuses=statuses, after=after, limit=page_size)
+            for info in page.tasks:
+                yield info
+            if not page.next_after:
+                return
+            after = page.next_after
+
+    async def watch(
+        self,
+        pools: Iterable[str] | None = None,
+        *,
+        ids: Iterable[int] | None = None,
+        keys: Iterable[str] | None = None,
+        all_transitions: bool = False,
+    ) -> AsyncIterator[Event]:
+        """Status changes as they happen: terminal ones only unless ``all_transitions``.
+
+        The stream ends with ``Unavailable`` when the server shuts down or loses leadership, and with
+        ``DataLoss`` when this consumer falls too far behind.
+        """
+        request = pb.WatchRequest(
+            pools=_names(pools or ()),
+            ids=list(ids or ()),
+            keys=_names(keys or ()),
+            all_transitions=all_transitions,
+        )
+        call = self._stubs().tasks.Watch(request, metadata=self._metadata)
+        try:
+            async for message in call:
+                yield Event.from_proto(message)
+        except grpc.aio.AioRpcError as err:
+            raise api_error(err) from err
+        finally:
+            call.cancel()
+
+    # ------------------------------------------------------------------------------------ admin
+
+    async def snapshot(self) -> Snapshot:
+        """Pools, capacity and counters (needs a metrics or admin token)."""
+        return Snapshot.from_proto(await self._call(self._stubs().admin.Snapshot, pb.Empty()))
+
+    async def list_workers(self) -> list[WorkerInfo]:
+        """Connected workers (needs a metrics or admin token)."""
+        response = await self._call(self._stubs().admin.ListWorkers, pb.Empty())
+        return [WorkerInfo.from_proto(w) for w in response.workers]
+
+    async def add_recurring(
+        self,
+        name: str,
+        cron: str,
+        payload: object = None,
+        *,
+        tz: str | None = None,
+        overlap: str = "skip",
+        **opts: Unpack[TaskOptions],
+    ) -> None:
+        """Adds (or replaces) a cron schedule whose occurrences are tasks built from ``payload`` and
+        ``opts`` or from a prebuilt spec. ``overlap`` is skip, allow, queue or queue_on_success
+        (needs an admin token)."""
+        request = pb.RecurringRequest(
+            name=name, cron=cron, tz=tz or "", template=_spec(payload, opts), overlap=overlap_value(overlap)
+        )
+        await self._call(self._stubs().admin.AddRecurring, request)
+
+    async def remove_recurring(self, name: str) -> bool:
+        """Removes a schedule; False if there was none by that name (needs an admin token)."""
+        response = await self._call(self._stubs().admin.RemoveRecurring, pb.RemoveRecurringRequest(name=name))
+        return bool(response.removed)
+
+    async def list_recurring(self) -> list[RecurringInfo]:
+        """Recurring schedules (needs a metrics or admin token)."""
+        response = await self._call(self._stubs().admin.ListRecurring, pb.Empty())
+        return [RecurringInfo.from_proto(s) for s in response.schedules]
+
+
+@dataclass(frozen=True, slots=True)
+class _Stubs:
+    tasks: Any
+    admin: Any
+
+
+def _spec(payload: object, options: TaskOptions) -> Any:
+    """A prebuilt ``TaskSpec`` as is, otherwise one built by :func:`task`."""
+    if isinstance(payload, pb.TaskSpec):
+        if options:
+            raise ValueError("task options cannot be combined with a prebuilt TaskSpec")
+        return payload
+    return task(payload, **options)
+
+
+def _names(names: str | Iterable[str]) -> Sequence[str]:
+    """A single name is one name, not its characters."""
+    return [names] if isinstance(names, str) else list(names)

@@ -1,0 +1,552 @@
+"""``Worker``: serves one pool over a ``Workers.Work`` stream (worker protocol version 3).
+
+A :class:`Worker` owns the connection life cycle (register, reconnect with backoff, follow shard
+redirects, drain on stop); each stream is a :class:`_Session`, which owns the leases that arrived on it,
+because a lease means nothing on any other stream: when a stream ends the server retries its leases
+elsewhere, so their handlers are cancelled rather than reported.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import inspect
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, cast
+
+import grpc
+
+from cronoq.client._codec import decode_json, decode_text, encode
+from cronoq.client._connect import (
+    HOST_BOUND_OPTIONS,
+    ChannelOptions,
+    Endpoint,
+    api_error,
+    auth_metadata,
+    follow_redirect,
+    open_channel,
+    shard_endpoint,
+)
+from cronoq.client._wire import duration, optional_seconds, priority_name
+from cronoq.errors import ApiError, CronoqError, FailedPrecondition, Permanent, Retryable, error_for
+from cronoq.v1 import cronoq_pb2 as pb
+from cronoq.v1 import cronoq_pb2_grpc as pb_grpc
+
+PROTOCOL_VERSION = 3
+"""The worker protocol version this SDK speaks."""
+MAX_REDIRECTS = 3
+"""Shard redirects followed in a row before :meth:`Worker.run` gives up."""
+
+# Statuses retrying cannot fix: run() raises them instead of reconnecting.
+FATAL_CODES = frozenset(
+    {
+        "unauthenticated",
+        "permission_denied",
+        "not_found",
+        "failed_precondition",
+        "invalid_argument",
+        "unimplemented",
+    }
+)
+DEFAULT_MAX_MESSAGE_BYTES = 4 * 1024 * 1024  # gRPC's default, for servers that do not say
+OUTPUT_HEADROOM = 1024  # room for the Complete message around the output bytes
+MIN_HEARTBEAT_INTERVAL = 0.01
+CLOSE_WAIT = 5.0  # how long stop() waits for the server to end the stream after the half-close
+
+
+class Reject(CronoqError):
+    """Raised by a handler to hand its lease back unrun.
+
+    The server offers it to another worker of the pool (same attempt, not counted as a retry), or fails
+    the attempt as retryable when no other worker can take it.
+    """
+
+    def __init__(self, reason: str = "") -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+class CancelTask(CronoqError):
+    """Raised by a handler to end its task as cancelled, without retries."""
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class Lease:
+    """One attempt of a task, handed to the handler.
+
+    ``deadline`` is the task's soft deadline in Unix seconds, ``timeout`` the per-attempt limit and
+    ``lease_ttl`` the heartbeat bound (the worker heartbeats for the handler). ``cancelled`` is set when
+    the server aborts the attempt, just before the handler's task is cancelled; sync handlers, which
+    cannot be cancelled, should poll it.
+    """
+
+    id: int
+    task_id: int
+    attempt: int
+    payload: bytes
+    content_type: str
+    kind: str
+    key: str | None
+    tags: dict[str, str]
+    timeout: float | None
+    deadline: float | None
+    pool: str
+    priority: str | None
+    lease_ttl: float | None
+    cancelled: asyncio.Event = field(default_factory=asyncio.Event)
+
+    def json(self) -> Any:
+        """The payload parsed as JSON (``None`` for an empty payload)."""
+        return decode_json(self.payload)
+
+    def text(self) -> str:
+        """The payload as UTF-8 text."""
+        return decode_text(self.payload)
+
+    @classmethod
+    def from_proto(cls, msg: Any, registered_ttl: float | None) -> Lease:
+        """A TTL on the lease itself takes precedence over the one from registration."""
+        return cls(
+            id=msg.lease,
+            task_id=msg.task_id,
+            attempt=msg.attempt,
+            payload=msg.payload,
+            content_type=msg.content_type,
+            kind=msg.kind,
+            key=msg.key or None,
+            tags=dict(msg.tags),
+            timeout=msg.timeout_s if msg.HasField("timeout_s") else None,
+            deadline=optional_seconds(msg, "deadline_unix_ns"),
+            pool=msg.pool,
+            priority=priority_name(msg.priority),
+            lease_ttl=msg.lease_ttl_s if msg.HasField("lease_ttl_s") else registered_ttl,
+        )
+
+
+Handler = Callable[[Lease], object]
+"""An async function of a :class:`Lease` (a plain function runs in the loop's default executor)."""
+
+
+class Worker:
+    """Runs ``handler`` for the leases of ``pool``, at most ``slots`` at a time (or fewer if the server
+    grants fewer).
+
+    The handler's return value completes the task (bytes, str, None or JSON, encoded like payloads);
+    ``Retryable``/``Permanent`` fail the attempt; :class:`Reject` hands the lease back; :class:`CancelTask`
+    cancels the task; any other exception is a retryable failure "TypeName: message".
+
+    Connection settings are as for ``Client``. ``reconnect`` keeps the worker connected across dropped
+    streams, waiting ``backoff`` (initial, maximum) seconds, doubling. ``grace`` is how long
+    :meth:`stop` lets running handlers finish. ``labels`` register the worker for tasks requiring them.
+    ``insecure_redirect_http`` lets shard redirects send the token over plain http to other hosts.
+
+    The public attributes describe the latest registration: ``worker_id``, ``lease_ttl``,
+    ``granted_slots``, ``server_protocol``, ``max_message_bytes``; ``connections`` counts registrations,
+    ``last_shutdown`` holds the reason of the server's last Shutdown and ``running`` is true inside
+    :meth:`run`.
+    """
+
+    def __init__(
+        self,
+        target: str,
+        pool: str,
+        handler: Handler,
+        *,
+        slots: int = 1,
+        token: str | None = None,
+        name: str = "",
+        tls: bool = False,
+        credentials: Any = None,
+        reconnect: bool = True,
+        backoff: tuple[float, float] = (0.1, 5.0),
+        grace: float = 10.0,
+        options: ChannelOptions | None = None,
+        labels: Mapping[str, str] | None = None,
+        insecure_redirect_http: bool = False,
+    ) -> None:
+        if isinstance(slots, bool) or not isinstance(slots, int) or slots < 1:
+            raise ValueError(f"slots must be an integer >= 1 (got {slots!r})")
+        initial, ceiling = (duration("backoff", b) for b in backoff)
+        if not initial or ceiling is None or ceiling < initial:
+            raise ValueError(
+                f"backoff must be (initial, maximum) with 0 < initial <= maximum (got {backoff!r})"
+            )
+        self.pool = pool
+        self.slots = slots
+        self.name = name
+        self.labels = {str(k): str(v) for k, v in (labels or {}).items()}
+        self.reconnect = reconnect
+        self.backoff = (initial, ceiling)
+        self.grace = duration("grace", grace) or 0.0
+        self._handler = handler
+        self._handler_is_async = inspect.iscoroutinefunction(handler) or inspect.iscoroutinefunction(
+            getattr(handler, "__call__", None)  # noqa: B004 - an object whose __call__ is async
+        )
+        self._home = Endpoint.parse(target, secure=tls or credentials is not None)
+        self._credentials = credentials
+        self._options = tuple(options or ())
+        self._metadata = auth_metadata(token)
+        self._insecure_redirect_http = insecure_redirect_http
+
+        self.running = False
+        self.worker_id: int | None = None
+        self.lease_ttl: float | None = None
+        self.granted_slots = 0
+        self.server_protocol = 0
+        self.max_message_bytes = 0
+        self.last_shutdown: str | None = None
+        self.connections = 0
+
+        self._stopping = False
+        self._session: _Session | None = None
+        self._stop_task: asyncio.Task[None] | None = None
+        self._signals: _Signals | None = None
+
+    # ------------------------------------------------------------------------------- public API
+
+    async def run(self) -> None:
+        """Serves the pool until :meth:`stop`; raises an ``ApiError`` for problems retrying cannot fix
+        (rejected token, unknown pool, refused or too many redirects), or any error once ``reconnect``
+        is off."""
+        if self.running:
+            raise RuntimeError("the worker is already running")
+        signals = self._signals_here()
+        signals.registered.clear()
+        signals.wake.clear()
+        signals.finished.clear()
+        self.running = True
+        self._stopping = False
+        self._stop_task = None
+        try:
+            await self._serve(signals)
+        finally:
+            self.running = False
+            signals.finished.set()
+
+    async def stop(self, grace: float | None = None) -> None:
+        """Stops taking leases (SetSlots 0), lets running handlers finish for up to ``grace`` seconds
+        (default: the constructor's), cancels the rest, half-closes the stream and waits for
+        :meth:`run` to return. Concurrent calls share one stop."""
+        if not self.running:
+            return
+        if self._stop_task is None:
+            limit = self.grace if grace is None else duration("grace", grace) or 0.0
+            self._stop_task = asyncio.create_task(self._drain(limit))
+        await asyncio.shield(self._stop_task)
+
+    async def wait_registered(self, timeout: float | None = None) -> None:
+        """Waits until the worker is registered with the server.
+
+        ``TimeoutError`` after ``timeout`` seconds; ``RuntimeError`` if :meth:`run` ends first.
+        """
+        signals = self._signals_here()
+        waiters = [
+            asyncio.create_task(signals.registered.wait()),
+            asyncio.create_task(signals.finished.wait()),
+        ]
+        try:
+            done, _ = await asyncio.wait(waiters, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for waiter in waiters:
+                waiter.cancel()
+        if signals.registered.is_set():
+            return
+        if not done:
+            raise TimeoutError(f"the worker did not register within {timeout} s")
+        raise RuntimeError("the worker stopped before it registered")
+
+    # --------------------------------------------------------------------------------- internals
+
+    def _signals_here(self) -> _Signals:
+        """Events of the running loop; a worker can run again on another loop after it stopped."""
+        loop = asyncio.get_running_loop()
+        if self._signals is None or self._signals.loop is not loop:
+            self._signals = _Signals(loop)
+        return self._signals
+
+    async def _serve(self, signals: _Signals) -> None:
+        loop = asyncio.get_running_loop()
+        endpoint = self._home
+        delay = self.backoff[0]
+        redirects = 0
+        while not self._stopping:
+            session = _Session(self, endpoint, signals)
+            self._session = session
+            began = loop.time()
+            try:
+                await session.run()
+            finally:
+                self._session = None
+                await session.close()
+            if self._stopping:
+                return
+            if loop.time() - began > 10 * self.backoff[1]:
+                delay = self.backoff[0]
+            error = session.error
+            if error is not None and session.redirect is not None:
+                redirects += 1
+                if redirects > MAX_REDIRECTS:
+                    raise FailedPrecondition(
+                        f"gave up after {MAX_REDIRECTS} shard redirects in a row (the last pointed to "
+                        f"{session.redirect!r})"
+                    )
+                endpoint = follow_redirect(
+                    endpoint,
+                    session.redirect,
+                    sends_token=bool(self._metadata),
+                    allow_http=self._insecure_redirect_http,
+                )
+                continue
+            redirects = 0
+            if error is not None and (error.code in FATAL_CODES or not self.reconnect):
+                raise error
+            if not self.reconnect:
+                return
+            if error is not None and error.code == "unavailable":
+                endpoint = self._home  # a redirected-to shard is down: ask the configured target again
+            if session.shutdown is not None and session.shutdown.not_leader:
+                continue  # leadership moved: the new leader is ready now
+            await self._pause(delay)
+            delay = min(delay * 2, self.backoff[1])
+
+    async def _pause(self, delay: float) -> None:
+        """The reconnect backoff, cut short by :meth:`stop`."""
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._signals_here().wake.wait(), delay)
+
+    async def _drain(self, grace: float) -> None:
+        self._stopping = True
+        signals = self._signals_here()
+        signals.wake.set()
+        if self._session is not None:
+            await self._session.drain(grace)
+        await signals.finished.wait()
+
+    def _options_for(self, endpoint: Endpoint) -> ChannelOptions:
+        if endpoint == self._home:
+            return self._options
+        return tuple(option for option in self._options if option[0] not in HOST_BOUND_OPTIONS)
+
+
+class _Signals:
+    """The events of one event loop; asyncio events cannot be shared between loops."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        self.registered = asyncio.Event()
+        self.finished = asyncio.Event()
+        self.wake = asyncio.Event()
+
+
+@dataclass(eq=False, slots=True)
+class _Attempt:
+    lease: Lease
+    task: asyncio.Task[None] | None = None
+    heartbeat: asyncio.Task[None] | None = None
+
+    def cancel(self) -> None:
+        self.lease.cancelled.set()
+        for task in (self.task, self.heartbeat):
+            if task is not None:
+                task.cancel()
+
+
+class _Session:
+    """One Work stream. After :meth:`run` returns, ``error``, ``redirect`` and ``shutdown`` say why the
+    stream ended."""
+
+    def __init__(self, worker: Worker, endpoint: Endpoint, signals: _Signals) -> None:
+        self._worker = worker
+        self._signals = signals
+        self._attempts: dict[int, _Attempt] = {}
+        self._outbox: asyncio.Queue[Any] = asyncio.Queue()  # WorkerMessage, or None to half-close
+        self._closed = asyncio.Event()
+        self.registered = False
+        self.error: ApiError | None = None
+        self.redirect: str | None = None
+        self.shutdown: Any = None
+        self._send(
+            pb.WorkerMessage(
+                register=pb.Register(
+                    pool=worker.pool,
+                    slots=worker.slots,
+                    worker_name=worker.name,
+                    protocol_version=PROTOCOL_VERSION,
+                    labels=worker.labels,
+                )
+            )
+        )
+        self._channel = open_channel(endpoint, worker._credentials, worker._options_for(endpoint))
+        stub = pb_grpc.WorkersStub(self._channel)
+        self._call = stub.Work(self._requests(), metadata=worker._metadata)
+
+    async def run(self) -> None:
+        try:
+            async for message in self._call:
+                kind = message.WhichOneof("msg")
+                if kind == "registered":
+                    self._on_registered(message.registered)
+                elif kind == "shutdown":
+                    self.shutdown = message.shutdown
+                    self._worker.last_shutdown = message.shutdown.reason
+                    return
+                elif not self.registered:
+                    self.error = error_for("internal", f"the server sent {kind} before registered")
+                    return
+                elif kind == "lease":
+                    self._on_lease(message.lease)
+                elif kind == "abort":
+                    self._on_abort(message.abort)
+        except grpc.aio.AioRpcError as err:
+            self.error = api_error(err)
+            if err.code() == grpc.StatusCode.FAILED_PRECONDITION:
+                self.redirect = shard_endpoint(err)
+        except asyncio.CancelledError:
+            current = asyncio.current_task()
+            if current is not None and current.cancelling():
+                raise
+            # Otherwise drain() cancelled the call after the server did not close it in time.
+        finally:
+            for attempt in self._attempts.values():
+                attempt.cancel()
+            self._attempts.clear()
+            self._signals.registered.clear()
+            self._closed.set()
+
+    async def close(self) -> None:
+        await self._channel.close()
+
+    async def drain(self, grace: float) -> None:
+        """Stops taking leases, gives running ones up to ``grace`` seconds, then half-closes."""
+        self._send(pb.WorkerMessage(set_slots=pb.SetSlots(slots=0)))
+        running = [attempt.task for attempt in self._attempts.values() if attempt.task is not None]
+        if running:
+            await asyncio.wait(running, timeout=grace)
+        for lease_id, attempt in list(self._attempts.items()):
+            del self._attempts[lease_id]
+            attempt.cancel()
+            self._send(_fail(lease_id, f"the worker stopped; the handler did not finish within {grace} s"))
+        self._outbox.put_nowait(None)
+        try:
+            await asyncio.wait_for(self._closed.wait(), CLOSE_WAIT)
+        except TimeoutError:
+            self._call.cancel()
+            await self._closed.wait()
+
+    # ----------------------------------------------------------------------------- server messages
+
+    def _on_registered(self, msg: Any) -> None:
+        worker = self._worker
+        worker.worker_id = msg.worker_id
+        worker.lease_ttl = msg.lease_ttl_s if msg.HasField("lease_ttl_s") else None
+        # Servers before protocol 1 sent 0 slots: they granted what was asked.
+        worker.granted_slots = min(msg.slots, worker.slots) if msg.slots else worker.slots
+        worker.server_protocol = msg.protocol_version
+        worker.max_message_bytes = msg.max_message_bytes or DEFAULT_MAX_MESSAGE_BYTES
+        worker.connections += 1
+        self.registered = True
+        self._signals.registered.set()
+
+    def _on_lease(self, msg: Any) -> None:
+        worker = self._worker
+        if worker._stopping:
+            self._send(self._give_back(msg.lease, "the worker is stopping"))
+            return
+        if len(self._attempts) >= worker.granted_slots:
+            self._send(self._give_back(msg.lease, f"all {worker.granted_slots} slots of the worker are busy"))
+            return
+        attempt = _Attempt(Lease.from_proto(msg, worker.lease_ttl))
+        self._attempts[attempt.lease.id] = attempt
+        attempt.task = asyncio.create_task(self._execute(attempt))
+        ttl = attempt.lease.lease_ttl
+        if ttl:
+            interval = max(ttl / 3, MIN_HEARTBEAT_INTERVAL)
+            attempt.heartbeat = asyncio.create_task(self._heartbeat(attempt.lease.id, interval))
+
+    def _on_abort(self, msg: Any) -> None:
+        # The server already freed the slot and expects nothing more for this lease.
+        attempt = self._attempts.pop(msg.lease, None)
+        if attempt is not None:
+            attempt.cancel()
+
+    # ---------------------------------------------------------------------------------- attempts
+
+    async def _execute(self, attempt: _Attempt) -> None:
+        outcome = await self._outcome(attempt.lease)
+        # Gone from the table means aborted, drained or the stream ended: the outcome is not wanted.
+        if self._attempts.pop(attempt.lease.id, None) is attempt:
+            if attempt.heartbeat is not None:
+                attempt.heartbeat.cancel()
+            self._send(outcome)
+
+    async def _outcome(self, lease: Lease) -> Any:
+        """The message reporting how the handler ended."""
+        try:
+            value = await self._invoke(lease)
+        except asyncio.CancelledError:
+            current = asyncio.current_task()
+            if current is not None and current.cancelling():
+                raise  # cancelled by this worker (abort, stop, stream end)
+            return _fail(lease.id, "CancelledError: raised by the handler")
+        except Reject as err:
+            return self._give_back(lease.id, err.reason)
+        except CancelTask:
+            return pb.WorkerMessage(cancelled=pb.Cancelled(lease=lease.id))
+        except Retryable as err:
+            return _fail(lease.id, err.message, retry_after=err.retry_after)
+        except Permanent as err:
+            return _fail(lease.id, err.message, permanent=True)
+        except Exception as err:
+            return _fail(lease.id, f"{type(err).__name__}: {err}")
+        return self._complete(lease.id, value)
+
+    async def _invoke(self, lease: Lease) -> object:
+        handler = self._worker._handler
+        if self._worker._handler_is_async:
+            return await cast(Awaitable[object], handler(lease))
+        result = await asyncio.get_running_loop().run_in_executor(None, handler, lease)
+        # A plain function may still hand back a coroutine (a lambda around an async function).
+        return await result if inspect.isawaitable(result) else result
+
+    def _complete(self, lease_id: int, value: object) -> Any:
+        try:
+            output, content_type = encode(value)
+        except (TypeError, ValueError) as err:
+            return _fail(lease_id, f"the handler's output is not JSON-encodable: {err}", permanent=True)
+        limit = self._worker.max_message_bytes - OUTPUT_HEADROOM
+        if len(output) > limit:
+            return _fail(
+                lease_id,
+                f"the handler's output is {len(output)} bytes; the server accepts at most {limit}",
+                permanent=True,
+            )
+        return pb.WorkerMessage(
+            complete=pb.Complete(lease=lease_id, output=output, content_type=content_type)
+        )
+
+    def _give_back(self, lease_id: int, reason: str) -> Any:
+        """Nack; servers older than protocol 2 have none, a retryable failure is the closest."""
+        if self._worker.server_protocol >= 2:
+            return pb.WorkerMessage(nack=pb.Nack(lease=lease_id, reason=reason))
+        return _fail(lease_id, reason)
+
+    async def _heartbeat(self, lease_id: int, interval: float) -> None:
+        while True:
+            await asyncio.sleep(interval)
+            self._send(pb.WorkerMessage(heartbeat=pb.Heartbeat(lease=lease_id)))
+
+    # --------------------------------------------------------------------------------- outbound
+
+    def _send(self, message: Any) -> None:
+        self._outbox.put_nowait(message)
+
+    async def _requests(self) -> AsyncIterator[Any]:
+        while (message := await self._outbox.get()) is not None:
+            yield message
+
+
+def _fail(lease_id: int, message: str, *, permanent: bool = False, retry_after: float | None = None) -> Any:
+    return pb.WorkerMessage(
+        fail=pb.Fail(lease=lease_id, message=message, permanent=permanent, retry_after_s=retry_after)
+    )

@@ -1,0 +1,296 @@
+"""Everything about a config beyond types: ranges, cross-references, listener safety and secrets.
+
+:func:`check_config` runs every rule and adds what fails to a :class:`Problems` collector (so
+:func:`cronoq.config.parse_config` can report type and range mistakes of one file together);
+:func:`validate_config` is the stand-alone form that raises. Secrets named by ``token_env``,
+``url_env`` and a webhook's ``token_env`` are looked up here, in the mapping given (the process
+environment by default), so a missing variable is a config error at ``--check`` time, not a surprise
+at the first request.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Hashable, Iterable, Mapping
+from dataclasses import fields, is_dataclass, replace
+from typing import TYPE_CHECKING
+
+from .model import (
+    DEFAULT_URL_ENV,
+    AuthSection,
+    Config,
+    PoolSection,
+    PostgresStore,
+    Store,
+    TokenSection,
+    WebhookScaler,
+)
+from .problems import Problems, key_path, show
+from .rules import (
+    RESOLVED_KEY,
+    RULE,
+    SCHEMA_PLACEHOLDER,
+    Check,
+    Range,
+    check_schema_name,
+    check_token,
+    is_loopback,
+)
+
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
+
+
+def validate_config(
+    config: Config, *, env: Mapping[str, str] | None = None, source: str = "<config>"
+) -> Config:
+    """``config`` with its secrets resolved from ``env`` (default: the process environment).
+
+    Raises :class:`~cronoq.config.ConfigError` listing every problem. Apply
+    :meth:`Config.with_overrides` first: validation checks the overridden values.
+    """
+    problems = Problems()
+    checked = check_config(config, os.environ if env is None else env, problems)
+    if problems:
+        raise problems.error(source)
+    return checked
+
+
+def check_config(config: Config, env: Mapping[str, str], problems: Problems) -> Config:
+    """Add every problem of ``config`` to ``problems``; return it with secrets resolved."""
+    _check_rules(config, "", problems)
+    _check_listeners(config, problems)
+    _check_pools(config, problems)
+    _check_shards(config, problems)
+    _check_resources(config, problems)
+    return replace(
+        config,
+        auth=_resolve_auth(config, env, problems),
+        store=_resolve_store(config, env, problems),
+        pools=tuple(_resolve_scaler(i, pool, env, problems) for i, pool in enumerate(config.pools)),
+    )
+
+
+# ------------------------------------------------------------------------------ per-value rules
+
+
+def _check_rules(section: DataclassInstance, path: str, problems: Problems) -> None:
+    """Apply each field's rule (see :mod:`cronoq.config.rules`) throughout the section, recursively."""
+    for spec in fields(section):
+        if not spec.metadata.get(RESOLVED_KEY):
+            _check_value(
+                getattr(section, spec.name), spec.metadata.get(RULE), key_path(path, spec.name), problems
+            )
+
+
+def _check_value(value: object, rule: object, path: str, problems: Problems) -> None:
+    if value is None or problems.failed(path):
+        return
+    if is_dataclass(value) and not isinstance(value, type):
+        _check_rules(value, path, problems)
+    elif isinstance(value, tuple):
+        for index, item in enumerate(value):
+            _check_value(item, rule, f"{path}[{index}]", problems)
+    elif isinstance(value, Mapping):
+        for key, item in value.items():
+            _check_value(item, rule, key_path(path, key), problems)
+    elif isinstance(rule, Range) and isinstance(value, int | float) and not isinstance(value, bool):
+        _report(rule.problem(value), value, path, problems, secret=False)
+    elif isinstance(rule, Check) and isinstance(value, str):
+        _report(rule.test(value), value, path, problems, secret=rule.secret)
+
+
+def _report(problem: str | None, value: object, path: str, problems: Problems, *, secret: bool) -> None:
+    if problem is not None:
+        problems.add(path, problem if secret else f"{problem} (got {show(value)})")
+
+
+# ---------------------------------------------------------------------------------- cross-checks
+
+
+def _unique(
+    entries: Iterable[tuple[str, Hashable]], what: str, problems: Problems, *, secret: bool = False
+) -> None:
+    """Report every entry whose value an earlier entry already has, naming that earlier key."""
+    first: dict[Hashable, str] = {}
+    for path, value in entries:
+        if problems.failed(path):
+            continue
+        earlier = first.setdefault(value, path)
+        if earlier != path:
+            named = what if secret else f"{what} {show(value)}"
+            problems.add(path, f"duplicate {named} (also at {earlier})")
+
+
+def _check_listeners(config: Config, problems: Problems) -> None:
+    server = config.server
+    own = [("server.grpc_addr", server.grpc_addr), ("server.http_addr", server.http_addr)]
+    if server.metrics_addr is not None:
+        own.append(("server.metrics_addr", server.metrics_addr))
+    _unique(((p, a) for p, a in own if not a.endswith(":0")), "listener address", problems)
+    router = [("router.grpc_addr", config.router.grpc_addr), ("router.http_addr", config.router.http_addr)]
+    if not config.auth_enabled and not server.insecure_no_auth:
+        for path, address in own + router:
+            if not problems.failed(path) and not is_loopback(address):
+                problems.add(
+                    path,
+                    f"{address} is not a loopback address and no credentials are configured: add "
+                    "[[auth.tokens]] or [[auth.certs]], or set server.insecure_no_auth = true "
+                    "(--insecure-no-auth) on a trusted network only",
+                )
+    peer = server.peer_tls
+    if peer is not None and (peer.cert_path is None) != (peer.key_path is None):
+        problems.add("server.peer_tls", "cert_path and key_path go together (a client identity needs both)")
+    if config.auth.certs and (server.tls is None or server.tls.client_ca_path is None):
+        problems.add(
+            "auth.certs", "client certificates are only requested with mTLS: set server.tls.client_ca_path"
+        )
+
+
+def _check_pools(config: Config, problems: Problems) -> None:
+    if not config.pools:
+        problems.add(
+            "pools", "at least one [[pools]] entry is needed (without [[pools]] there is a pool 'default')"
+        )
+    _unique(((f"pools[{i}].name", p.name) for i, p in enumerate(config.pools)), "pool name", problems)
+    for i, pool in enumerate(config.pools):
+        path = f"pools[{i}]"
+        if not problems.failed(f"{path}.min", f"{path}.max") and pool.min > pool.max:
+            problems.add(f"{path}.min", f"must not exceed max ({pool.min} > {pool.max})")
+
+
+def _check_shards(config: Config, problems: Problems) -> None:
+    shards = config.shards
+    _unique(((f"shards[{i}].name", s.name) for i, s in enumerate(shards)), "shard name", problems)
+    _unique(((f"shards[{i}].number", s.number) for i, s in enumerate(shards)), "shard number", problems)
+    known = {pool.name for pool in config.pools}
+    names_unreadable = problems.failed(*(f"pools[{i}].name" for i in range(len(config.pools))))
+    owner: dict[str, str] = {}
+    for i, shard in enumerate(shards):
+        for j, pool in enumerate(shard.pools):
+            path = f"shards[{i}].pools[{j}]"
+            if problems.failed(path):
+                continue
+            if pool not in known:
+                if not names_unreadable:  # else it may be the pool whose bad name was reported
+                    problems.add(path, f"no [[pools]] entry is named {show(pool)}")
+            elif (earlier := owner.setdefault(pool, path)) != path:
+                problems.add(path, f"pool {show(pool)} is already assigned at {earlier}")
+    if shards:
+        for i, section in enumerate(config.pools):
+            if section.name not in owner and not problems.failed(f"pools[{i}].name"):
+                problems.add(
+                    f"pools[{i}].name", f"pool {show(section.name)} is in no [[shards]] entry's pools"
+                )
+    _check_shard_ref(config, config.server.shard, "server.shard", problems)
+
+
+def _check_resources(config: Config, problems: Problems) -> None:
+    resources = config.resources
+    _unique(((f"resources[{i}].name", r.name) for i, r in enumerate(resources)), "resource name", problems)
+    for i, resource in enumerate(resources):
+        path = f"resources[{i}].shard"
+        if resource.shard is None and config.shards and not problems.failed(f"resources[{i}]"):
+            problems.add(path, "required with [[shards]]: name the shard that owns this resource")
+        _check_shard_ref(config, resource.shard, path, problems)
+
+
+def _check_shard_ref(config: Config, name: str | None, path: str, problems: Problems) -> None:
+    if name is None or problems.failed(path):
+        return
+    names = [shard.name for shard in config.shards]
+    if not names:
+        problems.add(path, f"names shard {show(name)} but no [[shards]] are configured")
+    elif name not in names:
+        problems.add(path, f"no [[shards]] entry is named {show(name)} (known: {', '.join(names)})")
+
+
+# ------------------------------------------------------------------------------------------ secrets
+
+
+def _from_env(env: Mapping[str, str], name: str, path: str, problems: Problems) -> str:
+    """The variable's value; "" after reporting that it is unset or empty (never its content)."""
+    if problems.failed(path):
+        return ""
+    value = env.get(name)
+    if not value:
+        problems.add(path, f"environment variable {name} is {'empty' if value == '' else 'not set'}")
+    return value or ""
+
+
+def _resolve_auth(config: Config, env: Mapping[str, str], problems: Problems) -> AuthSection:
+    auth = config.auth
+    tokens = tuple(
+        replace(t, resolved_token=_token_value(i, t, env, problems)) for i, t in enumerate(auth.tokens)
+    )
+    secrets = ((_token_key(i, t), t.resolved_token) for i, t in enumerate(tokens) if t.resolved_token)
+    _unique(secrets, "token", problems, secret=True)
+    _unique(
+        ((f"auth.certs[{i}].dns_name", c.dns_name) for i, c in enumerate(auth.certs)), "dns_name", problems
+    )
+    scopes = [(f"auth.tokens[{i}]", t.labels) for i, t in enumerate(auth.tokens)]
+    scopes += [(f"auth.certs[{i}]", c.labels) for i, c in enumerate(auth.certs)]
+    for path, labels in scopes:
+        names = ((f"{path}.labels[{j}]", label.partition("=")[0]) for j, label in enumerate(labels or ()))
+        _unique(names, "label", problems)
+    return replace(auth, tokens=tokens)
+
+
+def _token_key(index: int, token: TokenSection) -> str:
+    """The key a token came from, so a problem with its value points at the line to change."""
+    return f"auth.tokens[{index}].{'token' if token.token is not None else 'token_env'}"
+
+
+def _token_value(index: int, token: TokenSection, env: Mapping[str, str], problems: Problems) -> str:
+    path = _token_key(index, token)
+    literal, env_name = token.token, token.token_env
+    if (literal is None) == (env_name is None):
+        problems.add(f"auth.tokens[{index}]", "set exactly one of token and token_env")
+        return ""
+    if env_name is None:
+        return "" if literal is None or problems.failed(path) else literal
+    value = _from_env(env, env_name, path, problems)
+    problem = check_token(value) if value else None
+    if problem is not None:
+        problems.add(path, f"the token in {env_name} {problem}")
+        return ""
+    return value
+
+
+def _resolve_store(config: Config, env: Mapping[str, str], problems: Problems) -> Store:
+    store = config.store
+    if not isinstance(store, PostgresStore):
+        return store
+    _check_schema(config, store, problems)
+    if store.url is not None:
+        if store.url_env is not None:
+            problems.add("store.url", "set url or url_env, not both")
+        return replace(store, resolved_url=store.url)
+    return replace(
+        store, resolved_url=_from_env(env, store.url_env or DEFAULT_URL_ENV, "store.url_env", problems)
+    )
+
+
+def _check_schema(config: Config, store: PostgresStore, problems: Problems) -> None:
+    """Every shard's schema, after ``{shard}`` is replaced, must be a usable Postgres identifier."""
+    if problems.failed("store.schema"):
+        return
+    template = store.schema or ""
+    if SCHEMA_PLACEHOLDER in template and not config.shards:
+        problems.add("store.schema", f"uses {SCHEMA_PLACEHOLDER} but no [[shards]] are configured")
+        return
+    shards: list[str | None] = [shard.name for shard in config.shards] or [None]
+    for shard in shards:
+        schema = store.schema_for(shard)
+        problem = check_schema_name(schema)
+        if problem is not None:
+            for_shard = f" for shard {show(shard)}" if shard is not None else ""
+            problems.add("store.schema", f"{problem} (the schema{for_shard} would be {show(schema)})")
+
+
+def _resolve_scaler(index: int, pool: PoolSection, env: Mapping[str, str], problems: Problems) -> PoolSection:
+    scaler = pool.scaler
+    if not isinstance(scaler, WebhookScaler) or scaler.token_env is None:
+        return pool
+    token = _from_env(env, scaler.token_env, f"pools[{index}].scaler.token_env", problems)
+    return replace(pool, scaler=replace(scaler, resolved_token=token))

@@ -1,0 +1,533 @@
+"""The engine: tasks in, leases out, driven entirely by its callers' inputs and their clock.
+
+Every input method takes ``now`` (Unix seconds) and, where capacity and READY tasks meet, dispatches at
+once; what the caller must do (send a lease, abort a lease, publish a status change) accumulates in
+``take_actions()``. Time-driven work (attempt timeouts, lease expiry, the end of a retry backoff,
+forgetting old finished tasks) happens in ``tick(now)``, which the caller schedules at
+``next_wakeup()``. One engine is single-threaded: the server calls it from one event loop.
+
+Worker reports name a lease; a report for a lease the worker does not hold (already expired, aborted,
+completed, or never issued) changes nothing and is counted in ``totals.stale_completions``, so lease ids
+fence late reports from workers that lost their lease.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+from collections.abc import Collection, Mapping, Sequence
+
+from .admission import Shed, plan
+from .model import (
+    Abort,
+    Action,
+    Dispatch,
+    EngineLimits,
+    PoolConfig,
+    Status,
+    StatusEvent,
+    Submitted,
+    Task,
+    TaskSpec,
+)
+from .pool import PoolState
+from .retry import backoff_delay
+from .snapshot import GroupStats, PoolStats, Snapshot, Totals, WorkerView
+from .table import TaskTable
+from .timers import TimerEntry, TimerHeap, TimerKind
+from .workers import Lease, Worker, label_set
+
+BLOCKED = Status.BLOCKED
+READY = Status.READY
+RUNNING = Status.RUNNING
+RETRYING = Status.RETRYING
+
+TIMED_OUT = "attempt timed out"
+LEASE_EXPIRED = "lease expired"
+DISCONNECTED = "worker disconnected"
+
+
+class Engine:
+    """The scheduling state machine for a set of pools (see the module docstring for the contract)."""
+
+    def __init__(
+        self,
+        pools: Sequence[PoolConfig],
+        *,
+        limits: EngineLimits | None = None,
+        rng: random.Random | None = None,
+        first_id: int = 1,
+        first_lease: int = 1,
+    ) -> None:
+        if not pools:
+            raise ValueError("at least one pool is required")
+        self._limits = limits = limits if limits is not None else EngineLimits()
+        self._rng = rng if rng is not None else random.Random()
+        self._pools: dict[str, PoolState] = {}
+        for config in pools:
+            if config.name in self._pools:
+                raise ValueError(f"pool '{config.name}' is configured twice")
+            self._pools[config.name] = PoolState(config, limits.metrics_window)
+        self._table = TaskTable(first_id, limits.key_retention, limits.key_retention_max)
+        self._seq = 0
+        self._pending_total = 0
+        self._next_lease = first_lease
+        self._leases: dict[int, Lease] = {}
+        self._workers: dict[int, Worker] = {}
+        self._timers = TimerHeap()
+        self._actions: list[Action] = []
+        self._totals = Totals()  # the terminal-status counters live in _ended
+        self._ended = [0] * (max(Status) + 1)
+
+    # ------------------------------------------------------------------------------------ pools
+
+    @property
+    def pool_names(self) -> list[str]:
+        """Pool names in configuration order."""
+        return list(self._pools)
+
+    def has_pool(self, name: str) -> bool:
+        return name in self._pools
+
+    def pool_config(self, name: str) -> PoolConfig:
+        """The configuration of pool ``name`` (KeyError if there is none)."""
+        return self._pools[name].config
+
+    # -------------------------------------------------------------------------------- producers
+
+    def submit(self, specs: Sequence[TaskSpec], now: float) -> list[Submitted]:
+        """Insert a batch atomically, in order; a spec whose key names a live or retained task gets that
+        task (``duplicate=True``) and is otherwise ignored. Raises SubmitError changing nothing."""
+        decisions = plan(specs, self._pools, self._table, self._pending_total, self._limits.max_pending_total)
+        table = self._table
+        append = self._actions.append
+        submitted: list[Submitted] = []
+        created: dict[int, Task] = {}
+        touched: dict[str, PoolState] = {}
+        seq = self._seq
+        for i, spec in enumerate(specs):
+            decision = decisions[i]
+            if isinstance(decision, Task):
+                submitted.append(Submitted(decision.id, True))
+                continue
+            if isinstance(decision, Shed):
+                pool = decision.pool
+                victim = decision.victim
+                victim = victim if isinstance(victim, Task) else created[victim]
+                self._finish(pool, victim, Status.SHED, "shed under overload", now)
+            else:
+                pool = decision
+            retry = spec.retry if spec.retry is not None else pool.config.retry
+            seq += 1
+            task_id = table.next_id
+            task = Task(task_id, spec, seq, BLOCKED, now, 0, retry.max_attempts)
+            table.add(task)
+            created[i] = task
+            append(StatusEvent(task_id, spec.pool, spec.key, BLOCKED, 0, now, ""))
+            pool.pending[spec.priority] += 1
+            if pool.shed is not None:
+                pool.shed.track(task, pool.pending[spec.priority])
+            self._make_ready(pool, task, now, now)
+            submitted.append(Submitted(task_id, False))
+            touched[pool.name] = pool
+        self._seq = seq
+        self._pending_total += len(created)
+        self._totals.submitted += len(created)
+        for pool in touched.values():
+            self._dispatch(pool, now)
+        return submitted
+
+    def cancel(self, ref: int | str, now: float) -> bool:
+        """Cancel a live task by id or key (a running one is aborted); False if finished or unknown."""
+        task = self._table.get(ref)
+        if task is None or task.status.terminal:
+            return False
+        pool = self._pools[task.spec.pool]
+        if task.status is RUNNING:
+            lease = self._leases[task.lease]
+            self._actions.append(Abort(lease.worker.id, lease.id, "cancelled"))
+            self._release(pool, lease, now, Status.CANCELLED)
+        self._finish(pool, task, Status.CANCELLED, "cancelled", now)
+        self._dispatch(pool, now)
+        return True
+
+    def get(self, ref: int | str) -> Task | None:
+        """A live or retained finished task by id, or by key (the task currently holding that key)."""
+        return self._table.get(ref)
+
+    def list_tasks(
+        self,
+        *,
+        pools: Collection[str] | None,
+        statuses: Collection[Status] | None,
+        after: int,
+        limit: int,
+    ) -> tuple[list[Task], int]:
+        """Up to ``limit`` (>= 1) known tasks with id > ``after`` in id order, filtered by pool and status
+        (None: any), and the ``after`` for the next page (0 when this is the last page)."""
+        if limit < 1:
+            raise ValueError(f"limit must be at least 1 (got {limit})")
+        return self._table.page(pools, statuses, after, limit)
+
+    def pending_count(self, pool: str) -> int:
+        """Tasks of ``pool`` not yet running (blocked, scheduled, ready, retrying)."""
+        return sum(self._pools[pool].pending)
+
+    # ---------------------------------------------------------------------------------- workers
+
+    def add_worker(self, worker_id: int, pool: str, slots: int, labels: Mapping[str, str], now: float) -> int:
+        """Connect a worker; returns the slots granted: ``slots`` capped by the pool's ``max`` and
+        ``max_slots_per_worker``."""
+        if worker_id in self._workers:
+            raise ValueError(f"worker {worker_id} is already connected")
+        state = self._pools.get(pool)
+        if state is None:
+            raise ValueError(f"unknown pool '{pool}'")
+        granted = _grant(state.config, slots)
+        self._workers[worker_id] = state.workers.add(worker_id, pool, labels, granted)
+        state.stats.advance(now, state.workers.capacity)
+        self._dispatch(state, now)
+        return granted
+
+    def set_worker_slots(self, worker_id: int, slots: int, now: float) -> int:
+        """Change a worker's slots (capped as in ``add_worker``); 0 drains it: no new leases, running
+        ones continue. Returns the slots granted."""
+        worker = self._workers[worker_id]
+        pool = self._pools[worker.pool]
+        granted = _grant(pool.config, slots)
+        pool.workers.set_slots(worker, granted)
+        pool.stats.advance(now, pool.workers.capacity)
+        self._dispatch(pool, now)
+        return granted
+
+    def remove_worker(self, worker_id: int, now: float) -> None:
+        """Disconnect a worker: each lease it held fails as retryable ("worker disconnected").
+        Unknown ids are ignored, so a stream may be closed twice."""
+        worker = self._workers.pop(worker_id, None)
+        if worker is None:
+            return
+        pool = self._pools[worker.pool]
+        for lease in list(worker.leases.values()):
+            self._release(pool, lease, now, Status.FAILED)
+            self._retry(pool, lease.task, DISCONNECTED, None, now)
+        pool.workers.remove(worker)
+        pool.stats.advance(now, pool.workers.capacity)
+        self._dispatch(pool, now)
+
+    def heartbeat(self, worker_id: int, lease: int, now: float) -> bool:
+        """The worker still runs ``lease``: its expiry moves to ``now + lease_ttl``."""
+        held = self._held(worker_id, lease)
+        if held is None:
+            return False
+        ttl = self._pools[held.worker.pool].config.lease_ttl
+        if ttl is not None:
+            held.expires = now + ttl
+        return True
+
+    def complete(self, worker_id: int, lease: int, now: float) -> bool:
+        """The attempt succeeded."""
+        held = self._held(worker_id, lease)
+        if held is None:
+            return False
+        pool = self._pools[held.worker.pool]
+        self._release(pool, held, now, Status.SUCCEEDED)
+        self._finish(pool, held.task, Status.SUCCEEDED, "", now)
+        self._dispatch(pool, now)
+        return True
+
+    def fail(
+        self, worker_id: int, lease: int, message: str, permanent: bool, retry_after: float | None, now: float
+    ) -> bool:
+        """The attempt failed: permanently (FAILED), or retryably (RETRYING, or DEAD_LETTERED when it was
+        the last attempt). ``retry_after`` is a floor for the backoff."""
+        held = self._held(worker_id, lease)
+        if held is None:
+            return False
+        pool = self._pools[held.worker.pool]
+        self._release(pool, held, now, Status.FAILED)
+        if permanent:
+            self._finish(pool, held.task, Status.FAILED, message, now)
+        else:
+            self._retry(pool, held.task, message, retry_after, now)
+        self._dispatch(pool, now)
+        return True
+
+    def nack(self, worker_id: int, lease: int, reason: str, now: float) -> bool:
+        """The worker hands the lease back unrun: the same attempt goes, under a new lease, to another
+        worker that can take it and has not refused it; if there is none, the attempt fails retryably
+        with ``reason``."""
+        held = self._held(worker_id, lease)
+        if held is None:
+            return False
+        pool = self._pools[held.worker.pool]
+        task = held.task
+        refused = held.nacked if held.nacked is not None else set()
+        refused.add(worker_id)
+        other = pool.workers.take_other(label_set(task.spec.labels), refused)
+        self._release(pool, held, now, Status.FAILED if other is None else None)
+        if other is None:
+            self._retry(pool, task, reason, None, now)
+        else:
+            self._lease(pool, task, other, now).nacked = refused
+        self._dispatch(pool, now)
+        return True
+
+    def cancelled(self, worker_id: int, lease: int, now: float) -> bool:
+        """The worker ended the task as cancelled (CancelTask): CANCELLED, no retry."""
+        held = self._held(worker_id, lease)
+        if held is None:
+            return False
+        pool = self._pools[held.worker.pool]
+        self._release(pool, held, now, Status.CANCELLED)
+        self._finish(pool, held.task, Status.CANCELLED, "cancelled by the worker", now)
+        self._dispatch(pool, now)
+        return True
+
+    # ------------------------------------------------------------------------------------- time
+
+    def tick(self, now: float) -> None:
+        """Run every timer due by ``now``, forget finished tasks past retention, and dispatch."""
+        timers = self._timers
+        while (entry := timers.peek()) is not None and entry[0] <= now:
+            timers.pop()
+            due = self._due(entry)
+            if due is None:
+                continue
+            if due > now:  # a heartbeat moved the lease's expiry
+                timers.push(due, entry[2], entry[3], entry[4])
+            else:
+                self._fire(entry, now)
+        self._table.prune(now)
+        for pool in self._pools.values():
+            self._dispatch(pool, now)
+
+    def next_wakeup(self) -> float | None:
+        """The earliest time at which ``tick`` has something to do; None if nothing is scheduled."""
+        timers = self._timers
+        while (entry := timers.peek()) is not None:
+            due = self._due(entry)
+            if due == entry[0]:
+                break
+            timers.pop()  # stale, or moved later by a heartbeat
+            if due is not None:
+                timers.push(due, entry[2], entry[3], entry[4])
+        prune = self._table.next_prune()
+        if entry is None:
+            return prune
+        return entry[0] if prune is None else min(entry[0], prune)
+
+    def take_actions(self) -> list[Action]:
+        """Everything to do since the last call, in the order it arose."""
+        actions = self._actions
+        self._actions = []
+        return actions
+
+    # ------------------------------------------------------------------------------------ views
+
+    def snapshot(self, now: float) -> Snapshot:
+        """Pools, counts and totals as of ``now``."""
+        pools: list[PoolStats] = []
+        for pool in self._pools.values():
+            w = pool.workers
+            window = pool.stats.view(now)
+            pools.append(
+                PoolStats(
+                    name=pool.name,
+                    capacity=w.capacity,
+                    busy=w.busy,
+                    held=0,
+                    desired=w.capacity,
+                    pending_by_class=list(pool.pending),
+                    reservations=0,
+                    dispatched=window.dispatched,
+                    succeeded=window.succeeded,
+                    failed=window.failed,
+                    priority_adherence=window.priority_adherence,
+                    fixed_start_hit_rate=1.0,
+                    utilization=window.utilization,
+                    schedule_efficiency=window.schedule_efficiency,
+                    wait_p50=window.wait_p50,
+                    wait_p90=window.wait_p90,
+                    wait_p99=window.wait_p99,
+                    cost=pool.stats.worker_seconds * pool.config.cost_per_worker_second,
+                    workers_connected=w.workers,
+                    groups=[GroupStats(dict(g.labels), g.capacity, g.busy) for g in w.groups.values()],
+                )
+            )
+        ended = self._ended
+        totals = dataclasses.replace(
+            self._totals,
+            succeeded=ended[Status.SUCCEEDED],
+            failed=ended[Status.FAILED],
+            dead_lettered=ended[Status.DEAD_LETTERED],
+            cancelled=ended[Status.CANCELLED],
+            skipped=ended[Status.SKIPPED],
+            missed=ended[Status.MISSED],
+            shed=ended[Status.SHED],
+        )
+        return Snapshot(
+            pools=pools,
+            live_tasks=self._table.live,
+            running=len(self._leases),
+            pending=self._pending_total,
+            totals=totals,
+            workers_connected=len(self._workers),
+        )
+
+    def workers(self) -> list[WorkerView]:
+        """Connected workers in the order they connected."""
+        return [WorkerView(w.id, w.pool, dict(w.labels), w.slots, w.busy) for w in self._workers.values()]
+
+    # --------------------------------------------------------------------------------- internals
+
+    def _dispatch(self, pool: PoolState, now: float) -> None:
+        """Lease READY tasks to free compatible workers, best score first, until one side runs out."""
+        queue = pool.queue
+        workers = pool.workers
+        if not (workers.free and queue.ready):
+            return
+        bucket = pool.stats.bucket(now)
+        pending = pool.pending
+        started = 0
+        while workers.free and queue.ready:  # usually one task: an outcome freed one slot
+            best = queue.pop_best(now, workers.has_free)
+            if best is None:
+                break
+            task, required, inverted, ready_at = best
+            worker = workers.take(required)
+            assert worker is not None, "pop_best offers only lanes with a free compatible worker"
+            spec = task.spec
+            pending[spec.priority] -= 1
+            bucket.dispatch(now - ready_at, inverted)
+            task.attempt = attempt = task.attempt + 1
+            task.status = RUNNING
+            task.started = now
+            self._lease(pool, task, worker, now)
+            self._actions.append(StatusEvent(task.id, spec.pool, spec.key, RUNNING, attempt, now, ""))
+            started += 1
+        self._pending_total -= started
+        self._totals.dispatched += started
+
+    def _lease(self, pool: PoolState, task: Task, worker: Worker, now: float) -> Lease:
+        """Issue a new lease for the task's current attempt on ``worker`` (whose slot is taken)."""
+        lease_id = self._next_lease
+        self._next_lease = lease_id + 1
+        ttl = pool.config.lease_ttl
+        lease = Lease(lease_id, task, worker, now, ttl)
+        self._leases[lease_id] = worker.leases[lease_id] = lease
+        task.lease = lease_id
+        timeout = task.spec.timeout
+        if timeout is not None:
+            self._timers.push(now + timeout, TimerKind.ATTEMPT_TIMEOUT, lease_id)
+        if ttl is not None:
+            self._timers.push(lease.expires, TimerKind.LEASE_EXPIRY, lease_id)
+        self._actions.append(Dispatch(worker.id, lease_id, task, task.attempt, ttl))
+        return lease
+
+    def _held(self, worker_id: int, lease_id: int) -> Lease | None:
+        """The lease if ``worker_id`` holds it; otherwise count a stale report."""
+        lease = self._leases.get(lease_id)
+        if lease is None or lease.worker.id != worker_id:
+            self._totals.stale_completions += 1
+            return None
+        return lease
+
+    def _release(self, pool: PoolState, lease: Lease, now: float, outcome: Status | None) -> None:
+        """Forget ``lease``, free its worker's slot and record how the attempt ended: SUCCEEDED, FAILED or
+        CANCELLED, or None when the attempt goes on under another lease (a nack)."""
+        del self._leases[lease.id]
+        worker = lease.worker
+        del worker.leases[lease.id]
+        pool.workers.release(worker)
+        lease.task.lease = 0
+        if outcome is not None:
+            pool.stats.bucket(now).attempt(now - lease.dispatched, outcome)
+
+    def _retry(
+        self, pool: PoolState, task: Task, message: str, retry_after: float | None, now: float
+    ) -> None:
+        """After a retryable failure: RETRYING until the backoff ends, or DEAD_LETTERED if it was the
+        last attempt."""
+        if task.attempt >= task.max_attempts:
+            self._finish(pool, task, Status.DEAD_LETTERED, message, now)
+            return
+        policy = task.spec.retry if task.spec.retry is not None else pool.config.retry
+        delay = backoff_delay(policy, task.attempt, retry_after, self._rng)
+        task.status = RETRYING
+        task.message = message
+        priority = task.spec.priority
+        pool.pending[priority] += 1
+        self._pending_total += 1
+        if pool.shed is not None:
+            pool.shed.track(task, pool.pending[priority])
+        self._totals.retries += 1
+        spec = task.spec
+        self._actions.append(StatusEvent(task.id, spec.pool, spec.key, RETRYING, task.attempt, now, message))
+        if delay > 0.0:
+            self._timers.push(now + delay, TimerKind.RETRY_READY, task.id, task.attempt)
+        else:
+            self._make_ready(pool, task, now, now)
+
+    def _make_ready(self, pool: PoolState, task: Task, ready_at: float, now: float) -> None:
+        """A pending task becomes READY (as of ``ready_at``, from which its wait counts) and is queued."""
+        task.status = READY
+        task.ready_at = ready_at
+        pool.queue.push(task, ready_at)
+        spec = task.spec
+        self._actions.append(StatusEvent(task.id, spec.pool, spec.key, READY, task.attempt, now, ""))
+
+    def _finish(self, pool: PoolState, task: Task, status: Status, message: str, now: float) -> None:
+        """End a task in terminal ``status``. A RUNNING task's lease must already be released."""
+        spec = task.spec
+        was = task.status
+        if was is not RUNNING:
+            pool.pending[spec.priority] -= 1
+            self._pending_total -= 1
+            if was is READY:
+                pool.queue.forget()
+        task.status = status
+        task.message = message
+        task.finished = now
+        self._ended[status] += 1
+        self._table.retire(task, now)
+        self._actions.append(StatusEvent(task.id, spec.pool, spec.key, status, task.attempt, now, message))
+
+    def _due(self, entry: TimerEntry) -> float | None:
+        """When ``entry`` should fire: None if it no longer applies, later than its time if a heartbeat
+        moved the lease's expiry."""
+        due, _, kind, target, token = entry
+        if kind is TimerKind.RETRY_READY:
+            task = self._table.by_id.get(target)
+            return due if task is not None and task.status is RETRYING and task.attempt == token else None
+        lease = self._leases.get(target)
+        if lease is None:
+            return None
+        return lease.expires if kind is TimerKind.LEASE_EXPIRY else due
+
+    def _fire(self, entry: TimerEntry, now: float) -> None:
+        """Run a due timer that still applies."""
+        due, _, kind, target, _ = entry
+        if kind is TimerKind.RETRY_READY:
+            task = self._table.by_id[target]
+            self._make_ready(self._pools[task.spec.pool], task, due, now)
+            return
+        lease = self._leases[target]
+        pool = self._pools[lease.worker.pool]
+        if kind is TimerKind.ATTEMPT_TIMEOUT:
+            message = TIMED_OUT
+            self._totals.timeouts += 1
+        else:
+            message = LEASE_EXPIRED
+            self._totals.lease_expiries += 1
+        self._actions.append(Abort(lease.worker.id, lease.id, message))
+        self._release(pool, lease, now, Status.FAILED)
+        self._retry(pool, lease.task, message, None, now)
+
+
+def _grant(config: PoolConfig, requested: int) -> int:
+    """Slots granted to a worker asking for ``requested``: at most the pool's ``max`` and
+    ``max_slots_per_worker``, never negative."""
+    cap = config.max
+    if config.max_slots_per_worker is not None:
+        cap = min(cap, config.max_slots_per_worker)
+    return max(0, min(requested, cap))

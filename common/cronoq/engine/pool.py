@@ -1,0 +1,29 @@
+"""The engine's state for one pool: configuration, ready queue, workers, pending counts and metrics."""
+
+from __future__ import annotations
+
+from .lanes import PoolQueue
+from .model import Overflow, PoolConfig, Priority
+from .overflow import ShedIndex
+from .stats import WindowStats
+from .workers import PoolWorkers
+
+
+class PoolState:
+    """Everything the engine tracks per pool. ``pending[c]`` counts class c's BLOCKED, SCHEDULED, READY
+    and RETRYING tasks (what ``max_pending`` bounds)."""
+
+    __slots__ = ("config", "name", "pending", "queue", "shed", "stats", "workers")
+
+    def __init__(self, config: PoolConfig, metrics_window: float) -> None:
+        self.config = config
+        self.name = config.name
+        self.queue = PoolQueue(config.default_duration)
+        self.workers = PoolWorkers()
+        self.stats = WindowStats(metrics_window)
+        self.pending = [0 for _ in Priority]
+        self.shed = (
+            ShedIndex(config.overflow)
+            if config.overflow in (Overflow.SHED_LOWEST, Overflow.SHED_OLDEST)
+            else None
+        )

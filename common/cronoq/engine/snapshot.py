@@ -1,0 +1,90 @@
+"""Read-only views the engine hands out: the snapshot (mirroring the wire SnapshotResponse) and workers.
+
+Field names follow the wire messages (PoolSnapshot, WorkerGroup, Totals, SnapshotResponse, WorkerInfo)
+so the server converts them field by field. Windowed fields cover the last ``limits.metrics_window``
+seconds; totals count since the engine started.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(slots=True)
+class GroupStats:
+    """The workers of a pool sharing one exact label set."""
+
+    labels: dict[str, str]
+    capacity: int
+    busy: int
+
+
+@dataclass(slots=True)
+class PoolStats:
+    """One pool. ``pending_by_class`` is indexed by Priority (critical, high, normal, low)."""
+
+    name: str
+    capacity: int
+    busy: int
+    held: int
+    desired: int
+    pending_by_class: list[int]
+    reservations: int
+    dispatched: int  # attempts started in the window
+    succeeded: int  # tasks that succeeded in the window
+    failed: int  # attempts that failed in the window, retried or not
+    priority_adherence: float
+    fixed_start_hit_rate: float
+    utilization: float
+    schedule_efficiency: float
+    wait_p50: float  # seconds from READY to dispatch
+    wait_p90: float
+    wait_p99: float
+    cost: float  # worker-seconds since start x cost_per_worker_second
+    workers_connected: int
+    groups: list[GroupStats] = field(default_factory=list)
+
+
+@dataclass(slots=True)
+class Totals:
+    """Counters since the engine started."""
+
+    submitted: int = 0
+    dispatched: int = 0
+    succeeded: int = 0
+    failed: int = 0
+    dead_lettered: int = 0
+    cancelled: int = 0
+    skipped: int = 0
+    missed: int = 0
+    shed: int = 0
+    retries: int = 0
+    timeouts: int = 0
+    lease_expiries: int = 0
+    stale_completions: int = 0
+
+
+@dataclass(slots=True)
+class Snapshot:
+    """The engine as a whole; ``pools`` in configuration order."""
+
+    pools: list[PoolStats]
+    live_tasks: int
+    running: int
+    pending: int
+    totals: Totals
+    workers_connected: int
+
+    def pool(self, name: str) -> PoolStats | None:
+        return next((p for p in self.pools if p.name == name), None)
+
+
+@dataclass(slots=True)
+class WorkerView:
+    """One connected worker: granted slots and leases held."""
+
+    id: int
+    pool: str
+    labels: dict[str, str]
+    slots: int
+    busy: int

@@ -1,0 +1,204 @@
+"""Per-pool metrics over a sliding window, in bounded memory.
+
+The window (``limits.metrics_window``, 60 s by default) is cut into ``SLOTS`` time buckets kept in a
+ring; a bucket is cleared when the ring comes round to it again, so counting costs O(1) and memory does
+not grow with traffic. Wait times go into a log-bucket histogram per bucket: percentiles are quantized to
+an eighth of an octave (about 6 % error), which is what a dashboard needs, for a few hundred ints.
+
+Utilization is the run time of attempts that ended in the window over the worker-seconds of the window,
+as the reference defines it; attempts are credited when they end, so the busy slots of the hot path are
+never integrated. Capacity changes rarely, so the engine calls ``advance(now, capacity)`` just before it
+changes (and before a snapshot) to integrate worker-seconds.
+"""
+
+from __future__ import annotations
+
+import math
+
+from .model import Status
+
+SLOTS = 60  # buckets per window
+
+# Histogram: bin 0 holds waits under 1 ms; then 8 linear sub-bins per octave from 1 ms, 31 octaves
+# (to about 24 days); the last bin also takes anything longer.
+_UNIT = 1e-3
+_SUB = 8
+BINS = 1 + 31 * _SUB
+
+
+def wait_bin(seconds: float) -> int:
+    """The histogram bin of a wait time."""
+    scaled = seconds / _UNIT
+    if scaled < 1.0:
+        return 0
+    mantissa, exponent = math.frexp(scaled)  # scaled = mantissa * 2**exponent, mantissa in [0.5, 1)
+    index = 1 + (exponent - 1) * _SUB + int((mantissa - 0.5) * (2 * _SUB))
+    return index if index < BINS else BINS - 1
+
+
+def bin_value(index: int) -> float:
+    """The value a bin stands for: its midpoint (0 for the sub-millisecond bin)."""
+    if index == 0:
+        return 0.0
+    octave, sub = divmod(index - 1, _SUB)
+    return _UNIT * 2.0**octave * (1.0 + (sub + 0.5) / _SUB)
+
+
+def quantile(counts: list[int], total: int, q: float) -> float:
+    """The value below which a fraction ``q`` of the ``total`` samples in ``counts`` fall."""
+    if total == 0:
+        return 0.0
+    rank = max(1, math.ceil(q * total))
+    seen = 0
+    for index, count in enumerate(counts):
+        seen += count
+        if seen >= rank:
+            return bin_value(index)
+    return bin_value(BINS - 1)
+
+
+class Bucket:
+    """Counters for one slice of the window; ``index`` is the slice number (time // width)."""
+
+    __slots__ = (
+        "capacity_area",
+        "dispatched",
+        "failed",
+        "index",
+        "inversions",
+        "run_ok",
+        "run_total",
+        "succeeded",
+        "waits",
+    )
+
+    def __init__(self) -> None:
+        self.waits = [0] * BINS
+        self.clear(-1)
+
+    def clear(self, index: int) -> None:
+        self.index = index
+        self.dispatched = 0
+        self.inversions = 0
+        self.succeeded = 0
+        self.failed = 0
+        self.run_total = 0.0
+        self.run_ok = 0.0
+        self.capacity_area = 0.0
+        self.waits[:] = _NO_WAITS
+
+    def dispatch(self, wait: float, inverted: bool) -> None:
+        """An attempt started after waiting ``wait`` seconds READY; ``inverted`` if it passed over an
+        eligible task of a higher class."""
+        self.dispatched += 1
+        if inverted:
+            self.inversions += 1
+        self.waits[0 if wait < _UNIT else wait_bin(wait)] += 1
+
+    def attempt(self, run: float, outcome: Status) -> None:
+        """An attempt ended after ``run`` seconds as SUCCEEDED, FAILED (retryable or not) or CANCELLED."""
+        self.run_total += run
+        if outcome is Status.SUCCEEDED:
+            self.succeeded += 1
+            self.run_ok += run
+        elif outcome is Status.FAILED:
+            self.failed += 1
+
+
+_NO_WAITS = [0] * BINS
+
+
+class WindowView:
+    """The window's numbers as the snapshot reports them."""
+
+    __slots__ = (
+        "dispatched",
+        "failed",
+        "priority_adherence",
+        "schedule_efficiency",
+        "succeeded",
+        "utilization",
+        "wait_p50",
+        "wait_p90",
+        "wait_p99",
+    )
+
+    def __init__(self, buckets: list[Bucket]) -> None:
+        dispatched = inversions = succeeded = failed = 0
+        run_total = run_ok = capacity_area = 0.0
+        waits = [0] * BINS
+        for b in buckets:
+            dispatched += b.dispatched
+            inversions += b.inversions
+            succeeded += b.succeeded
+            failed += b.failed
+            run_total += b.run_total
+            run_ok += b.run_ok
+            capacity_area += b.capacity_area
+            if b.dispatched:
+                waits = [x + y for x, y in zip(waits, b.waits, strict=True)]
+        self.dispatched = dispatched
+        self.succeeded = succeeded
+        self.failed = failed
+        self.priority_adherence = 1.0 - inversions / dispatched if dispatched else 1.0
+        # Attempts are credited when they end, so one that began before the window can overshoot.
+        self.utilization = min(1.0, run_total / capacity_area) if capacity_area > 0 else 0.0
+        self.schedule_efficiency = min(self.utilization, run_ok / capacity_area) if capacity_area > 0 else 0.0
+        self.wait_p50 = quantile(waits, dispatched, 0.50)
+        self.wait_p90 = quantile(waits, dispatched, 0.90)
+        self.wait_p99 = quantile(waits, dispatched, 0.99)
+
+
+class WindowStats:
+    """One pool's windowed counters plus its worker-seconds since start (for cost)."""
+
+    __slots__ = ("_current", "_ring", "_width", "capacity", "last", "worker_seconds")
+
+    def __init__(self, window: float) -> None:
+        self._width = window / SLOTS
+        self._ring = [Bucket() for _ in range(SLOTS)]
+        self._current = self._ring[0]
+        self.capacity = 0  # slots since ``last``
+        self.last = 0.0  # time up to which capacity has been integrated
+        self.worker_seconds = 0.0
+
+    def bucket(self, now: float) -> Bucket:
+        """The bucket for time ``now``. Time never runs backwards here: a ``now`` older than the newest
+        bucket counts in the newest one, so a late caller cannot wipe newer counts."""
+        index = int(now // self._width)
+        b = self._current
+        if index > b.index:
+            b = self._current = self._slot(index)
+        return b
+
+    def _slot(self, index: int) -> Bucket:
+        b = self._ring[index % SLOTS]
+        if b.index < index:
+            b.clear(index)
+        return b
+
+    def advance(self, now: float, capacity: int) -> None:
+        """Integrate the capacity so far up to ``now``; from ``now`` on it is ``capacity``."""
+        start = self.last
+        held = self.capacity
+        self.capacity = capacity
+        if now <= start:
+            return
+        self.last = now
+        if not held:
+            return
+        self.worker_seconds += held * (now - start)
+        width = self._width
+        start = max(start, now - SLOTS * width)  # older slices have left the window
+        while start < now:
+            index = int(start // width)
+            end = min(now, (index + 1) * width)
+            if end <= start:  # float rounding at a slice edge: the rest is in the next slice
+                end = now
+            self._slot(index).capacity_area += held * (end - start)
+            start = end
+
+    def view(self, now: float) -> WindowView:
+        self.advance(now, self.capacity)
+        current = int(now // self._width)
+        return WindowView([b for b in self._ring if current - SLOTS < b.index <= current])

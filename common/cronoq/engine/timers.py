@@ -1,0 +1,48 @@
+"""The engine's timers: one heap of (due time, kind, target) entries, cancelled lazily.
+
+Cancelling a timer would mean finding it in the heap; instead an entry names its target by id plus a
+token, and the engine decides when the entry comes due whether it still applies (the lease is still
+held, the task is still RETRYING after the same attempt). A heartbeat does not touch the heap at all: it
+moves the lease's expiry, and the old entry re-arms itself when it comes due.
+"""
+
+from __future__ import annotations
+
+import enum
+import heapq
+
+
+class TimerKind(enum.IntEnum):
+    """What an entry does when it comes due. ``target`` is a lease id or a task id accordingly."""
+
+    ATTEMPT_TIMEOUT = 1  # target: lease id
+    LEASE_EXPIRY = 2  # target: lease id
+    RETRY_READY = 3  # target: task id; token: the attempt that failed
+
+
+# (due, tie-breaker, kind, target, token): the tie-breaker keeps entries due at the same time in the
+# order they were armed and stops the comparison before the ints that follow.
+TimerEntry = tuple[float, int, TimerKind, int, int]
+
+
+class TimerHeap:
+    """A min-heap of timer entries by due time."""
+
+    __slots__ = ("_heap", "_n")
+
+    def __init__(self) -> None:
+        self._heap: list[TimerEntry] = []
+        self._n = 0
+
+    def __len__(self) -> int:
+        return len(self._heap)
+
+    def push(self, due: float, kind: TimerKind, target: int, token: int = 0) -> None:
+        self._n += 1
+        heapq.heappush(self._heap, (due, self._n, kind, target, token))
+
+    def peek(self) -> TimerEntry | None:
+        return self._heap[0] if self._heap else None
+
+    def pop(self) -> TimerEntry:
+        return heapq.heappop(self._heap)

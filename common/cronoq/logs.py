@@ -1,0 +1,65 @@
+"""Logging set-up shared by every cronoq process.
+
+structlog renders JSON lines when stdout is not a terminal (what log collectors want) and a readable
+console format on a terminal. The level comes from ``CRONOQ_LOG`` (falling back to ``RUST_LOG``, which
+the reference server's deployments already set), default ``info``.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from collections.abc import Mapping
+
+import structlog
+
+_LEVELS = {
+    "trace": logging.DEBUG,
+    "debug": logging.DEBUG,
+    "info": logging.INFO,
+    "warn": logging.WARNING,
+    "warning": logging.WARNING,
+    "error": logging.ERROR,
+    "off": logging.CRITICAL + 10,
+}
+
+
+def level_from_env(env: Mapping[str, str]) -> int:
+    """The level named by CRONOQ_LOG / RUST_LOG; an EnvFilter-style value (``cronoq=debug,info``) uses
+    its last bare level, and anything unrecognised means info."""
+    raw = env.get("CRONOQ_LOG") or env.get("RUST_LOG") or "info"
+    level = logging.INFO
+    for part in raw.split(","):
+        name = part.rsplit("=", 1)[-1].strip().lower()
+        if name in _LEVELS:
+            level = _LEVELS[name]
+    return level
+
+
+def configure(env: Mapping[str, str] | None = None, *, stream: object = None) -> None:
+    """Configure structlog (and the stdlib root logger grpc/aiohttp log through) for this process."""
+    env = os.environ if env is None else env
+    out = sys.stdout if stream is None else stream
+    level = level_from_env(env)
+    json_output = not (hasattr(out, "isatty") and out.isatty())
+    renderer: structlog.typing.Processor = (
+        structlog.processors.JSONRenderer() if json_output else structlog.dev.ConsoleRenderer()
+    )
+    structlog.configure(
+        processors=[
+            structlog.contextvars.merge_contextvars,
+            structlog.processors.add_log_level,
+            structlog.processors.TimeStamper(fmt="iso", utc=True),
+            structlog.processors.format_exc_info,
+            renderer,
+        ],
+        wrapper_class=structlog.make_filtering_bound_logger(level),
+        logger_factory=structlog.PrintLoggerFactory(file=out),  # type: ignore[arg-type]
+        cache_logger_on_first_use=True,
+    )
+    logging.basicConfig(level=max(level, logging.WARNING), stream=sys.stderr)
+
+
+def get_logger(name: str) -> structlog.typing.FilteringBoundLogger:
+    return structlog.get_logger(name)  # type: ignore[no-any-return]

@@ -1,0 +1,144 @@
+"""gRPC adapters: thin servicers over :class:`~shard.service.Service` and the worker streams.
+
+Each method authenticates from the call's metadata, calls the shared request logic and renders an
+:class:`~cronoq.errors.ApiError` as a gRPC status. Nothing else lives here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any, TypeVar
+
+from cronoq.auth import Principal, Role
+from cronoq.errors import ApiError
+from cronoq.logs import get_logger
+from cronoq.transport import bearer, grpc_status
+from cronoq.v1 import cronoq_pb2 as pb
+from cronoq.v1 import cronoq_pb2_grpc as pbg
+
+from .service import Service
+from .workers import WorkerStream
+
+Ctx = Any  # grpc.aio.ServicerContext; grpc ships no type information
+T = TypeVar("T")
+log = get_logger("cronoq.grpc")
+
+
+async def _call(context: Ctx, fn: Callable[[], Awaitable[T]]) -> T:
+    try:
+        return await fn()
+    except ApiError as err:
+        await context.abort(grpc_status(err), err.message)
+        raise  # unreachable: abort raises
+
+
+class TasksServicer(pbg.TasksServicer):  # type: ignore[misc]
+    def __init__(self, service: Service) -> None:
+        self.service = service
+
+    def _caller(self, context: Ctx) -> Principal:
+        return self.service.authorize(bearer(context.invocation_metadata()), Role.CLIENT)
+
+    async def Submit(self, request: pb.SubmitRequest, context: Ctx) -> pb.SubmitResponse:
+        async def run() -> pb.SubmitResponse:
+            return await self.service.submit(self._caller(context), request)
+
+        return await _call(context, run)
+
+    async def SubmitBatch(self, request: pb.SubmitBatchRequest, context: Ctx) -> pb.SubmitBatchResponse:
+        async def run() -> pb.SubmitBatchResponse:
+            return await self.service.submit_batch(self._caller(context), request)
+
+        return await _call(context, run)
+
+    async def Cancel(self, request: pb.CancelRequest, context: Ctx) -> pb.CancelResponse:
+        async def run() -> pb.CancelResponse:
+            return self.service.cancel(self._caller(context), request)
+
+        return await _call(context, run)
+
+    async def Get(self, request: pb.GetRequest, context: Ctx) -> pb.TaskInfo:
+        async def run() -> pb.TaskInfo:
+            return self.service.get(self._caller(context), request)
+
+        return await _call(context, run)
+
+    async def ListTasks(self, request: pb.ListTasksRequest, context: Ctx) -> pb.ListTasksResponse:
+        async def run() -> pb.ListTasksResponse:
+            return self.service.list_tasks(self._caller(context), request)
+
+        return await _call(context, run)
+
+    async def Wait(self, request: pb.WaitRequest, context: Ctx) -> pb.TaskResult:
+        async def run() -> pb.TaskResult:
+            return await self.service.wait(self._caller(context), request)
+
+        return await _call(context, run)
+
+    async def Watch(self, request: pb.WatchRequest, context: Ctx) -> AsyncIterator[pb.StatusEvent]:
+        try:
+            async for event in self.service.watch(self._caller(context), request):
+                yield event
+        except ApiError as err:
+            await context.abort(grpc_status(err), err.message)
+
+
+class AdminServicer(pbg.AdminServicer):  # type: ignore[misc]
+    def __init__(self, service: Service, connected: dict[int, tuple[str, int]]) -> None:
+        self.service = service
+        self.connected = connected
+
+    async def Snapshot(self, request: pb.Empty, context: Ctx) -> pb.SnapshotResponse:
+        async def run() -> pb.SnapshotResponse:
+            self.service.authorize(bearer(context.invocation_metadata()), Role.METRICS)
+            return self.service.snapshot()
+
+        return await _call(context, run)
+
+    async def ListWorkers(self, request: pb.Empty, context: Ctx) -> pb.ListWorkersResponse:
+        async def run() -> pb.ListWorkersResponse:
+            self.service.authorize(bearer(context.invocation_metadata()), Role.METRICS)
+            return self.service.list_workers(self.connected)
+
+        return await _call(context, run)
+
+    async def _unsupported(self, context: Ctx, role: Role) -> Any:
+        async def run() -> Any:
+            self.service.authorize(bearer(context.invocation_metadata()), role)
+            raise self.service.recurring_unsupported()
+
+        return await _call(context, run)
+
+    async def AddRecurring(self, request: pb.RecurringRequest, context: Ctx) -> pb.Empty:
+        return await self._unsupported(context, Role.ADMIN)
+
+    async def RemoveRecurring(
+        self, request: pb.RemoveRecurringRequest, context: Ctx
+    ) -> pb.RemoveRecurringResponse:
+        return await self._unsupported(context, Role.ADMIN)
+
+    async def ListRecurring(self, request: pb.Empty, context: Ctx) -> pb.ListRecurringResponse:
+        async def run() -> pb.ListRecurringResponse:
+            self.service.authorize(bearer(context.invocation_metadata()), Role.METRICS)
+            return pb.ListRecurringResponse()
+
+        return await _call(context, run)
+
+
+class WorkersServicer(pbg.WorkersServicer):  # type: ignore[misc]
+    def __init__(self, service: Service, make_stream: Callable[[Ctx, Principal], WorkerStream]) -> None:
+        self.service = service
+        self.make_stream = make_stream
+        self.streams: set[WorkerStream] = set()
+
+    async def Work(self, request_iterator: object, context: Ctx) -> None:
+        async def run() -> None:
+            caller = self.service.authorize(bearer(context.invocation_metadata()), Role.WORKER)
+            stream = self.make_stream(context, caller)
+            self.streams.add(stream)
+            try:
+                await stream.serve()
+            finally:
+                self.streams.discard(stream)
+
+        await _call(context, run)

@@ -1,0 +1,368 @@
+"""The HTTP/JSON gateway (SPEC §6): aiohttp routes as thin adapters over :class:`~shard.service.Service`.
+
+Every API route does the same four steps, written once in :func:`_authorized`: authenticate the
+``authorization`` header for the route's role (before any body byte is read), translate the request into
+the wire message (:mod:`shard.http_codec`), call the very Service method the gRPC servicer calls, and
+render the answer as JSON. An :class:`~cronoq.errors.ApiError` raised anywhere becomes
+``{"error", "code"}`` with its HTTP status in one middleware, which also turns aiohttp's own 404/405 into
+that shape and, when authentication is off, refuses non-loopback ``Host`` headers (DNS rebinding).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ipaddress
+import re
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
+
+from aiohttp import hdrs, web
+from aiohttp.typedefs import Middleware
+
+from cronoq.auth import Principal, Role
+from cronoq.errors import ApiError, Internal, InvalidArgument, NotFound, PermissionDenied, Unavailable
+from cronoq.logs import get_logger
+from cronoq.v1 import cronoq_pb2 as pb
+
+from . import http_codec as codec
+from .openapi import OPENAPI
+from .service import Service
+
+PROMETHEUS_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+SSE_KEEPALIVE_S = 15.0
+PROBES = frozenset({"/healthz", "/readyz"})
+OPENAPI_JSON = codec.dump_json(OPENAPI)
+log = get_logger("cronoq.http")
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+Endpoint = Callable[[Principal, web.Request], Awaitable[codec.JsonObject | web.StreamResponse]]
+Connected = Callable[[], dict[int, tuple[str, int]]]
+
+
+class BodyTooLarge(ApiError):
+    """The request body exceeds ``limits.max_http_body_bytes``; refused before (or while) reading it."""
+
+    code = "resource_exhausted"
+    http_status = 413
+
+
+class UnsupportedMediaType(ApiError):
+    """A JSON body sent without ``content-type: application/json``.
+
+    Insisting on it is what keeps a web page from posting tasks to a loopback server without auth: a
+    browser sends ``text/plain`` cross-origin without asking, but needs a CORS preflight (which we never
+    grant) for ``application/json``.
+    """
+
+    code = "invalid_argument"
+    http_status = 415
+
+
+class MethodNotAllowed(ApiError):
+    """A known path asked with another method; gRPC has no such status, and ``unimplemented`` is the
+    code gateways commonly pair with HTTP 405."""
+
+    code = "unimplemented"
+    http_status = 405
+
+
+def error_response(err: ApiError) -> web.Response:
+    response = _json({"error": err.message, "code": err.code}, err.http_status)
+    if isinstance(err, BodyTooLarge):
+        response.force_close()  # do not linger reading a body we refused
+    return response
+
+
+def _json(body: object, status: int = 200) -> web.Response:
+    return web.Response(text=codec.dump_json(body), status=status, content_type=codec.JSON_TYPE)
+
+
+_HOST = re.compile(r"(?:\[(?P<v6>[^\]]+)\]|(?P<name>[^:\[\]]+))(?::[0-9]{1,5})?")
+
+
+def is_loopback_host(host: str | None) -> bool:
+    """``localhost``, ``127.0.0.0/8`` or ``[::1]``, each with an optional port."""
+    match = _HOST.fullmatch(host or "")
+    if match is None:
+        return False
+    name = (match["v6"] or match["name"]).lower()
+    if name == "localhost":
+        return True
+    try:
+        address = ipaddress.ip_address(name)
+    except ValueError:
+        return False
+    return address.is_loopback and (address.version == 6) == bool(match["v6"])
+
+
+def _middleware(loopback_only_guard: bool) -> Middleware:
+    @web.middleware
+    async def errors_and_host_guard(request: web.Request, handler: Handler) -> web.StreamResponse:
+        try:
+            host = request.headers.get(hdrs.HOST)
+            if loopback_only_guard and request.path not in PROBES and not is_loopback_host(host):
+                raise PermissionDenied(
+                    f"Host {host!r} is not a loopback name: without credentials configured this server "
+                    "answers only requests addressed to localhost, 127.0.0.1 or [::1]"
+                )
+            return await handler(request)
+        except ApiError as err:
+            return error_response(err)
+        except web.HTTPNotFound:
+            return error_response(NotFound(f"no route {request.method} {request.path}"))
+        except web.HTTPMethodNotAllowed as exc:
+            allowed = ", ".join(sorted(exc.allowed_methods))
+            response = error_response(
+                MethodNotAllowed(f"{request.method} is not allowed on {request.path}; use {allowed}")
+            )
+            response.headers[hdrs.ALLOW] = allowed
+            return response
+        except Exception:
+            log.exception("http_internal_error", method=request.method, path=request.path)
+            return error_response(Internal("internal error; see the server log"))
+
+    return errors_and_host_guard
+
+
+class _Gateway:
+    """The endpoints of one application; each translates, calls the service and renders."""
+
+    def __init__(
+        self,
+        service: Service,
+        *,
+        max_body_bytes: int,
+        metrics: Callable[[], str] | None,
+        workers_connected: Connected,
+        sse_keepalive_s: float,
+    ) -> None:
+        self.service = service
+        self.max_body_bytes = max_body_bytes
+        self.metrics_text = metrics
+        self.workers_connected = workers_connected
+        self.sse_keepalive_s = sse_keepalive_s
+
+    def _authorized(self, role: Role, endpoint: Endpoint) -> Handler:
+        """The shared request path: authenticate first, then run the endpoint, render JSON answers."""
+
+        async def handle(request: web.Request) -> web.StreamResponse:
+            caller = self.service.authorize(request.headers.get(hdrs.AUTHORIZATION), role)
+            answer = await endpoint(caller, request)
+            return answer if isinstance(answer, web.StreamResponse) else _json(answer)
+
+        return handle
+
+    async def _body(self, request: web.Request) -> object:
+        """The JSON body, refused with 413 from Content-Length alone, or as soon as a chunked body
+        passes the limit, so an oversized body is never buffered."""
+        limit = self.max_body_bytes
+        too_large = BodyTooLarge(f"request body: larger than limits.max_http_body_bytes ({limit} bytes)")
+        if request.content_length is not None and request.content_length > limit:
+            raise too_large
+        if codec.media_type(request.headers.get(hdrs.CONTENT_TYPE, "")) != codec.JSON_TYPE:
+            raise UnsupportedMediaType("request body: send it as JSON with content-type: application/json")
+        body = bytearray()
+        async for chunk in request.content.iter_any():
+            body += chunk
+            if len(body) > limit:
+                raise too_large
+        try:
+            return codec.parse_json(bytes(body))
+        except ValueError as err:
+            raise InvalidArgument(f"request body: invalid JSON: {err}") from None
+
+    def _content_type(self, task_id: int) -> str:
+        """The stored content type of a task's output (the wire TaskResult carries none)."""
+        cached = self.service.runtime.outputs.get(task_id)
+        return cached[1] if cached is not None else ""
+
+    # ------------------------------------------------------------------------------------ tasks
+
+    async def submit(self, caller: Principal, request: web.Request) -> codec.JsonObject:
+        req = codec.submit_request(await self._body(request))
+        return codec.submit_response(await self.service.submit(caller, req), self._content_type)
+
+    async def submit_batch(self, caller: Principal, request: web.Request) -> codec.JsonObject:
+        req = codec.submit_batch_request(await self._body(request))
+        return codec.submit_batch_response(await self.service.submit_batch(caller, req))
+
+    async def get(self, caller: Principal, request: web.Request) -> codec.JsonObject:
+        req = pb.GetRequest(task=codec.task_ref(request.match_info["ref"]))
+        return codec.task_info(self.service.get(caller, req))
+
+    async def cancel(self, caller: Principal, request: web.Request) -> codec.JsonObject:
+        """The body, if any, is ignored: the task is named by the path."""
+        req = pb.CancelRequest(task=codec.task_ref(request.match_info["ref"]))
+        return {"cancelled": self.service.cancel(caller, req).cancelled}
+
+    async def result(self, caller: Principal, request: web.Request) -> codec.JsonObject:
+        req = codec.wait_request(request.match_info["ref"], codec.Query(request.query))
+        return codec.task_result(await self.service.wait(caller, req), self._content_type)
+
+    async def list_tasks(self, caller: Principal, request: web.Request) -> codec.JsonObject:
+        req = codec.list_request(codec.Query(request.query))
+        return codec.list_response(self.service.list_tasks(caller, req))
+
+    async def watch(self, caller: Principal, request: web.Request) -> web.StreamResponse:
+        """Server-Sent Events: one ``data:`` line of StatusEvent JSON per event, a comment every
+        ``sse_keepalive_s`` (keeps proxies from timing out and finds vanished clients), and
+        ``event: error`` before closing when the stream fails (shutdown, consumer too slow)."""
+        reader = _EventReader(self.service.watch(caller, codec.watch_request(codec.Query(request.query))))
+        try:
+            await reader.started()
+            response = web.StreamResponse(
+                headers={
+                    hdrs.CONTENT_TYPE: "text/event-stream",
+                    hdrs.CACHE_CONTROL: "no-cache",
+                    "X-Accel-Buffering": "no",
+                }
+            )
+            await response.prepare(request)
+            with contextlib.suppress(ConnectionResetError):
+                await response.write(b": watching\n\n")
+                while True:
+                    try:
+                        event = await reader.next(self.sse_keepalive_s)
+                    except StopAsyncIteration:
+                        break
+                    except ApiError as err:
+                        error = codec.dump_json({"error": err.message, "code": err.code})
+                        await response.write(f"event: error\ndata: {error}\n\n".encode())
+                        break
+                    if event is None:
+                        await response.write(b": keepalive\n\n")
+                    else:
+                        await response.write(
+                            f"data: {codec.dump_json(codec.status_event(event))}\n\n".encode()
+                        )
+            return response
+        finally:
+            await reader.close()
+
+    # ------------------------------------------------------------------------------------ admin
+
+    async def snapshot(self, caller: Principal, request: web.Request) -> codec.JsonObject:
+        return codec.snapshot(self.service.snapshot())
+
+    async def workers(self, caller: Principal, request: web.Request) -> codec.JsonObject:
+        return codec.workers(self.service.list_workers(self.workers_connected()))
+
+    async def list_recurring(self, caller: Principal, request: web.Request) -> codec.JsonObject:
+        return {"schedules": [], "unavailable_shards": []}
+
+    async def recurring_unsupported(self, caller: Principal, request: web.Request) -> codec.JsonObject:
+        raise self.service.recurring_unsupported()
+
+    def metrics(self, render: Callable[[], str]) -> Endpoint:
+        async def text(caller: Principal, request: web.Request) -> web.StreamResponse:
+            return web.Response(body=render().encode(), headers={hdrs.CONTENT_TYPE: PROMETHEUS_TYPE})
+
+        return text
+
+    # ----------------------------------------------------------------------------------- probes
+
+    async def healthz(self, request: web.Request) -> web.StreamResponse:
+        return _json({"status": "ok"})
+
+    async def readyz(self, request: web.Request) -> web.StreamResponse:
+        if not self.service.runtime.accepting:
+            raise Unavailable("not serving: shutting down or not the leader")
+        return _json({"status": "ok"})
+
+    async def openapi(self, request: web.Request) -> web.StreamResponse:
+        return web.Response(text=OPENAPI_JSON, content_type=codec.JSON_TYPE)
+
+    # ----------------------------------------------------------------------------------- routes
+
+    def routes(self) -> list[tuple[str, str, Role, Endpoint]]:
+        """Method, path, required role and endpoint of every authenticated route. The ``{ref}`` variants
+        with a suffix come before the plain lookup, whose pattern would also match them."""
+        routes: list[tuple[str, str, Role, Endpoint]] = [
+            ("POST", "/v1/tasks", Role.CLIENT, self.submit),
+            ("POST", "/v1/tasks:batch", Role.CLIENT, self.submit_batch),
+            ("GET", "/v1/tasks", Role.CLIENT, self.list_tasks),
+            ("POST", "/v1/tasks/{ref}:cancel", Role.CLIENT, self.cancel),
+            ("GET", "/v1/tasks/{ref}/result", Role.CLIENT, self.result),
+            ("GET", "/v1/tasks/{ref}", Role.CLIENT, self.get),
+            ("GET", "/v1/watch", Role.CLIENT, self.watch),
+            ("GET", "/v1/snapshot", Role.METRICS, self.snapshot),
+            ("GET", "/v1/workers", Role.METRICS, self.workers),
+            ("GET", "/v1/recurring", Role.METRICS, self.list_recurring),
+            ("POST", "/v1/recurring", Role.ADMIN, self.recurring_unsupported),
+            ("DELETE", "/v1/recurring/{name}", Role.ADMIN, self.recurring_unsupported),
+        ]
+        if self.metrics_text is not None:
+            routes.append(("GET", "/metrics", Role.METRICS, self.metrics(self.metrics_text)))
+        return routes
+
+    def add_routes(self, router: web.UrlDispatcher) -> None:
+        for method, path, role, endpoint in self.routes():
+            router.add_route(method, path, self._authorized(role, endpoint))
+        router.add_route("GET", "/healthz", self.healthz)
+        router.add_route("GET", "/readyz", self.readyz)
+        router.add_route("GET", "/v1/openapi.json", self.openapi)
+
+
+class _EventReader:
+    """Reads a Watch stream one event ahead in a task, so the SSE loop can wait with a timeout (for
+    keepalives) and can always close the stream, which is what unsubscribes it from the runtime."""
+
+    def __init__(self, events: AsyncIterator[pb.StatusEvent]) -> None:
+        self._events = events
+        self._pending = asyncio.ensure_future(anext(events))
+
+    async def started(self) -> None:
+        """Raise the request's own errors (unknown or forbidden pool) before any byte of the stream: the
+        service checks them before its first suspension, so one turn of the loop is enough."""
+        await asyncio.sleep(0)
+        if self._pending.done() and self._pending.exception() is not None:
+            self._pending.result()
+
+    async def next(self, within_s: float) -> pb.StatusEvent | None:
+        """The next event, or None when ``within_s`` passed first; the stream's end or error is raised."""
+        done, _ = await asyncio.wait({self._pending}, timeout=within_s)
+        if not done:
+            return None
+        finished, self._pending = self._pending, asyncio.ensure_future(anext(self._events))
+        return finished.result()
+
+    async def close(self) -> None:
+        pending = self._pending
+        if not pending.done():
+            pending.cancel()
+            await asyncio.wait({pending})
+        elif not pending.cancelled():
+            pending.exception()  # consumed; keeps asyncio from logging "exception never retrieved"
+        if isinstance(self._events, AsyncGenerator):
+            await self._events.aclose()
+
+
+def build_http_app(
+    service: Service,
+    *,
+    max_body_bytes: int,
+    loopback_only_guard: bool,
+    metrics: Callable[[], str] | None = None,
+    workers_connected: Connected | None = None,
+    sse_keepalive_s: float = SSE_KEEPALIVE_S,
+) -> web.Application:
+    """The HTTP/JSON application of one shard server.
+
+    ``loopback_only_guard`` (set when no credential is configured) refuses requests whose ``Host`` is not
+    a loopback name, except the probes. ``metrics`` renders the Prometheus text for ``/metrics`` (the
+    route is absent without it). ``workers_connected`` maps worker id to (name, connected Unix ns) for
+    ``/v1/workers``.
+    """
+    gateway = _Gateway(
+        service,
+        max_body_bytes=max_body_bytes,
+        metrics=metrics,
+        workers_connected=workers_connected or dict,
+        sse_keepalive_s=sse_keepalive_s,
+    )
+    app = web.Application(middlewares=[_middleware(loopback_only_guard)])
+    gateway.add_routes(app.router)
+    return app
+
+
+__all__ = ["PROMETHEUS_TYPE", "build_http_app", "is_loopback_host"]

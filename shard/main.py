@@ -1,0 +1,108 @@
+"""``cronoq-server``: one member of one shard (with no ``[[shards]]``, the whole cluster)."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import signal
+import sys
+from importlib import resources
+
+from cronoq.config import Config, ConfigError, default_config, load_config, validate_config
+from cronoq.logs import configure, get_logger
+
+log = get_logger("cronoq.server")
+
+
+def proto_text() -> str:
+    """The embedded cronoq.v1 contract, as shipped with the package."""
+    return resources.files("cronoq.v1").joinpath("cronoq.proto").read_text(encoding="utf-8")
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="cronoq-server",
+        description="Run a cronoq server: the scheduler, its gRPC API (Tasks, Workers, Admin, health) and the "
+        "HTTP/JSON gateway. Without --config: one pool 'default', memory store, loopback only, no auth.",
+    )
+    p.add_argument(
+        "-c",
+        "--config",
+        metavar="PATH",
+        default=os.environ.get("CRONOQ_CONFIG"),
+        help="TOML configuration file (env CRONOQ_CONFIG)",
+    )
+    p.add_argument(
+        "--check",
+        action="store_true",
+        help="validate the configuration, print every problem, exit 0 if valid and 1 if not",
+    )
+    p.add_argument(
+        "--print-proto",
+        action="store_true",
+        help="print the embedded cronoq.v1 .proto and exit (needs no configuration)",
+    )
+    p.add_argument(
+        "--shard",
+        metavar="NAME",
+        default=os.environ.get("CRONOQ_SHARD"),
+        help="which [[shards]] entry this server serves (env CRONOQ_SHARD)",
+    )
+    p.add_argument(
+        "--insecure-no-auth",
+        action="store_true",
+        help="allow serving a non-loopback address without credentials (trusted networks only)",
+    )
+    return p
+
+
+def read_config(args: argparse.Namespace) -> Config:
+    """Read, apply the command-line overrides, then validate (so the overrides are checked too)."""
+    if args.config:
+        return load_config(args.config, shard=args.shard, insecure_no_auth=args.insecure_no_auth)
+    return validate_config(default_config().with_overrides(args.shard, args.insecure_no_auth))
+
+
+async def serve(config: Config) -> None:
+    from .server import ShardServer
+
+    server = ShardServer(config)
+    await server.start()
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
+    await server.shutdown("server shutting down")
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    if args.print_proto:
+        sys.stdout.write(proto_text())
+        return 0
+    configure()
+    try:
+        config = read_config(args)
+    except ConfigError as err:
+        print(
+            f"cronoq-server: invalid configuration{' ' + args.config if args.config else ''}:",
+            file=sys.stderr,
+        )
+        for problem in err.problems:
+            print(f"  - {problem}", file=sys.stderr)
+        return 1
+    if args.check:
+        print(f"configuration ok: {len(config.pools)} pool(s): {', '.join(p.name for p in config.pools)}")
+        return 0
+    try:
+        asyncio.run(serve(config))
+    except OSError as err:
+        log.error("startup_failed", error=str(err))
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,507 @@
+"""The OpenAPI 3.0 description of the HTTP/JSON API, served at ``GET /v1/openapi.json``.
+
+It is data, kept next to the gateway so a route or field change and its description land in one commit;
+``tests/unit/test_http_openapi.py`` checks that every route of the application is described and that the
+answers of a live server match these schemas.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Final
+
+Schema = dict[str, Any]
+
+
+def _ref(name: str) -> Schema:
+    return {"$ref": f"#/components/schemas/{name}"}
+
+
+def _obj(properties: dict[str, Schema], *, required: tuple[str, ...] = (), closed: bool = True) -> Schema:
+    """An object schema; ``closed`` (every request body) means unknown fields are refused with 400."""
+    schema: Schema = {"type": "object", "properties": properties}
+    if required:
+        schema["required"] = list(required)
+    if closed:
+        schema["additionalProperties"] = False
+    return schema
+
+
+def _all(properties: dict[str, Schema]) -> Schema:
+    """A response object: every listed field is always present."""
+    return _obj(properties, required=tuple(properties))
+
+
+def _nullable(schema: Schema) -> Schema:
+    return {**schema, "nullable": True}
+
+
+STRING: Final[Schema] = {"type": "string"}
+BOOL: Final[Schema] = {"type": "boolean"}
+UINT: Final[Schema] = {"type": "integer", "minimum": 0}
+NUMBER: Final[Schema] = {"type": "number"}
+SECONDS: Final[Schema] = {"type": "number", "minimum": 0, "description": "seconds"}
+TIMESTAMP: Final[Schema] = {"type": "string", "format": "date-time", "description": "RFC 3339, UTC"}
+STRING_MAP: Final[Schema] = {"type": "object", "additionalProperties": STRING}
+STRINGS: Final[Schema] = {"type": "array", "items": STRING}
+
+PRIORITIES = ["critical", "high", "normal", "low"]
+STATUSES = [
+    "blocked",
+    "scheduled",
+    "ready",
+    "running",
+    "retrying",
+    "succeeded",
+    "failed",
+    "dead_lettered",
+    "cancelled",
+    "skipped",
+    "missed",
+    "shed",
+]
+ERROR_CODES = [
+    "invalid_argument",
+    "unauthenticated",
+    "permission_denied",
+    "not_found",
+    "failed_precondition",
+    "resource_exhausted",
+    "unavailable",
+    "deadline_exceeded",
+    "unimplemented",
+    "data_loss",
+    "internal",
+    "already_exists",
+    "aborted",
+    "out_of_range",
+    "cancelled",
+    "unknown",
+]
+
+_TASK_SPEC_FIELDS: dict[str, Schema] = {
+    "payload": {"description": "any JSON value; stored as compact UTF-8 JSON, content type application/json"},
+    "payload_base64": {"type": "string", "format": "byte", "description": "bytes; not with payload"},
+    "content_type": {"type": "string", "maxLength": 128},
+    "kind": STRING,
+    "pool": {"type": "string", "description": "default: the default pool"},
+    "priority": {"$ref": "#/components/schemas/Priority"},
+    "key": {"type": "string", "description": "idempotency key; a live task with it is returned instead"},
+    "deadline_in_s": SECONDS,
+    "deadline_at": _ref("Instant"),
+    "start_in_s": SECONDS,
+    "start_at": _ref("Instant"),
+    "tolerance_s": SECONDS,
+    "on_miss": {"type": "string", "enum": ["run_late", "skip", "fail"]},
+    "duration_hint_s": SECONDS,
+    "timeout_s": {**SECONDS, "description": "limit of each attempt, seconds"},
+    "retry": _ref("RetryPolicy"),
+    "deps": {"type": "array", "items": _ref("Dep")},
+    "resources": {"type": "object", "additionalProperties": {**UINT, "maximum": 4294967295}},
+    "tags": STRING_MAP,
+    "labels": {**STRING_MAP, "description": "worker labels the task requires"},
+    "tenant": STRING,
+}
+
+SCHEMAS: Final[dict[str, Schema]] = {
+    "Error": _all(
+        {
+            "error": {"type": "string", "description": "what was wrong, naming the field"},
+            "code": {"type": "string", "enum": ERROR_CODES, "description": "gRPC status name, lower case"},
+        }
+    ),
+    "TaskId": {"type": "string", "pattern": "^[0-9]+$", "description": "u64 as a decimal string"},
+    "Priority": {"type": "string", "enum": PRIORITIES},
+    "Status": {"type": "string", "enum": STATUSES},
+    "Instant": {
+        "oneOf": [TIMESTAMP, {"type": "number", "description": "Unix seconds"}],
+        "description": "RFC 3339 with an offset, or Unix seconds",
+    },
+    "RetryPolicy": _obj(
+        {
+            "max_attempts": {**UINT, "maximum": 4294967295},
+            "initial_backoff_s": SECONDS,
+            "multiplier": {**NUMBER, "minimum": 1},
+            "max_backoff_s": SECONDS,
+            "jitter": BOOL,
+        }
+    ),
+    "Dep": _obj(
+        {
+            "id": {"oneOf": [_ref("TaskId"), UINT]},
+            "key": STRING,
+            "on": {"type": "string", "enum": ["success", "failure", "complete"], "default": "success"},
+        }
+    ),
+    "TaskSpec": _obj(_TASK_SPEC_FIELDS),
+    "SubmitRequest": _obj(
+        {
+            **_TASK_SPEC_FIELDS,
+            "wait": {**BOOL, "description": "answer only when the task finished (result is set)"},
+            "wait_timeout_s": {**SECONDS, "description": "with wait; capped by limits.max_wait_s"},
+        }
+    ),
+    "SubmitBatchRequest": _obj(
+        {"tasks": {"type": "array", "items": _ref("TaskSpec"), "minItems": 1}}, required=("tasks",)
+    ),
+    "Submitted": _all({"id": _ref("TaskId"), "duplicate": BOOL}),
+    "SubmitResponse": _obj(
+        {"id": _ref("TaskId"), "duplicate": BOOL, "result": _ref("TaskResult")}, required=("id", "duplicate")
+    ),
+    "SubmitBatchResponse": _all({"tasks": {"type": "array", "items": _ref("Submitted")}}),
+    "TaskInfo": _all(
+        {
+            "id": _ref("TaskId"),
+            "status": _ref("Status"),
+            "pool": STRING,
+            "key": STRING,
+            "kind": STRING,
+            "priority": _nullable({"type": "string", "enum": PRIORITIES}),
+            "tenant": STRING,
+            "attempt": UINT,
+            "max_attempts": {**UINT, "description": "0 when unknown"},
+            "created_at": _nullable(TIMESTAMP),
+            "started_at": _nullable(TIMESTAMP),
+            "finished_at": _nullable(TIMESTAMP),
+            "message": STRING,
+            "output_available": BOOL,
+        }
+    ),
+    "TaskResult": _obj(
+        {
+            "id": _ref("TaskId"),
+            "status": _ref("Status"),
+            "message": STRING,
+            "output_available": BOOL,
+            "output": {"description": "the output as JSON, when its content type is application/json"},
+            "output_base64": {"type": "string", "format": "byte", "description": "any other output"},
+            "content_type": STRING,
+        },
+        required=("id", "status", "message", "output_available"),
+    ),
+    "CancelResponse": _all({"cancelled": {**BOOL, "description": "false when it had already finished"}}),
+    "TaskList": _all(
+        {
+            "tasks": {"type": "array", "items": _ref("TaskInfo")},
+            "next_after": {**_ref("TaskId"), "description": "pass as after for the next page; 0 at the end"},
+            "unavailable_shards": STRINGS,
+        }
+    ),
+    "StatusEvent": _all(
+        {
+            "id": _ref("TaskId"),
+            "pool": STRING,
+            "key": STRING,
+            "status": _ref("Status"),
+            "attempt": UINT,
+            "at": TIMESTAMP,
+            "message": STRING,
+        }
+    ),
+    "WorkerGroup": _all({"labels": STRING_MAP, "capacity": UINT, "busy": UINT}),
+    "PoolSnapshot": _all(
+        {
+            "name": STRING,
+            "capacity": UINT,
+            "busy": UINT,
+            "held": UINT,
+            "desired": UINT,
+            "pending_by_class": _obj({p: UINT for p in PRIORITIES}, closed=True),
+            "reservations": UINT,
+            "dispatched": UINT,
+            "succeeded": UINT,
+            "failed": UINT,
+            "priority_adherence": NUMBER,
+            "fixed_start_hit_rate": NUMBER,
+            "utilization": NUMBER,
+            "schedule_efficiency": NUMBER,
+            "wait_p50_s": NUMBER,
+            "wait_p90_s": NUMBER,
+            "wait_p99_s": NUMBER,
+            "cost": NUMBER,
+            "workers_connected": UINT,
+            "groups": {"type": "array", "items": _ref("WorkerGroup")},
+        }
+    ),
+    "Totals": _all(
+        {
+            name: UINT
+            for name in (
+                "submitted",
+                "dispatched",
+                "succeeded",
+                "failed",
+                "dead_lettered",
+                "cancelled",
+                "skipped",
+                "missed",
+                "shed",
+                "retries",
+                "timeouts",
+                "lease_expiries",
+                "stale_completions",
+            )
+        }
+    ),
+    "Snapshot": _all(
+        {
+            "pools": {"type": "array", "items": _ref("PoolSnapshot")},
+            "live_tasks": UINT,
+            "running": UINT,
+            "pending": UINT,
+            "totals": _ref("Totals"),
+            "workers_connected": UINT,
+            "unavailable_shards": STRINGS,
+        }
+    ),
+    "WorkerInfo": _all(
+        {
+            "id": {**STRING, "pattern": "^[0-9]+$"},
+            "name": STRING,
+            "pool": STRING,
+            "labels": STRING_MAP,
+            "slots": UINT,
+            "busy": UINT,
+            "connected_at": _nullable(TIMESTAMP),
+        }
+    ),
+    "WorkerList": _all(
+        {"workers": {"type": "array", "items": _ref("WorkerInfo")}, "unavailable_shards": STRINGS}
+    ),
+    "RecurringList": _all(
+        {"schedules": {"type": "array", "items": {"type": "object"}}, "unavailable_shards": STRINGS}
+    ),
+    "Health": _all({"status": {"type": "string", "enum": ["ok"]}}),
+}
+
+_ERRORS: Final[dict[int, str]] = {
+    400: "invalid request (invalid_argument); the message names the field",
+    401: "missing or unknown credential (unauthenticated)",
+    403: "role or pool not allowed, or a non-loopback Host without auth (permission_denied)",
+    404: "unknown task, pool or route (not_found)",
+    405: "wrong method for this path (unimplemented); see the Allow header",
+    409: "reservation conflict (failed_precondition)",
+    413: "body larger than limits.max_http_body_bytes (resource_exhausted)",
+    415: "JSON body without content-type: application/json (invalid_argument)",
+    429: "pool full under overflow = reject, or a limit hit (resource_exhausted); retry later",
+    500: "internal error, or a watch that fell behind (data_loss)",
+    501: "not supported by this server version (unimplemented)",
+    503: "shutting down or not the leader (unavailable); retry",
+    504: "the server-side wait ended before the task finished (deadline_exceeded)",
+}
+
+
+def _error_responses(*statuses: int) -> dict[str, Schema]:
+    return {str(s): {"$ref": f"#/components/responses/E{s}"} for s in statuses}
+
+
+def _json_body(schema: str) -> Schema:
+    return {"required": True, "content": {"application/json": {"schema": _ref(schema)}}}
+
+
+def _op(
+    operation_id: str,
+    summary: str,
+    response: str,
+    *errors: int,
+    parameters: list[Schema] | None = None,
+    body: str | None = None,
+    public: bool = False,
+) -> Schema:
+    """One operation; ``public`` routes take no credential."""
+    op: Schema = {
+        "operationId": operation_id,
+        "summary": summary,
+        "responses": {
+            "200": {"description": "OK", "content": {"application/json": {"schema": _ref(response)}}},
+            **_error_responses(*errors),
+        },
+    }
+    if parameters:
+        op["parameters"] = parameters
+    if body is not None:
+        op["requestBody"] = _json_body(body)
+    if public:
+        op["security"] = []
+    return op
+
+
+def _param(name: str, where: str, schema: Schema, description: str, *, required: bool = False) -> Schema:
+    param: Schema = {"name": name, "in": where, "schema": schema, "description": description}
+    if required or where == "path":
+        param["required"] = True
+    return param
+
+
+def _list(items: Schema) -> Schema:
+    return {"type": "array", "items": items}
+
+
+REF = _param("ref", "path", STRING, "task id (all digits) or key (URL-encoded)")
+_AUTH = (401, 403, 503)
+_BODY = (400, 404, 413, 415, 429, 501)
+
+PATHS: Final[dict[str, Schema]] = {
+    "/v1/tasks": {
+        "post": _op(
+            "submit",
+            "Submit one task (optionally wait for it)",
+            "SubmitResponse",
+            *_AUTH,
+            *_BODY,
+            409,
+            504,
+            body="SubmitRequest",
+        ),
+        "get": _op(
+            "listTasks",
+            "List tasks in id order, one page at a time",
+            "TaskList",
+            400,
+            *_AUTH,
+            404,
+            parameters=[
+                _param("pool", "query", _list(STRING), "pool names; repeat or comma-separate"),
+                _param("status", "query", _list(_ref("Status")), "statuses; repeat or comma-separate"),
+                _param("after", "query", _ref("TaskId"), "return ids greater than this (next_after)"),
+                _param("limit", "query", UINT, "page size (default 100, capped by limits.max_list)"),
+            ],
+        ),
+    },
+    "/v1/tasks:batch": {
+        "post": _op(
+            "submitBatch",
+            "Submit tasks atomically: all are accepted or none",
+            "SubmitBatchResponse",
+            *_AUTH,
+            *_BODY,
+            409,
+            body="SubmitBatchRequest",
+        )
+    },
+    "/v1/tasks/{ref}": {
+        "get": _op("getTask", "Look a task up", "TaskInfo", 400, *_AUTH, 404, parameters=[REF])
+    },
+    "/v1/tasks/{ref}:cancel": {
+        "post": _op(
+            "cancelTask",
+            "Cancel a task (any body is ignored)",
+            "CancelResponse",
+            400,
+            *_AUTH,
+            404,
+            parameters=[REF],
+        )
+    },
+    "/v1/tasks/{ref}/result": {
+        "get": _op(
+            "waitTask",
+            "Wait until the task finished and return its result",
+            "TaskResult",
+            400,
+            *_AUTH,
+            404,
+            504,
+            parameters=[
+                REF,
+                _param("timeout_s", "query", SECONDS, "longest wait, capped by limits.max_wait_s"),
+            ],
+        )
+    },
+    "/v1/watch": {
+        "get": {
+            **_op(
+                "watch",
+                "Server-Sent Events stream of status changes",
+                "StatusEvent",
+                400,
+                *_AUTH,
+                404,
+                parameters=[
+                    _param("pool", "query", _list(STRING), "pools; repeat or comma-separate"),
+                    _param("id", "query", _list(_ref("TaskId")), "task ids; repeat or comma-separate"),
+                    _param("key", "query", _list(STRING), "task keys; repeat"),
+                    _param("all", "query", BOOL, "every transition, not only terminal ones"),
+                ],
+            ),
+            "responses": {
+                "200": {
+                    "description": (
+                        "text/event-stream: `data: <StatusEvent JSON>` per event, `: keepalive` comments, "
+                        "and `event: error` with `data: <Error JSON>` before the server ends the stream"
+                    ),
+                    "content": {"text/event-stream": {"schema": _ref("StatusEvent")}},
+                },
+                **_error_responses(400, *_AUTH, 404),
+            },
+        }
+    },
+    "/v1/snapshot": {"get": _op("snapshot", "Scheduler snapshot (metrics role)", "Snapshot", *_AUTH)},
+    "/v1/workers": {"get": _op("listWorkers", "Connected workers (metrics role)", "WorkerList", *_AUTH)},
+    "/v1/recurring": {
+        "get": _op("listRecurring", "Recurring schedules (metrics role)", "RecurringList", *_AUTH),
+        "post": {
+            "operationId": "addRecurring",
+            "summary": "Add a recurring schedule (admin role); not supported by this version",
+            "responses": _error_responses(*_AUTH, 501),
+        },
+    },
+    "/v1/recurring/{name}": {
+        "delete": {
+            "operationId": "removeRecurring",
+            "summary": "Remove a recurring schedule (admin role); not supported by this version",
+            "parameters": [_param("name", "path", STRING, "schedule name")],
+            "responses": _error_responses(*_AUTH, 501),
+        }
+    },
+    "/v1/openapi.json": {
+        "get": {
+            "operationId": "openapi",
+            "summary": "This document",
+            "security": [],
+            "responses": {"200": {"description": "OpenAPI 3.0", "content": {"application/json": {}}}},
+        }
+    },
+    "/metrics": {
+        "get": {
+            "operationId": "metrics",
+            "summary": "Prometheus text format 0.0.4 (metrics role)",
+            "responses": {
+                "200": {"description": "metrics", "content": {"text/plain": {"schema": STRING}}},
+                **_error_responses(*_AUTH, 404),
+            },
+        }
+    },
+    "/healthz": {"get": _op("healthz", "Liveness: 200 while the process runs", "Health", public=True)},
+    "/readyz": {
+        "get": _op("readyz", "Readiness: 200 only while serving as leader", "Health", 503, public=True)
+    },
+}
+
+OPENAPI: Final[dict[str, Any]] = {
+    "openapi": "3.0.3",
+    "info": {
+        "title": "cronoq HTTP/JSON API",
+        "version": "1",
+        "description": (
+            "The same requests as the cronoq.v1 gRPC API. Task ids are strings, enums are lower-case names, "
+            "durations are seconds, instants RFC 3339 or Unix seconds. Errors are "
+            '{"error": "...", "code": "..."}.'
+        ),
+    },
+    "servers": [{"url": "http://127.0.0.1:7071"}],
+    "security": [{"bearer": []}],
+    "paths": PATHS,
+    "components": {
+        "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}},
+        "schemas": SCHEMAS,
+        "responses": {
+            f"E{status}": {
+                "description": description,
+                "content": {"application/json": {"schema": _ref("Error")}},
+            }
+            for status, description in _ERRORS.items()
+        },
+    },
+}
+
+__all__ = ["OPENAPI"]

@@ -1,0 +1,338 @@
+"""The request logic of the Tasks and Admin APIs, once, for both transports.
+
+gRPC servicers and HTTP handlers authenticate the caller, build the wire request message and call a
+method here; errors are raised as :mod:`cronoq.errors` classes and each transport renders them. That
+keeps validation, authorization and engine calls identical whichever way a request arrives.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import AsyncIterator
+
+from cronoq.auth import Authenticator, Principal, Role
+from cronoq.engine.model import RetryPolicy, Status, SubmitError, Task, TaskSpec
+from cronoq.engine.snapshot import Snapshot
+from cronoq.errors import (
+    ApiError,
+    DeadlineExceeded,
+    FailedPrecondition,
+    InvalidArgument,
+    NotFound,
+    PermissionDenied,
+    ResourceExhausted,
+    Unavailable,
+    Unimplemented,
+)
+from cronoq.v1 import cronoq_pb2 as pb
+
+from .convert import NS, SpecLimits, check_duration, ns, spec_from_wire, status_from_wire, task_info
+from .runtime import Runtime
+
+_NOT_FOUND_CODES = frozenset({"unknown_pool", "unknown_resource", "unknown_dependency"})
+_EXHAUSTED_CODES = frozenset({"full", "overloaded"})
+
+
+def submit_error(prefix: str, err: SubmitError) -> ApiError:
+    """The API error for an engine refusal, naming the offending task."""
+    message = f"{prefix}: {err.message}"
+    if err.code in _NOT_FOUND_CODES:
+        return NotFound(message)
+    if err.code in _EXHAUSTED_CODES:
+        return ResourceExhausted(message)
+    if err.code == "reservation_conflict":
+        return FailedPrecondition(message)
+    return InvalidArgument(message)
+
+
+class Service:
+    """Tasks and Admin operations of one serving shard leader."""
+
+    def __init__(
+        self,
+        runtime: Runtime,
+        auth: Authenticator,
+        *,
+        spec_limits: SpecLimits,
+        max_tasks_per_batch: int,
+        max_wait_s: float,
+        request_timeout_s: float,
+        max_list: int,
+    ) -> None:
+        self.runtime = runtime
+        self.auth = auth
+        self.spec_limits = spec_limits
+        self.max_tasks_per_batch = max_tasks_per_batch
+        self.max_wait_s = max_wait_s
+        self.request_timeout_s = request_timeout_s
+        self.max_list = max_list
+        engine = runtime.engine
+        names = engine.pool_names
+        self.default_pool = "default" if "default" in names else names[0]
+        self.retry_defaults: dict[str, RetryPolicy] = {n: engine.pool_config(n).retry for n in names}
+
+    # ---------------------------------------------------------------------------------- callers
+
+    def authorize(self, authorization: str | None, role: Role) -> Principal:
+        """Authenticate, check the role, and refuse while the server is not serving."""
+        principal = self.auth.require(authorization, role)
+        if not self.runtime.accepting:
+            raise Unavailable("server is shutting down; retry against the new leader")
+        return principal
+
+    def _check_pool(self, caller: Principal, field: str, pool: str) -> None:
+        if not caller.may_use_pool(pool):
+            raise PermissionDenied(f"{field}: this credential may not use pool '{pool}'")
+
+    def _task(self, caller: Principal, field: str, ref: pb.TaskRef) -> Task:
+        which = ref.WhichOneof("target")
+        if which is None:
+            raise InvalidArgument(f"{field}: set either id or key")
+        target: int | str = ref.id if which == "id" else ref.key
+        if which == "key" and not ref.key:
+            raise InvalidArgument(f"{field}.key: must not be empty")
+        task = self.runtime.engine.get(target)
+        if task is None or not caller.may_use_pool(task.spec.pool):
+            raise NotFound(f"{field}: no task {target!r}")
+        return task
+
+    # ---------------------------------------------------------------------------------- submit
+
+    def _spec(self, caller: Principal, field: str, msg: pb.TaskSpec) -> TaskSpec:
+        spec = spec_from_wire(
+            field,
+            msg,
+            default_pool=self.default_pool,
+            pools=self.retry_defaults,
+            limits=self.spec_limits,
+            now=self.runtime.clock(),
+        )
+        self._check_pool(caller, f"{field}.pool", spec.pool)
+        if caller.tenant is not None:
+            if spec.tenant and spec.tenant != caller.tenant:
+                raise PermissionDenied(
+                    f"{field}.tenant: this credential submits only for tenant '{caller.tenant}'"
+                )
+            spec.tenant = caller.tenant
+        return spec
+
+    async def _admit(self, specs: list[TaskSpec], prefix: str) -> list[tuple[int, bool]]:
+        """Submit atomically; a full ``overflow = wait`` pool parks the request until space frees."""
+        runtime = self.runtime
+        deadline = runtime.clock() + self.request_timeout_s
+        while True:
+            if not runtime.accepting:
+                raise Unavailable("server is shutting down; retry against the new leader")
+            try:
+                submitted = runtime.engine.submit(specs, runtime.clock())
+            except SubmitError as err:
+                where = prefix if err.index is None or len(specs) == 1 else f"{prefix}[{err.index}]"
+                if err.code != "full":
+                    raise submit_error(where, err) from None
+                remaining = deadline - runtime.clock()
+                pool = specs[err.index or 0].pool
+                if remaining <= 0:
+                    raise ResourceExhausted(
+                        f"{where}: pool '{pool}' stayed full for {self.request_timeout_s:g} s (max_pending)"
+                    ) from None
+                try:
+                    await runtime.wait_for_space(pool, remaining)
+                except TimeoutError:
+                    continue
+                continue
+            runtime.flush()
+            return [(s.id, s.duplicate) for s in submitted]
+
+    async def submit(self, caller: Principal, req: pb.SubmitRequest) -> pb.SubmitResponse:
+        if req.HasField("wait_timeout_s") and not req.wait:
+            raise InvalidArgument("wait_timeout_s: only meaningful with wait = true")
+        spec = self._spec(caller, "task", req.task)
+        [(task_id, duplicate)] = await self._admit([spec], "task")
+        response = pb.SubmitResponse(id=task_id, duplicate=duplicate)
+        if req.wait:
+            timeout = self._wait_limit(
+                "wait_timeout_s", req.wait_timeout_s if req.HasField("wait_timeout_s") else None
+            )
+            response.result.CopyFrom(await self._await_result(task_id, timeout))
+        return response
+
+    async def submit_batch(self, caller: Principal, req: pb.SubmitBatchRequest) -> pb.SubmitBatchResponse:
+        if not req.tasks:
+            raise InvalidArgument("tasks: at least one task is required")
+        if len(req.tasks) > self.max_tasks_per_batch:
+            raise InvalidArgument(
+                f"tasks: {len(req.tasks)} tasks exceed limits.max_tasks_per_batch ({self.max_tasks_per_batch})"
+            )
+        specs = [self._spec(caller, f"tasks[{i}]", msg) for i, msg in enumerate(req.tasks)]
+        results = await self._admit(specs, "tasks")
+        return pb.SubmitBatchResponse(tasks=[pb.SubmitResponse(id=i, duplicate=d) for i, d in results])
+
+    # ------------------------------------------------------------------------------ lookups
+
+    def cancel(self, caller: Principal, req: pb.CancelRequest) -> pb.CancelResponse:
+        task = self._task(caller, "task", req.task)
+        cancelled = self.runtime.engine.cancel(task.id, self.runtime.clock())
+        self.runtime.flush()
+        return pb.CancelResponse(cancelled=cancelled)
+
+    def get(self, caller: Principal, req: pb.GetRequest) -> pb.TaskInfo:
+        task = self._task(caller, "task", req.task)
+        return task_info(task, self.runtime.output_available(task))
+
+    def list_tasks(self, caller: Principal, req: pb.ListTasksRequest) -> pb.ListTasksResponse:
+        engine = self.runtime.engine
+        for pool in req.pools:
+            if not engine.has_pool(pool):
+                raise NotFound(f"pools: unknown pool '{pool}'")
+            self._check_pool(caller, "pools", pool)
+        pools: set[str] | None = set(req.pools) if req.pools else None
+        if pools is None and caller.pools is not None:
+            pools = set(caller.pools)
+        statuses = {status_from_wire("statuses", s) for s in req.statuses} or None
+        limit = min(req.limit or 100, self.max_list)
+        page, next_after = engine.list_tasks(pools=pools, statuses=statuses, after=req.after, limit=limit)
+        return pb.ListTasksResponse(
+            tasks=[task_info(t, self.runtime.output_available(t)) for t in page], next_after=next_after
+        )
+
+    def _wait_limit(self, field: str, requested: float | None) -> float:
+        if requested is None:
+            return self.max_wait_s
+        return min(check_duration(field, requested), self.max_wait_s)
+
+    def result(self, task: Task) -> pb.TaskResult:
+        result = pb.TaskResult(id=task.id, status=int(task.status), message=task.message)
+        if task.status is Status.SUCCEEDED:
+            cached = self.runtime.outputs.get(task.id)
+            if cached is not None:
+                result.output = cached[0]
+                result.output_available = True
+        return result
+
+    async def _await_result(self, task_id: int, timeout: float) -> pb.TaskResult:
+        if not await self.runtime.wait_terminal(task_id, timeout):
+            raise DeadlineExceeded(f"task {task_id} is still not finished after waiting {timeout:g} s")
+        task = self.runtime.engine.get(task_id)
+        if task is None:
+            raise NotFound(f"task {task_id} finished and is no longer retained")
+        return self.result(task)
+
+    async def wait(self, caller: Principal, req: pb.WaitRequest) -> pb.TaskResult:
+        task = self._task(caller, "task", req.task)
+        timeout = self._wait_limit("timeout_s", req.timeout_s if req.HasField("timeout_s") else None)
+        return await self._await_result(task.id, timeout)
+
+    async def watch(self, caller: Principal, req: pb.WatchRequest) -> AsyncIterator[pb.StatusEvent]:
+        engine = self.runtime.engine
+        for pool in req.pools:
+            if not engine.has_pool(pool):
+                raise NotFound(f"pools: unknown pool '{pool}'")
+            self._check_pool(caller, "pools", pool)
+        pools = set(req.pools)
+        if not pools and caller.pools is not None:
+            pools = set(caller.pools)
+        watcher = self.runtime.subscribe(pools, req.ids, req.keys, req.all_transitions)
+        try:
+            while True:
+                await watcher.wakeup.wait()
+                watcher.wakeup.clear()
+                if watcher.error is not None:
+                    raise watcher.error
+                while watcher.buffer:
+                    ev = watcher.buffer.popleft()
+                    yield pb.StatusEvent(
+                        id=ev.id,
+                        pool=ev.pool,
+                        key=ev.key,
+                        status=int(ev.status),
+                        attempt=ev.attempt,
+                        at_unix_ns=int(ev.at * NS),
+                        message=ev.message,
+                    )
+        finally:
+            self.runtime.unsubscribe(watcher)
+
+    # -------------------------------------------------------------------------------- admin
+
+    def snapshot(self) -> pb.SnapshotResponse:
+        return snapshot_to_wire(self.runtime.engine.snapshot(self.runtime.clock()))
+
+    def list_workers(self, connected: dict[int, tuple[str, int]]) -> pb.ListWorkersResponse:
+        """``connected`` maps worker id to (name, connected Unix ns), kept by the worker streams."""
+        workers = []
+        for view in self.runtime.engine.workers():
+            name, since = connected.get(view.id, ("", 0))
+            workers.append(
+                pb.WorkerInfo(
+                    id=view.id,
+                    name=name,
+                    pool=view.pool,
+                    labels=dict(view.labels),
+                    slots=view.slots,
+                    busy=view.busy,
+                    connected_unix_ns=since,
+                )
+            )
+        return pb.ListWorkersResponse(workers=workers)
+
+    def recurring_unsupported(self) -> ApiError:
+        return Unimplemented("recurring schedules are not supported by this server version")
+
+
+def snapshot_to_wire(snap: Snapshot) -> pb.SnapshotResponse:
+    t = snap.totals
+    return pb.SnapshotResponse(
+        pools=[
+            pb.PoolSnapshot(
+                name=p.name,
+                capacity=p.capacity,
+                busy=p.busy,
+                held=p.held,
+                desired=p.desired,
+                pending_by_class=list(p.pending_by_class),
+                reservations=p.reservations,
+                dispatched=p.dispatched,
+                succeeded=p.succeeded,
+                failed=p.failed,
+                priority_adherence=_finite(p.priority_adherence),
+                fixed_start_hit_rate=_finite(p.fixed_start_hit_rate),
+                utilization=_finite(p.utilization),
+                schedule_efficiency=_finite(p.schedule_efficiency),
+                wait_p50_s=p.wait_p50,
+                wait_p90_s=p.wait_p90,
+                wait_p99_s=p.wait_p99,
+                cost=p.cost,
+                workers_connected=p.workers_connected,
+                groups=[
+                    pb.WorkerGroup(labels=dict(g.labels), capacity=g.capacity, busy=g.busy) for g in p.groups
+                ],
+            )
+            for p in snap.pools
+        ],
+        live_tasks=snap.live_tasks,
+        running=snap.running,
+        pending=snap.pending,
+        totals=pb.Totals(
+            submitted=t.submitted,
+            dispatched=t.dispatched,
+            succeeded=t.succeeded,
+            failed=t.failed,
+            dead_lettered=t.dead_lettered,
+            cancelled=t.cancelled,
+            skipped=t.skipped,
+            missed=t.missed,
+            shed=t.shed,
+            retries=t.retries,
+            timeouts=t.timeouts,
+            lease_expiries=t.lease_expiries,
+            stale_completions=t.stale_completions,
+        ),
+        workers_connected=snap.workers_connected,
+    )
+
+
+def _finite(value: float) -> float:
+    return value if math.isfinite(value) else 0.0
+
+
+__all__ = ["Service", "ns", "snapshot_to_wire", "submit_error"]

@@ -1,0 +1,247 @@
+"""One remote worker's ``Workers.Work`` stream (protocol version 3).
+
+The stream is read by the RPC handler and written by a separate task draining a bounded queue: the
+runtime only ever does a non-blocking put, so a worker that stops reading cannot stall the scheduler; when
+its queue fills it is disconnected and its leases are retried elsewhere.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import math
+import time
+from typing import Any
+
+import grpc
+
+from cronoq.auth import Principal
+from cronoq.engine.model import Abort, Dispatch
+from cronoq.errors import ApiError, FailedPrecondition, InvalidArgument, NotFound, PermissionDenied
+from cronoq.logs import get_logger
+from cronoq.transport import grpc_status
+from cronoq.v1 import cronoq_pb2 as pb
+
+from .convert import MAX_WORKER_MESSAGE, NS, SpecLimits, check_map, check_text, priority_to_wire
+from .runtime import Runtime
+
+PROTOCOL_VERSION = 3
+MAX_WORKER_NAME = 256
+log = get_logger("cronoq.workers")
+
+
+class Overflowed(ApiError):
+    """The worker did not read its stream fast enough (its outbound queue filled)."""
+
+    code = "resource_exhausted"
+
+
+def _worker_text(value: str) -> str:
+    """Messages from workers are stored, not rejected: NUL becomes U+FFFD, length is capped."""
+    return value.replace("\x00", "\ufffd")[:MAX_WORKER_MESSAGE]
+
+
+class WorkerStream:
+    """Serves one Work stream from its ``register`` to its end."""
+
+    def __init__(
+        self,
+        runtime: Runtime,
+        context: Any,
+        caller: Principal,
+        *,
+        spec_limits: SpecLimits,
+        max_message_bytes: int,
+        max_slots_per_worker: int,
+        connected: dict[int, tuple[str, int]],
+    ) -> None:
+        self.runtime = runtime
+        self.context = context
+        self.caller = caller
+        self.spec_limits = spec_limits
+        self.max_message_bytes = max_message_bytes
+        self.max_slots_per_worker = max_slots_per_worker
+        self.connected = connected
+        self.worker_id = 0
+        self.pool = ""
+        self.leases: dict[int, int] = {}  # lease id -> task id, for leases this worker holds
+        self.queue: asyncio.Queue[pb.ServerMessage] = asyncio.Queue()
+        self.queue_limit = 64
+        self.failure: ApiError | None = None
+        self._writer: asyncio.Task[None] | None = None
+
+    # ------------------------------------------------------------------------------ runtime sink
+
+    def _put(self, msg: pb.ServerMessage) -> None:
+        if self.failure is not None:
+            return
+        if self.queue.qsize() >= self.queue_limit:
+            self.failure = Overflowed("worker did not read its stream (outbound buffer full); disconnected")
+            log.warning("worker_disconnected_slow_reader", worker_id=self.worker_id)
+            asyncio.get_running_loop().call_soon(self.runtime.detach, self.worker_id)
+            self.queue.put_nowait(pb.ServerMessage())  # wakes the writer, which ends the call
+            return
+        self.queue.put_nowait(msg)
+
+    def send_lease(self, action: Dispatch) -> None:
+        task = action.task
+        spec = task.spec
+        self.leases[action.lease] = task.id
+        lease = pb.Lease(
+            lease=action.lease,
+            task_id=task.id,
+            attempt=action.attempt,
+            payload=spec.payload,
+            content_type=spec.content_type,
+            kind=spec.kind,
+            key=spec.key,
+            tags=spec.tags,
+            pool=spec.pool,
+            priority=priority_to_wire(spec.priority),
+        )
+        if spec.timeout is not None:
+            lease.timeout_s = spec.timeout
+        if spec.deadline is not None:
+            lease.deadline_unix_ns = int(spec.deadline * NS)
+        if action.lease_ttl is not None:
+            lease.lease_ttl_s = action.lease_ttl
+        self._put(pb.ServerMessage(lease=lease))
+
+    def send_abort(self, action: Abort) -> None:
+        self.leases.pop(action.lease, None)
+        self._put(pb.ServerMessage(abort=pb.Abort(lease=action.lease, reason=action.reason)))
+
+    def send_shutdown(self, reason: str, not_leader: bool) -> None:
+        self.queue.put_nowait(pb.ServerMessage(shutdown=pb.Shutdown(reason=reason, not_leader=not_leader)))
+
+    # ----------------------------------------------------------------------------------- stream
+
+    async def _write_loop(self) -> None:
+        context = self.context
+        queue = self.queue
+        while True:
+            msg = await queue.get()
+            if self.failure is not None:
+                await context.abort(grpc_status(self.failure), self.failure.message)
+            await context.write(msg)
+            queue.task_done()
+
+    def _register(self, msg: pb.WorkerMessage) -> tuple[str, int, dict[str, str]]:
+        if msg.WhichOneof("msg") != "register":
+            raise FailedPrecondition("the first message on a Work stream must be register")
+        reg = msg.register
+        if not reg.pool:
+            raise InvalidArgument("register.pool: required")
+        check_text("register.pool", reg.pool, 64)
+        check_text("register.worker_name", reg.worker_name, MAX_WORKER_NAME)
+        labels = check_map("register.labels", reg.labels, self.spec_limits)
+        if not self.runtime.engine.has_pool(reg.pool):
+            raise NotFound(f"register.pool: unknown pool '{reg.pool}'")
+        if not self.caller.may_use_pool(reg.pool):
+            raise PermissionDenied(f"register.pool: this credential may not serve pool '{reg.pool}'")
+        allowed = self.caller.labels
+        if allowed is not None:
+            for k, v in labels.items():
+                if allowed.get(k) != v:
+                    raise PermissionDenied(f"register.labels: this credential may not claim label {k}={v}")
+        if reg.slots < 1:
+            raise InvalidArgument("register.slots: must be at least 1")
+        return reg.pool, reg.slots, labels
+
+    def _granted(self, pool: str, requested: int) -> int:
+        cfg = self.runtime.engine.pool_config(pool)
+        cap = min(cfg.max, self.max_slots_per_worker)
+        if cfg.max_slots_per_worker is not None:
+            cap = min(cap, cfg.max_slots_per_worker)
+        return max(0, min(requested, cap))
+
+    async def serve(self) -> None:
+        context = self.context
+        first = await context.read()
+        if first is grpc.aio.EOF:
+            return
+        pool, requested, labels = self._register(first)
+        self.pool = pool
+        runtime = self.runtime
+        self.worker_id = worker_id = runtime.new_worker_id()
+        granted = self._granted(pool, requested)
+        self.queue_limit = 2 * granted + 16
+        cfg = runtime.engine.pool_config(pool)
+        registered = pb.Registered(
+            worker_id=worker_id,
+            slots=granted,
+            protocol_version=PROTOCOL_VERSION,
+            max_message_bytes=self.max_message_bytes,
+        )
+        if cfg.lease_ttl is not None:
+            registered.lease_ttl_s = cfg.lease_ttl
+        self.queue.put_nowait(pb.ServerMessage(registered=registered))
+        self._writer = asyncio.create_task(self._write_loop())
+        self.connected[worker_id] = (first.register.worker_name, time.time_ns())
+        log.info(
+            "worker_registered",
+            worker_id=worker_id,
+            pool=pool,
+            slots=granted,
+            name=first.register.worker_name,
+        )
+        runtime.attach(worker_id, self, pool, granted, labels)
+        try:
+            while self.failure is None:
+                msg = await context.read()
+                if msg is grpc.aio.EOF:
+                    break
+                self._handle(msg)
+            if self.failure is not None:
+                raise self.failure
+        finally:
+            self.connected.pop(worker_id, None)
+            runtime.detach(worker_id)
+            if self._writer is not None and self.failure is None:
+                self._writer.cancel()
+            log.info("worker_disconnected", worker_id=worker_id)
+
+    async def finish_writes(self, timeout: float) -> None:
+        """Wait (bounded) until queued messages, e.g. a Shutdown, were handed to gRPC."""
+        if self._writer is not None and not self._writer.done():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.queue.join(), timeout)
+
+    def _handle(self, msg: pb.WorkerMessage) -> None:
+        runtime = self.runtime
+        engine = runtime.engine
+        now = runtime.clock()
+        wid = self.worker_id
+        which = msg.WhichOneof("msg")
+        if which == "heartbeat":
+            engine.heartbeat(wid, msg.heartbeat.lease, now)
+            return
+        if which == "complete":
+            c = msg.complete
+            task_id = self.leases.pop(c.lease, None)
+            if engine.complete(wid, c.lease, now) and task_id is not None:
+                runtime.outputs.put(task_id, c.output, _worker_text(c.content_type)[:128])
+        elif which == "fail":
+            f = msg.fail
+            retry_after: float | None = None
+            if f.HasField("retry_after_s"):
+                retry_after = f.retry_after_s
+                if not math.isfinite(retry_after) or retry_after < 0:
+                    raise InvalidArgument(
+                        f"fail.retry_after_s: must be a finite number >= 0 (got {retry_after!r})"
+                    )
+            self.leases.pop(f.lease, None)
+            engine.fail(wid, f.lease, _worker_text(f.message), f.permanent, retry_after, now)
+        elif which == "nack":
+            self.leases.pop(msg.nack.lease, None)
+            engine.nack(wid, msg.nack.lease, _worker_text(msg.nack.reason), now)
+        elif which == "cancelled":
+            self.leases.pop(msg.cancelled.lease, None)
+            engine.cancelled(wid, msg.cancelled.lease, now)
+        elif which == "set_slots":
+            engine.set_worker_slots(wid, self._granted(self.pool, msg.set_slots.slots), now)
+        elif which == "register":
+            raise FailedPrecondition("register may be sent only once per stream")
+        else:
+            raise InvalidArgument("worker message has no field set (expected heartbeat, complete, fail, ...)")
+        runtime.flush()

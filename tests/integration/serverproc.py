@@ -1,0 +1,111 @@
+"""Start real ``cronoq-server`` processes on free loopback ports for integration tests."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass
+class ServerProcess:
+    """A running server; ``target`` is the gRPC address, ``http`` the HTTP base URL."""
+
+    config_path: Path
+    log_path: Path
+    env: dict[str, str] = field(default_factory=dict)
+    proc: subprocess.Popen[bytes] | None = None
+    grpc_port: int = 0
+    http_port: int = 0
+
+    @property
+    def target(self) -> str:
+        return f"127.0.0.1:{self.grpc_port}"
+
+    @property
+    def http(self) -> str:
+        return f"http://127.0.0.1:{self.http_port}"
+
+    def start(self, timeout: float = 20.0) -> None:
+        log = self.log_path.open("ab")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "cronoq.shard.main", "--config", str(self.config_path)],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, "CRONOQ_LOG": "info", **self.env},
+        )
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"cronoq-server exited with {self.proc.returncode}:\n{self.logs()}")
+            with (
+                contextlib.suppress(OSError, urllib.error.URLError),
+                urllib.request.urlopen(f"{self.http}/readyz", timeout=1) as r,
+            ):
+                if r.status == 200:
+                    return
+            time.sleep(0.05)
+        raise TimeoutError(f"cronoq-server not ready after {timeout} s:\n{self.logs()}")
+
+    def logs(self) -> str:
+        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+    def signal(self, sig: int) -> None:
+        assert self.proc is not None
+        self.proc.send_signal(sig)
+
+    def wait(self, timeout: float = 30.0) -> int:
+        assert self.proc is not None
+        return self.proc.wait(timeout)
+
+    def stop(self) -> None:
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            self.proc.wait(20)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(5)
+
+
+def write_config(directory: Path, body: str, grpc_port: int, http_port: int) -> Path:
+    path = directory / "cronoq.toml"
+    server = f'[server]\ngrpc_addr = "127.0.0.1:{grpc_port}"\nhttp_addr = "127.0.0.1:{http_port}"\n'
+    body = body.replace("[server]\n", server, 1) if "[server]" in body else server + body
+    path.write_text(body)
+    return path
+
+
+@contextlib.contextmanager
+def running_server(
+    directory: Path, body: str = "", env: dict[str, str] | None = None
+) -> Iterator[ServerProcess]:
+    grpc_port, http_port = free_port(), free_port()
+    proc = ServerProcess(
+        write_config(directory, body, grpc_port, http_port),
+        directory / "server.log",
+        env=env or {},
+        grpc_port=grpc_port,
+        http_port=http_port,
+    )
+    proc.start()
+    try:
+        yield proc
+    finally:
+        proc.stop()

@@ -1,0 +1,162 @@
+"""``cronoq-server`` as a command: --print-proto, --check, and graceful SIGTERM."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import grpc
+import pytest
+from google.protobuf import descriptor_pb2
+from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
+from grpc_tools import protoc
+
+from cronoq.client import Client, Lease
+
+from .helpers import worker
+from .serverproc import ServerProcess
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def run_server_cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "cronoq.shard.main", *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env,
+    )
+
+
+def test_print_proto_is_the_contract_and_needs_no_config(tmp_path: Path) -> None:
+    out = run_server_cli("--print-proto", "--config", str(tmp_path / "missing.toml"))
+    assert out.returncode == 0
+    assert out.stdout == (ROOT / "proto/cronoq/v1/cronoq.proto").read_text()
+
+
+def _fields(fd: descriptor_pb2.FileDescriptorProto) -> dict[str, object]:
+    """Everything on the wire: messages with field numbers/types/labels/oneofs, enums, services."""
+    shape: dict[str, object] = {"package": fd.package, "name": fd.name}
+    for m in fd.message_type:
+        shape[f"message {m.name}"] = sorted(
+            (
+                f.number,
+                f.name,
+                f.type,
+                f.label,
+                f.type_name,
+                f.proto3_optional,
+                f.oneof_index if f.HasField("oneof_index") else -1,
+            )
+            for f in m.field
+        )
+        for nested in m.nested_type:  # map entries
+            shape[f"map {m.name}.{nested.name}"] = sorted((f.number, f.name, f.type) for f in nested.field)
+    for e in fd.enum_type:
+        shape[f"enum {e.name}"] = sorted((v.number, v.name) for v in e.value)
+    for s in fd.service:
+        shape[f"service {s.name}"] = sorted(
+            (r.name, r.input_type, r.output_type, r.client_streaming, r.server_streaming) for r in s.method
+        )
+    return shape
+
+
+@pytest.mark.asyncio
+async def test_printed_proto_matches_the_served_descriptor(tmp_path: Path, server: ServerProcess) -> None:
+    printed = run_server_cli("--print-proto").stdout
+    src = tmp_path / "src" / "cronoq" / "v1"
+    src.mkdir(parents=True)
+    (src / "cronoq.proto").write_text(printed)
+    out = tmp_path / "set.pb"
+    assert (
+        protoc.main(
+            ["protoc", f"-I{tmp_path / 'src'}", f"--descriptor_set_out={out}", "cronoq/v1/cronoq.proto"]
+        )
+        == 0
+    )
+    compiled = descriptor_pb2.FileDescriptorSet.FromString(out.read_bytes()).file[0]
+
+    async with grpc.aio.insecure_channel(server.target) as ch:
+        stub = reflection_pb2_grpc.ServerReflectionStub(ch)
+
+        async def ask() -> reflection_pb2.ServerReflectionResponse:
+            call = stub.ServerReflectionInfo(
+                iter([reflection_pb2.ServerReflectionRequest(file_containing_symbol="cronoq.v1.Tasks")])
+            )
+            async for response in call:
+                return response
+            raise AssertionError("no reflection answer")
+
+        response = await ask()
+    served = descriptor_pb2.FileDescriptorProto.FromString(
+        response.file_descriptor_response.file_descriptor_proto[0]
+    )
+    assert served.name == "cronoq/v1/cronoq.proto"
+    assert _fields(compiled) == _fields(served)
+    assert len(compiled.message_type) == 43 and len(compiled.enum_type) == 5 and len(compiled.service) == 3
+
+
+def test_check_accepts_a_good_config(tmp_path: Path) -> None:
+    cfg = tmp_path / "good.toml"
+    cfg.write_text('[[pools]]\nname = "default"\nmax = 4\n[[pools]]\nname = "gpu"\nlease_ttl_s = 10\n')
+    out = run_server_cli("--config", str(cfg), "--check")
+    assert out.returncode == 0, out.stderr
+    assert "ok" in out.stdout
+
+
+def test_check_rejects_a_bad_config_naming_every_key(tmp_path: Path) -> None:
+    cfg = tmp_path / "bad.toml"
+    cfg.write_text('[[pools]]\nname = "default"\nlease_ttl_s = -1\nbogus = 1\n[limits]\nmax_wait_sx = 3\n')
+    out = run_server_cli("--config", str(cfg), "--check")
+    assert out.returncode == 1
+    assert "pools[0].lease_ttl_s" in out.stderr
+    assert "pools[0].bogus" in out.stderr
+    assert "limits.max_wait_sx" in out.stderr
+
+
+def test_check_rejects_missing_file(tmp_path: Path) -> None:
+    out = run_server_cli("--config", str(tmp_path / "nope.toml"), "--check")
+    assert out.returncode == 1
+    assert "nope.toml" in out.stderr
+
+
+@pytest.mark.asyncio
+async def test_sigterm_lets_running_attempts_finish_then_exits_zero(server: ServerProcess) -> None:
+    started = asyncio.Event()
+    release = asyncio.Event()
+
+    async def handler(lease: Lease) -> str:
+        started.set()
+        await release.wait()
+        return "finished during shutdown"
+
+    async with worker(server.target, handler) as w, Client(server.target) as client:
+        # The handler starting proves the server accepted this Submit, whose wait is now in flight.
+        waiting = asyncio.create_task(client.submit(b"x", wait=True, wait_timeout=20))
+        await asyncio.wait_for(started.wait(), 10)
+        server.signal(signal.SIGTERM)
+        # New work is refused while the running attempt is given its grace period.
+        for _ in range(100):
+            try:
+                await client.submit(b"late")
+            except Exception as err:
+                assert getattr(err, "code", None) == "unavailable", err
+                break
+            await asyncio.sleep(0.02)
+        else:
+            pytest.fail("server kept admitting work after SIGTERM")
+        release.set()
+        done = await waiting
+        assert done.result is not None
+        assert done.result.status == "succeeded" and done.result.text() == "finished during shutdown"
+        assert await asyncio.to_thread(server.wait, 20) == 0
+        for _ in range(100):
+            if w.last_shutdown:
+                break
+            await asyncio.sleep(0.02)
+        assert w.last_shutdown
+    assert '"left_running": 0' in server.logs()

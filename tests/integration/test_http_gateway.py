@@ -1,0 +1,102 @@
+"""The HTTP/JSON gateway of a real ``cronoq-server`` process, with a real gRPC SDK worker.
+
+The server runs without credentials (the default), so the loopback Host guard is on: the test client
+addresses it as 127.0.0.1, which is allowed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+
+import aiohttp
+import pytest
+
+from cronoq.client import Lease
+
+from .helpers import worker
+from .serverproc import ServerProcess
+
+pytestmark = pytest.mark.asyncio
+
+
+@pytest.fixture
+async def http(server: ServerProcess) -> AsyncIterator[aiohttp.ClientSession]:
+    async with aiohttp.ClientSession(base_url=server.http) as session:
+        yield session
+
+
+async def doubler(lease: Lease) -> dict[str, int]:
+    return {"doubled": lease.json()["n"] * 2}
+
+
+async def test_http_submit_grpc_worker_http_result(
+    server: ServerProcess, http: aiohttp.ClientSession
+) -> None:
+    async with worker(server.target, doubler):
+        async with http.post(
+            "/v1/tasks", json={"payload": {"n": 21}, "key": "double-21", "wait": True}
+        ) as resp:
+            assert resp.status == 200, await resp.text()
+            submitted = await resp.json()
+        assert isinstance(submitted["id"], str) and not submitted["duplicate"]
+        assert submitted["result"]["status"] == "succeeded"
+        assert submitted["result"]["output"] == {"doubled": 42}
+
+        async with http.get(f"/v1/tasks/{submitted['id']}/result") as resp:
+            assert (await resp.json())["output"] == {"doubled": 42}
+        async with http.get("/v1/tasks/double-21") as resp:
+            info = await resp.json()
+        assert info["status"] == "succeeded" and info["attempt"] == 1 and info["finished_at"]
+        async with http.get("/v1/tasks", params={"status": "succeeded"}) as resp:
+            assert submitted["id"] in [t["id"] for t in (await resp.json())["tasks"]]
+
+
+async def test_watch_sees_a_task_finish(server: ServerProcess, http: aiohttp.ClientSession) -> None:
+    async with worker(server.target, doubler), http.get("/v1/watch", params={"key": "watched"}) as stream:
+        assert stream.status == 200 and stream.content_type == "text/event-stream"
+        async with http.post("/v1/tasks", json={"payload": {"n": 1}, "key": "watched"}) as resp:
+            task_id = (await resp.json())["id"]
+        while not (line := await asyncio.wait_for(stream.content.readline(), 10)).startswith(b"data: "):
+            pass
+        event = json.loads(line.removeprefix(b"data: "))
+        assert (event["id"], event["status"], event["key"]) == (task_id, "succeeded", "watched")
+
+
+async def test_probes_openapi_and_errors(http: aiohttp.ClientSession) -> None:
+    for path in ("/healthz", "/readyz"):
+        async with http.get(path) as resp:
+            assert (resp.status, await resp.json()) == (200, {"status": "ok"})
+    async with http.get("/v1/openapi.json") as resp:
+        assert (await resp.json())["openapi"].startswith("3.0.")
+    async with http.post("/v1/tasks", json={"pool": "default", "colour": "red"}) as resp:
+        assert (resp.status, await resp.json()) == (
+            400,
+            {"error": "colour: unknown field", "code": "invalid_argument"},
+        )
+    async with http.get("/v1/tasks/no-such-task") as resp:
+        assert resp.status == 404 and (await resp.json())["code"] == "not_found"
+
+
+async def test_without_credentials_only_loopback_hosts_are_answered(http: aiohttp.ClientSession) -> None:
+    async with http.get("/v1/tasks", headers={"Host": "rebound.example"}) as resp:
+        assert resp.status == 403 and (await resp.json())["code"] == "permission_denied"
+    async with http.get("/v1/tasks", headers={"Host": "localhost"}) as resp:
+        assert resp.status == 200
+    async with http.get("/readyz", headers={"Host": "rebound.example"}) as resp:
+        assert resp.status == 200
+
+
+async def test_an_announced_oversized_body_is_refused_unread(server: ServerProcess) -> None:
+    reader, writer = await asyncio.open_connection("127.0.0.1", server.http_port)
+    try:
+        writer.write(
+            b"POST /v1/tasks HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+            b"Content-Length: 1000000000000\r\n\r\n"
+        )
+        await writer.drain()
+        head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 10)
+    finally:
+        writer.close()
+    assert head.startswith(b"HTTP/1.1 413 ")

@@ -1,0 +1,170 @@
+"""Every worker outcome against a real server process, through the Python SDK."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+
+import pytest
+
+import cronoq
+from cronoq.client import CancelTask, Client, Lease, Reject
+
+from .helpers import SubprocessWorker, worker
+from .serverproc import ServerProcess
+
+pytestmark = pytest.mark.asyncio
+
+
+async def test_complete_returns_output(server: ServerProcess) -> None:
+    async def handler(lease: Lease) -> dict[str, object]:
+        return {"doubled": lease.json()["n"] * 2, "attempt": lease.attempt}
+
+    async with worker(server.target, handler), Client(server.target) as client:
+        done = await client.submit({"n": 21}, wait=True, wait_timeout=10)
+        assert done.result is not None
+        assert done.result.status == "succeeded"
+        assert done.result.json() == {"doubled": 42, "attempt": 1}
+        info = await client.get(done.id)
+        assert info.status == "succeeded" and info.attempt == 1 and info.output_available
+
+
+async def test_retryable_then_success(server: ServerProcess) -> None:
+    async def handler(lease: Lease) -> str:
+        if lease.attempt < 3:
+            raise cronoq.Retryable(f"flaky {lease.attempt}")
+        return "third time"
+
+    async with worker(server.target, handler), Client(server.target) as client:
+        done = await client.submit(b"x", wait=True, wait_timeout=10)
+        assert done.result is not None and done.result.status == "succeeded"
+        assert done.result.text() == "third time"
+        assert (await client.get(done.id)).attempt == 3
+        snap = await client.snapshot()
+        assert snap.totals.retries == 2
+
+
+async def test_retries_exhausted_dead_letters(server: ServerProcess) -> None:
+    async def handler(lease: Lease) -> None:
+        raise ValueError(f"boom {lease.attempt}")
+
+    async with worker(server.target, handler), Client(server.target) as client:
+        done = await client.submit(b"x", wait=True, wait_timeout=10)
+        assert done.result is not None and done.result.status == "dead_lettered"
+        assert done.result.message == "ValueError: boom 3"
+        assert (await client.snapshot()).totals.dead_lettered == 1
+
+
+async def test_permanent_fails_without_retry(server: ServerProcess) -> None:
+    async def handler(lease: Lease) -> None:
+        raise cronoq.Permanent("bad input")
+
+    async with worker(server.target, handler), Client(server.target) as client:
+        done = await client.submit(b"x", wait=True, wait_timeout=10)
+        assert done.result is not None and done.result.status == "failed"
+        assert done.result.message == "bad input"
+        assert (await client.get(done.id)).attempt == 1
+
+
+async def test_cancel_task_from_handler(server: ServerProcess) -> None:
+    async def handler(lease: Lease) -> None:
+        raise CancelTask()
+
+    async with worker(server.target, handler), Client(server.target) as client:
+        done = await client.submit(b"x", wait=True, wait_timeout=10)
+        assert done.result is not None and done.result.status == "cancelled"
+
+
+async def test_reject_hands_over_to_another_worker(server: ServerProcess) -> None:
+    rejected: list[int] = []
+
+    async def picky(lease: Lease) -> str:
+        rejected.append(lease.task_id)
+        raise Reject("not for me")
+
+    async def willing(lease: Lease) -> int:
+        return lease.attempt
+
+    async with (
+        worker(server.target, picky, name="picky", slots=4),
+        worker(server.target, willing, name="willing", slots=4),
+        Client(server.target) as client,
+    ):
+        subs = [await client.submit(b"x") for _ in range(8)]
+        results = [await client.wait(s.id, timeout=10) for s in subs]
+    assert [r.status for r in results] == ["succeeded"] * 8
+    # Leases were spread over both workers; every rejected one ran elsewhere within the same attempt.
+    assert rejected
+    assert [r.json() for r in results] == [1] * 8
+
+
+async def test_cancel_running_task_reaches_handler(server: ServerProcess) -> None:
+    started = asyncio.Event()
+    observed: list[bool] = []
+
+    async def handler(lease: Lease) -> None:
+        started.set()
+        try:
+            await asyncio.sleep(30)
+        except asyncio.CancelledError:
+            observed.append(lease.cancelled.is_set())
+            raise
+
+    async with worker(server.target, handler), Client(server.target) as client:
+        sub = await client.submit(b"x")
+        await asyncio.wait_for(started.wait(), 10)
+        assert await client.cancel(sub.id) is True
+        result = await client.wait(sub.id, timeout=10)
+        assert result.status == "cancelled"
+        for _ in range(200):
+            if observed:
+                break
+            await asyncio.sleep(0.01)
+        assert observed == [True]
+        assert await client.cancel(sub.id) is False
+
+
+async def test_frozen_worker_loses_lease_and_task_succeeds_elsewhere(server: ServerProcess) -> None:
+    frozen = SubprocessWorker(server.target)
+    try:
+        async with Client(server.target) as client:
+            sub = await client.submit(b"30")  # the subprocess would sleep 30 s
+            task_id, attempt = await frozen.expect_start()
+            assert (task_id, attempt) == (sub.id, 1)
+            frozen.proc.send_signal(signal.SIGSTOP)
+
+            async def fast(lease: Lease) -> str:
+                return f"rescued on attempt {lease.attempt}"
+
+            async with worker(server.target, fast):
+                result = await client.wait(sub.id, timeout=15)
+            assert result.status == "succeeded"
+            assert result.text() == "rescued on attempt 2"
+            snap = await client.snapshot()
+            assert snap.totals.lease_expiries == 1
+    finally:
+        frozen.proc.send_signal(signal.SIGCONT)
+        frozen.close()
+
+
+async def test_killed_worker_leases_are_retried(server: ServerProcess) -> None:
+    doomed = SubprocessWorker(server.target, slots=2)
+    try:
+        async with Client(server.target) as client:
+            a = await client.submit(b"30")
+            b = await client.submit(b"30")
+            started = {(await doomed.expect_start())[0], (await doomed.expect_start())[0]}
+            assert started == {a.id, b.id}
+            doomed.proc.kill()
+            doomed.proc.wait(10)
+
+            async def fast(lease: Lease) -> int:
+                return lease.attempt
+
+            async with worker(server.target, fast, slots=2):
+                ra = await client.wait(a.id, timeout=15)
+                rb = await client.wait(b.id, timeout=15)
+            assert (ra.status, rb.status) == ("succeeded", "succeeded")
+            assert ra.json() == 2 and rb.json() == 2
+    finally:
+        doomed.close()

@@ -1,0 +1,947 @@
+"""The configuration layer: good files load with the right values, bad ones name the offending key.
+
+No sockets and no real environment: every test passes ``env`` explicitly.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import math
+import tomllib
+from collections.abc import Mapping
+from dataclasses import fields
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from cronoq.config import (
+    CertSection,
+    Config,
+    ConfigError,
+    ExternalScaler,
+    GrpcWebSection,
+    Limits,
+    MemoryStore,
+    OutputsSection,
+    Overflow,
+    PeerTlsSection,
+    PoolSection,
+    PostgresStore,
+    Problem,
+    RetrySection,
+    Role,
+    RouterSection,
+    SemaphoreResource,
+    ServerSection,
+    ShardSection,
+    SqliteStore,
+    TlsSection,
+    TokenBucketResource,
+    TokenSection,
+    WebhookScaler,
+    default_config,
+    load_config,
+    parse_config,
+    read_config,
+    validate_config,
+)
+from cronoq.config.rules import RESOLVED_KEY
+from cronoq.engine.model import EngineLimits, PoolConfig, RetryPolicy
+from cronoq.errors import CronoqError
+
+ROOT = Path(__file__).resolve().parents[2]
+EXAMPLE = ROOT / "examples" / "cronoq.toml"
+DOCS = ROOT / "docs" / "configuration.md"
+
+WORKER_TOKEN = "worker-token-from-env-0123456789"
+LITERAL_TOKEN = "literal-admin-token-0123456789"
+ENV = {
+    "WORKER_TOKEN": WORKER_TOKEN,
+    "PG_URL": "postgres://cronoq:pw@db:5432/cronoq?sslmode=verify-full",
+    "SCALER_TOKEN": "scaler-token-0123456789",
+}
+
+# Every table and every key, each with a value other than its default.
+FULL = """
+[server]
+grpc_addr = "0.0.0.0:7070"
+http_addr = "[::]:7071"
+metrics_addr = "127.0.0.1:9090"
+insecure_no_auth = false
+shutdown_grace_s = 5.5
+shard = "cpu"
+insecure_peer_http = true
+
+[server.tls]
+cert_path = "/tls/server.crt"
+key_path = "/tls/server.key"
+client_ca_path = "/tls/clients-ca.crt"
+
+[server.peer_tls]
+ca_path = "/tls/peers-ca.crt"
+cert_path = "/tls/peer.crt"
+key_path = "/tls/peer.key"
+
+[server.grpc_web]
+allowed_origins = ["https://app.example.com", "http://localhost:3000", "*"]
+
+[[auth.tokens]]
+token = "literal-admin-token-0123456789"
+role = "admin"
+
+[[auth.tokens]]
+token_env = "WORKER_TOKEN"
+role = "worker"
+pools = ["default"]
+labels = ["gpu=a100", "region=eu"]
+tenant = "acme"
+
+[[auth.certs]]
+dns_name = "worker-1.internal"
+role = "worker"
+pools = ["llm"]
+labels = ["gpu=h100"]
+tenant = "acme"
+
+[store]
+kind = "postgres"
+url_env = "PG_URL"
+schema = "cronoq_{shard}"
+keep_finished_s = 86400
+
+[limits]
+max_tasks_per_batch = 10
+max_pending_total = 20
+max_pending_per_pool = 30
+max_message_bytes = 65536
+max_http_body_bytes = 131072
+max_key_len = 40
+max_kind_len = 50
+max_tags = 6
+max_tag_len = 70
+max_deps = 8
+max_resources = 9
+max_wait_s = 11.5
+request_timeout_s = 12
+max_concurrent_requests = 13
+max_concurrent_streams = 14
+max_slots_per_worker = 15
+keepalive_interval_s = 16
+keepalive_timeout_s = 17
+key_retention_s = 18
+key_retention_max = 19
+max_list = 21
+
+[[pools]]
+name = "default"
+
+[[pools]]
+name = "llm"
+min = 0
+max = 200
+autoscale = false
+scaler = { kind = "webhook", url = "https://scaler.internal/hook", token_env = "SCALER_TOKEN" }
+lease_ttl_s = 120
+max_pending = 500
+overflow = "shed_oldest"
+retry = { max_attempts = 5, initial_backoff_s = 0.5, multiplier = 3, max_backoff_s = 90, jitter = false }
+default_duration_s = 20
+reservable_fraction = 0.25
+await_unknown_dependencies_s = 60
+target_utilization = 0.9
+drain_time_s = 45
+cooldown_s = 0
+cost_per_worker_second = 0.002
+max_slots_per_worker = 8
+fair_share = true
+tenant_weights = { research = 1, "prod team" = 2.5 }
+
+[[resources]]
+kind = "semaphore"
+name = "gpu_mem"
+permits = 8
+shard = "gpu"
+
+[[resources]]
+kind = "token_bucket"
+name = "partner_api"
+rate = 2.5
+burst = 10
+shard = "cpu"
+
+[outputs]
+cache_entries = 100
+cache_bytes = 1048576
+info_entries = 200
+
+[[shards]]
+name = "cpu"
+number = 1
+pools = ["default"]
+endpoint = "https://cronoq-cpu.internal:7070"
+members = ["https://cpu-0.internal:7070", "https://cpu-1.internal:7070"]
+
+[[shards]]
+name = "gpu"
+number = 2
+pools = ["llm"]
+endpoint = "https://cronoq-gpu.internal:7070"
+
+[router]
+grpc_addr = "0.0.0.0:8070"
+http_addr = "0.0.0.0:8071"
+"""
+
+FULL_WITHOUT_SHARD = FULL.replace('shard = "cpu"\ninsecure_peer_http', "insecure_peer_http")
+
+SECTIONS: tuple[type[Any], ...] = (
+    ServerSection,
+    TlsSection,
+    PeerTlsSection,
+    GrpcWebSection,
+    TokenSection,
+    CertSection,
+    MemoryStore,
+    SqliteStore,
+    PostgresStore,
+    Limits,
+    PoolSection,
+    RetrySection,
+    ExternalScaler,
+    WebhookScaler,
+    SemaphoreResource,
+    TokenBucketResource,
+    OutputsSection,
+    ShardSection,
+    RouterSection,
+)
+
+
+def problems(text: str, env: Mapping[str, str] | None = None, **overrides: Any) -> list[Problem]:
+    with pytest.raises(ConfigError) as caught:
+        parse_config(text, env=ENV if env is None else env, **overrides)
+    return list(caught.value.problems)
+
+
+def problem_at(text: str, path: str, env: Mapping[str, str] | None = None) -> str:
+    """The message of the one problem reported at ``path`` (fails listing all problems otherwise)."""
+    found = problems(text, env)
+    at = [p.message for p in found if p.path == path]
+    assert len(at) == 1, [str(p) for p in found]
+    return at[0]
+
+
+def pool(body: str) -> str:
+    return f'[[pools]]\nname = "p"\n{body}\n'
+
+
+# --------------------------------------------------------------------------------------- good files
+
+
+def test_no_file_is_one_default_pool_on_loopback_without_auth() -> None:
+    config = validate_config(default_config(), env={})
+    assert config == Config()
+    assert [p.name for p in config.pools] == ["default"]
+    assert config == parse_config("", env={})
+    assert isinstance(config.store, MemoryStore)
+    assert config.server.grpc_addr == "127.0.0.1:7070"
+    assert config.server.http_addr == "127.0.0.1:7071"
+    assert config.server.shutdown_grace_s == 10
+    assert not config.auth_enabled
+    assert config.own_shard() is None
+    assert config.store.keep_finished_s == 604800
+
+
+def test_default_pool_matches_the_reference_engine_defaults() -> None:
+    engine = Config().pools[0].to_engine(Limits())
+    assert engine == PoolConfig(
+        name="default",
+        max=10,
+        min=1,
+        lease_ttl=30.0,
+        max_pending=Limits().max_pending_per_pool,
+        overflow=Overflow.WAIT,
+        retry=RetryPolicy(max_attempts=3, initial_backoff=1.0, multiplier=2.0, max_backoff=60.0, jitter=True),
+        default_duration=1.0,
+        max_slots_per_worker=Limits().max_slots_per_worker,
+        cost_per_worker_second=0.0,
+    )
+    assert Config().pools[0].reservable_fraction == 0.5
+
+
+def test_limits_has_exactly_the_21_reference_keys_with_documented_defaults() -> None:
+    names = [f.name for f in fields(Limits)]
+    assert names == [
+        "max_tasks_per_batch",
+        "max_pending_total",
+        "max_pending_per_pool",
+        "max_message_bytes",
+        "max_http_body_bytes",
+        "max_key_len",
+        "max_kind_len",
+        "max_tags",
+        "max_tag_len",
+        "max_deps",
+        "max_resources",
+        "max_wait_s",
+        "request_timeout_s",
+        "max_concurrent_requests",
+        "max_concurrent_streams",
+        "max_slots_per_worker",
+        "keepalive_interval_s",
+        "keepalive_timeout_s",
+        "key_retention_s",
+        "key_retention_max",
+        "max_list",
+    ]
+    assert Limits().keepalive_interval_s == 20
+    assert Limits().to_engine() == EngineLimits(max_pending_total=1_000_000, key_retention=86_400.0)
+
+
+def test_example_file_passes_validation() -> None:
+    names = ["CLIENT", "WORKER", "METRICS", "ADMIN", "SCALER"]
+    env = {f"CRONOQ_{n}_TOKEN": f"{n.lower()}-token-0123456789abcdef" for n in names}
+    config = load_config(EXAMPLE, env=env)
+    assert [t.resolved_token for t in config.auth.tokens] == [
+        env[t.token_env or ""] for t in config.auth.tokens
+    ]
+    assert isinstance(config.store, SqliteStore)
+    llm = config.pool("llm")
+    assert llm is not None and isinstance(llm.scaler, WebhookScaler)
+    assert llm.scaler.resolved_token == env["CRONOQ_SCALER_TOKEN"]
+    assert not config.server.insecure_no_auth
+
+
+def test_example_file_needs_its_token_variables() -> None:
+    with pytest.raises(ConfigError) as caught:
+        load_config(EXAMPLE, env={})
+    assert {p.path for p in caught.value.problems} == {
+        "auth.tokens[0].token_env",
+        "auth.tokens[1].token_env",
+        "auth.tokens[2].token_env",
+        "auth.tokens[3].token_env",
+        "pools[1].scaler.token_env",
+    }
+
+
+def test_full_file_reads_every_table() -> None:
+    config = parse_config(FULL, env=ENV)
+    server = config.server
+    assert (server.grpc_addr, server.http_addr, server.metrics_addr) == (
+        "0.0.0.0:7070",
+        "[::]:7071",
+        "127.0.0.1:9090",
+    )
+    assert server.tls == TlsSection("/tls/server.crt", "/tls/server.key", "/tls/clients-ca.crt")
+    assert server.peer_tls == PeerTlsSection("/tls/peers-ca.crt", "/tls/peer.crt", "/tls/peer.key")
+    assert server.grpc_web is not None and len(server.grpc_web.allowed_origins) == 3
+    assert server.shutdown_grace_s == 5.5 and server.insecure_peer_http
+
+    admin, worker = config.auth.tokens
+    assert (admin.role, admin.resolved_token) == (Role.ADMIN, LITERAL_TOKEN)
+    assert (worker.role, worker.resolved_token, worker.pools, worker.tenant) == (
+        Role.WORKER,
+        WORKER_TOKEN,
+        ("default",),
+        "acme",
+    )
+    entries = config.auth.token_entries()
+    assert entries[1].labels == {"gpu": "a100", "region": "eu"}
+    assert entries[1].pools == frozenset({"default"})
+    assert entries[0].labels is None and entries[0].pools is None
+    assert config.auth.certs[0].dns_name == "worker-1.internal"
+    assert config.auth.certs[0].label_map() == {"gpu": "h100"}
+
+    store = config.store
+    assert isinstance(store, PostgresStore)
+    assert store.resolved_url == ENV["PG_URL"]
+    assert store.schema_for("gpu") == "cronoq_gpu"
+    assert store.keep_finished_s == 86400
+
+    assert [getattr(config.limits, f.name) for f in fields(Limits)] == [
+        10, 20, 30, 65536, 131072, 40, 50, 6, 70, 8, 9, 11.5, 12, 13, 14, 15, 16, 17, 18, 19, 21,
+    ]  # fmt: skip
+
+    llm = config.pool("llm")
+    assert llm is not None
+    assert llm.scaler == WebhookScaler("https://scaler.internal/hook", "SCALER_TOKEN", ENV["SCALER_TOKEN"])
+    assert llm.overflow is Overflow.SHED_OLDEST
+    assert dict(llm.tenant_weights) == {"research": 1.0, "prod team": 2.5}
+    assert (llm.autoscale, llm.fair_share, llm.await_unknown_dependencies_s) == (False, True, 60)
+    assert (llm.reservable_fraction, llm.target_utilization, llm.drain_time_s, llm.cooldown_s) == (
+        0.25,
+        0.9,
+        45,
+        0,
+    )
+    engine = llm.to_engine(config.limits)
+    assert engine.retry == RetryPolicy(5, 0.5, 3.0, 90.0, False)
+    assert (engine.max_pending, engine.max_slots_per_worker, engine.lease_ttl) == (500, 8, 120.0)
+    assert (engine.min, engine.max, engine.default_duration, engine.cost_per_worker_second) == (
+        0,
+        200,
+        20,
+        0.002,
+    )
+    default = config.engine_pools()[0]
+    assert (default.max_pending, default.max_slots_per_worker) == (30, 15)  # from [limits]
+
+    assert config.resources == (
+        SemaphoreResource("gpu_mem", 8, "gpu"),
+        TokenBucketResource("partner_api", 2.5, 10, "cpu"),
+    )
+    assert config.outputs == OutputsSection(100, 1048576, 200)
+    own = config.own_shard()
+    assert own is not None and own.name == "cpu" and own.number == 1
+    assert own.members == ("https://cpu-0.internal:7070", "https://cpu-1.internal:7070")
+    gpu = config.shard_for_pool("llm")
+    assert gpu is not None and gpu.name == "gpu"
+    assert config.router == RouterSection("0.0.0.0:8070", "0.0.0.0:8071")
+
+
+def test_pool_lookup() -> None:
+    config = Config()
+    assert config.pool("default") is config.pools[0]
+    assert config.pool("nope") is None
+    assert config.shard_for_pool("default") is None
+
+
+def test_overrides_are_applied_before_validation() -> None:
+    open_bind = '[server]\ngrpc_addr = "0.0.0.0:7070"\n'
+    assert any("insecure_no_auth" in p.message for p in problems(open_bind, env={}))
+    config = parse_config(open_bind, env={}, insecure_no_auth=True)
+    assert config.server.insecure_no_auth
+
+    stepwise = validate_config(read_config(open_bind).with_overrides(None, insecure_no_auth=True), env={})
+    assert stepwise == config
+
+    sharded = FULL_WITHOUT_SHARD
+    assert parse_config(sharded, env=ENV, shard="gpu").own_shard() == parse_config(FULL, env=ENV).shards[1]
+    unknown = [p for p in problems(FULL, shard="tpu") if p.path == "server.shard"]
+    assert len(unknown) == 1 and "'tpu'" in unknown[0].message and "cpu, gpu" in unknown[0].message
+
+
+def test_override_flag_only_turns_insecure_no_auth_on() -> None:
+    config = read_config("[server]\ninsecure_no_auth = true\n")
+    assert config.with_overrides(None, False).server.insecure_no_auth
+    assert config.with_overrides("x").server.shard == "x"
+
+
+def test_a_sharded_server_must_be_told_its_shard() -> None:
+    config = parse_config(FULL_WITHOUT_SHARD, env=ENV)  # fine for the router
+    with pytest.raises(ConfigError) as caught:
+        config.own_shard()
+    assert caught.value.problems[0].path == "server.shard"
+    assert "--shard" in caught.value.problems[0].message
+
+
+def test_sharded_postgres_defaults_to_a_schema_per_shard() -> None:
+    text = FULL.replace('schema = "cronoq_{shard}"\n', "")
+    store = parse_config(text, env=ENV).store
+    assert isinstance(store, PostgresStore)
+    assert store.schema_for("cpu") == "cronoq_cpu"
+    unsharded = parse_config('[store]\nkind = "postgres"\n', env={"DATABASE_URL": "postgres://x"}).store
+    assert isinstance(unsharded, PostgresStore) and unsharded.schema_for(None) == "public"
+    assert unsharded.resolved_url == "postgres://x"
+
+
+def test_load_config_reports_unreadable_files(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError) as caught:
+        load_config(tmp_path / "missing.toml", env={})
+    assert "cannot read" in str(caught.value)
+    bom = tmp_path / "bom.toml"
+    bom.write_bytes('\ufeff[[pools]]\nname = "a"\n'.encode())
+    assert load_config(bom, env={}).pools[0].name == "a"
+
+
+def test_config_error_is_a_cronoq_error_listing_every_problem() -> None:
+    with pytest.raises(CronoqError) as caught:
+        parse_config("[limits]\nmax_list = 0\nmax_deps = -1\n", source="c.toml", env={})
+    assert isinstance(caught.value, ConfigError)
+    text = str(caught.value)
+    assert text.startswith("invalid configuration in c.toml:")
+    assert "limits.max_deps: must be at least 0" in text and "limits.max_list: must be at least 1" in text
+
+
+def test_syntax_errors_are_config_errors() -> None:
+    found = problems("[server\n", env={})
+    assert found[0].path == "" and "not valid TOML" in found[0].message
+
+
+def test_read_config_checks_types_but_not_ranges() -> None:
+    assert read_config(pool("lease_ttl_s = -1")).pools[0].lease_ttl_s == -1
+    with pytest.raises(ConfigError):
+        read_config(pool('lease_ttl_s = "x"'))
+
+
+# ---------------------------------------------------------------------------------------- bad files
+
+YEAR = 31_536_000
+LONG = "x" * 65
+
+BAD: list[tuple[str, str, str]] = [
+    # unknown keys and wrong types
+    ("[limits]\nmax_wait_sx = 1", "limits.max_wait_sx", "unknown key (did you mean max_wait_s?)"),
+    ("[bogus]\na = 1", "bogus", "unknown key"),
+    ("[server.tls]\ncert_path = 'a'\nkey_path = 'b'\nclient_ca = 'c'", "server.tls.client_ca", "unknown key"),
+    ("[store]\nkind = 'sqlite'\npath = 'a'\nurl = 'b'", "store.url", 'unknown key for kind = "sqlite"'),
+    (pool("scaler = { kind = 'external', url = 'http://a' }"), "pools[0].scaler.url", "unknown key"),
+    ("[limits]\nmax_list = true", "limits.max_list", "expected an integer (got boolean)"),
+    ("[limits]\nmax_list = 10.0", "limits.max_list", "expected an integer (got float)"),
+    ("[limits]\nmax_wait_s = true", "limits.max_wait_s", "expected a number (got boolean)"),
+    ("[server]\nshutdown_grace_s = '10'", "server.shutdown_grace_s", "expected a number (got string)"),
+    ("[server]\ninsecure_no_auth = 1", "server.insecure_no_auth", "expected true or false (got integer)"),
+    ("[server]\ngrpc_addr = 7070", "server.grpc_addr", "expected a string (got integer)"),
+    ("[server]\ntls = 'on'", "server.tls", "expected a table (got string)"),
+    ("[server]\ngrpc_web = true", "server.grpc_web", "expected a table (got boolean)"),
+    ("[server.grpc_web]\nallowed_origins = 'x'", "server.grpc_web.allowed_origins", "expected an array"),
+    ("[pools]\nname = 'a'", "pools", "expected an array of tables (got table)"),
+    ("pools = ['a']", "pools[0]", "expected a table (got string)"),
+    ("pools = []", "pools", "at least one [[pools]] entry"),
+    ("[[pools]]\nmin = 1", "pools[0].name", "required"),
+    (pool("tenant_weights = 3"), "pools[0].tenant_weights", "expected a table"),
+    (pool("tenant_weights = { a = 'heavy' }"), "pools[0].tenant_weights.a", "expected a number"),
+    # ranges, non-finite numbers, durations
+    (pool("lease_ttl_s = -1"), "pools[0].lease_ttl_s", "must be > 0 and at most 31536000 (got -1)"),
+    (pool("lease_ttl_s = 0"), "pools[0].lease_ttl_s", "must be > 0"),
+    (pool(f"lease_ttl_s = {YEAR + 1}"), "pools[0].lease_ttl_s", f"at most {YEAR} (got {YEAR + 1})"),
+    (pool("default_duration_s = nan"), "pools[0].default_duration_s", "must be a finite number"),
+    (pool("drain_time_s = inf"), "pools[0].drain_time_s", "must be a finite number"),
+    (pool("cooldown_s = -0.5"), "pools[0].cooldown_s", "at least 0"),
+    (pool("await_unknown_dependencies_s = 0"), "pools[0].await_unknown_dependencies_s", "> 0"),
+    ("[store]\nkind = 'memory'\nkeep_finished_s = 3.2e7", "store.keep_finished_s", "(got 32000000)"),
+    ("[store]\nkind = 'sqlite'\npath = 'a'\nkeep_finished_s = 4e7", "store.keep_finished_s", "at most"),
+    ("[server]\nshutdown_grace_s = -1", "server.shutdown_grace_s", "at least 0"),
+    ("[limits]\nmax_tasks_per_batch = 0", "limits.max_tasks_per_batch", "at least 1 and at most 100000"),
+    ("[limits]\nmax_message_bytes = 10", "limits.max_message_bytes", "at least 4096"),
+    ("[limits]\nkeepalive_interval_s = 0", "limits.keepalive_interval_s", "> 0"),
+    ("[limits]\nmax_concurrent_streams = 4294967296", "limits.max_concurrent_streams", "at most 4294967295"),
+    ("[limits]\nmax_pending_total = 99999999999999999999999", "limits.max_pending_total", "at most"),
+    ("[limits]\nmax_wait_s = 1e400", "limits.max_wait_s", "finite"),
+    (pool("min = -1"), "pools[0].min", "at least 0"),
+    (pool("max = 0"), "pools[0].max", "at least 1"),
+    (pool("min = 5\nmax = 4"), "pools[0].min", "must not exceed max (5 > 4)"),
+    (pool("max_pending = 0"), "pools[0].max_pending", "at least 1"),
+    (pool("max_slots_per_worker = 0"), "pools[0].max_slots_per_worker", "at least 1"),
+    (pool("reservable_fraction = 1.5"), "pools[0].reservable_fraction", "at most 1"),
+    (pool("target_utilization = 0"), "pools[0].target_utilization", "> 0"),
+    (pool("cost_per_worker_second = -1"), "pools[0].cost_per_worker_second", "at least 0"),
+    (pool("tenant_weights = { acme = 0 }"), "pools[0].tenant_weights.acme", "> 0"),
+    (pool("tenant_weights = { acme = -2 }"), "pools[0].tenant_weights.acme", "> 0"),
+    (pool("tenant_weights = { 'a b' = inf }"), 'pools[0].tenant_weights."a b"', "finite"),
+    (pool("retry = { max_attempts = 0 }"), "pools[0].retry.max_attempts", "at least 1"),
+    (pool("retry = { multiplier = 0.5 }"), "pools[0].retry.multiplier", "at least 1"),
+    (pool("retry = { max_backoff_s = -1 }"), "pools[0].retry.max_backoff_s", "at least 0"),
+    (pool("retry = { tries = 3 }"), "pools[0].retry.tries", "unknown key"),
+    ("[outputs]\ncache_bytes = -1", "outputs.cache_bytes", "at least 0"),
+    # enumerations name the allowed values
+    (
+        pool("overflow = 'drop'"),
+        "pools[0].overflow",
+        "one of wait, reject, shed_lowest, shed_oldest (got 'drop')",
+    ),
+    (pool("overflow = 1"), "pools[0].overflow", "one of wait, reject"),
+    (
+        "[[auth.tokens]]\ntoken = 'a-token-of-24-characters'\nrole = 'root'",
+        "auth.tokens[0].role",
+        "client, worker",
+    ),
+    ("[[auth.tokens]]\ntoken = 'a-token-of-24-characters'", "auth.tokens[0].role", "required"),
+    ("[store]\nkind = 'mysql'", "store.kind", "one of memory, sqlite, postgres (got 'mysql')"),
+    ("[store]\npath = 'a'", "store.kind", "required: one of memory, sqlite, postgres"),
+    ("[[resources]]\nkind = 'mutex'\nname = 'r'", "resources[0].kind", "one of semaphore, token_bucket"),
+    ("[[resources]]\nname = 'r'\npermits = 1", "resources[0].kind", "required"),
+    (pool("scaler = { kind = 'keda' }"), "pools[0].scaler.kind", "one of external, webhook"),
+    (pool("scaler = 'webhook'"), "pools[0].scaler", "expected a table"),
+    # names, addresses, URLs
+    ("[[pools]]\nname = 'bad name'", "pools[0].name", "1 to 64 characters"),
+    ("[[pools]]\nname = ''", "pools[0].name", "1 to 64 characters"),
+    (f"[[pools]]\nname = '{LONG}'", "pools[0].name", "1 to 64 characters"),
+    ("[server]\ngrpc_addr = 'x'", "server.grpc_addr", "expected host:port (got 'x')"),
+    ("[server]\nhttp_addr = '127.0.0.1:99999'", "server.http_addr", "expected host:port"),
+    ("[server]\nhttp_addr = ':7071'", "server.http_addr", "expected host:port"),
+    ("[server]\nhttp_addr = '::1:7071'", "server.http_addr", "brackets"),
+    ("[server]\nmetrics_addr = '[nothost]:1'", "server.metrics_addr", "expected host:port"),
+    ("[router]\ngrpc_addr = 'localhost'", "router.grpc_addr", "expected host:port"),
+    ("[server]\nhttp_addr = '127.0.0.1:7070'", "server.http_addr", "duplicate listener address"),
+    (pool("scaler = { kind = 'webhook', url = 'ftp://a/b' }"), "pools[0].scaler.url", "http:// or https://"),
+    (pool("scaler = { kind = 'webhook', url = 'http://[::1' }"), "pools[0].scaler.url", "http://"),
+    (pool("scaler = { kind = 'webhook' }"), "pools[0].scaler.url", "required"),
+    (
+        pool("scaler = { kind = 'webhook', url = 'https://a', token_env = 'NOPE' }"),
+        "pools[0].scaler.token_env",
+        "environment variable NOPE is not set",
+    ),
+    (
+        "[server.grpc_web]\nallowed_origins = ['https://a.com/path']",
+        "server.grpc_web.allowed_origins[0]",
+        "origin",
+    ),
+    ("[store]\nkind = 'sqlite'", "store.path", "required"),
+    ("[store]\nkind = 'sqlite'\npath = ''", "store.path", "must not be empty"),
+    ("[server.tls]\ncert_path = 'a'", "server.tls.key_path", "required"),
+    ("[server.peer_tls]\ncert_path = 'a'", "server.peer_tls", "cert_path and key_path go together"),
+    # auth
+    ("[[auth.tokens]]\ntoken = 'short'\nrole = 'client'", "auth.tokens[0].token", "at least 16 characters"),
+    (
+        "[[auth.tokens]]\ntoken = ' a-token-of-24-characters'\nrole = 'client'",
+        "auth.tokens[0].token",
+        "whitespace",
+    ),
+    ("[[auth.tokens]]\nrole = 'client'", "auth.tokens[0]", "exactly one of token and token_env"),
+    (
+        "[[auth.tokens]]\ntoken = 'a-token-of-24-characters'\ntoken_env = 'WORKER_TOKEN'\nrole = 'client'",
+        "auth.tokens[0]",
+        "exactly one of token and token_env",
+    ),
+    (
+        "[[auth.tokens]]\ntoken_env = 'UNSET_VAR'\nrole = 'client'",
+        "auth.tokens[0].token_env",
+        "UNSET_VAR is not set",
+    ),
+    ("[[auth.tokens]]\ntoken_env = 'EMPTY'\nrole = 'client'", "auth.tokens[0].token_env", "EMPTY is empty"),
+    ("[[auth.tokens]]\ntoken_env = 'SHORT'\nrole = 'client'", "auth.tokens[0].token_env", "at least 16"),
+    (
+        "[[auth.tokens]]\ntoken_env = '1BAD'\nrole = 'client'",
+        "auth.tokens[0].token_env",
+        "environment variable name",
+    ),
+    (
+        "[[auth.tokens]]\ntoken_env = 'WORKER_TOKEN'\nrole = 'client'\npools = ['a b']",
+        "auth.tokens[0].pools[0]",
+        "1 to 64",
+    ),
+    (
+        "[[auth.tokens]]\ntoken_env = 'WORKER_TOKEN'\nrole = 'worker'\nlabels = ['gpu']",
+        "auth.tokens[0].labels[0]",
+        "expected name=value (got 'gpu')",
+    ),
+    (
+        "[[auth.tokens]]\ntoken_env = 'WORKER_TOKEN'\nrole = 'worker'\nlabels = ['a=1', 'a=2']",
+        "auth.tokens[0].labels[1]",
+        "duplicate label 'a'",
+    ),
+    (
+        "[[auth.tokens]]\ntoken_env = 'WORKER_TOKEN'\nrole = 'worker'\ntenant = ''",
+        "auth.tokens[0].tenant",
+        "empty",
+    ),
+    (
+        "[[auth.tokens]]\ntoken_env = 'WORKER_TOKEN'\nrole = 'client'\n[[auth.tokens]]\n"
+        "token_env = 'WORKER_TOKEN'\nrole = 'admin'",
+        "auth.tokens[1].token_env",
+        "duplicate token",
+    ),
+    ("[[auth.certs]]\ndns_name = 'w.internal'\nrole = 'worker'", "auth.certs", "server.tls.client_ca_path"),
+    ("[[auth.certs]]\ndns_name = 'not a name'\nrole = 'worker'", "auth.certs[0].dns_name", "DNS name"),
+    # listener safety
+    ("[server]\ngrpc_addr = '0.0.0.0:7070'", "server.grpc_addr", "insecure_no_auth"),
+    ("[server]\nhttp_addr = '[::]:7071'", "server.http_addr", "no credentials are configured"),
+    ("[server]\nmetrics_addr = '10.0.0.1:9090'", "server.metrics_addr", "not a loopback address"),
+    ("[server]\ngrpc_addr = 'cronoq.internal:7070'", "server.grpc_addr", "insecure_no_auth"),
+    ("[router]\nhttp_addr = '0.0.0.0:8071'", "router.http_addr", "insecure_no_auth"),
+    # store
+    ("[store]\nkind = 'postgres'", "store.url_env", "environment variable DATABASE_URL is not set"),
+    ("[store]\nkind = 'postgres'\nurl_env = 'NOPE'", "store.url_env", "NOPE is not set"),
+    ("[store]\nkind = 'postgres'\nurl = 'postgres://a'\nurl_env = 'PG_URL'", "store.url", "not both"),
+    (
+        "[store]\nkind = 'postgres'\nurl_env = 'PG_URL'\nschema = 'my-schema'",
+        "store.schema",
+        "letters, digits",
+    ),
+    ("[store]\nkind = 'postgres'\nurl_env = 'PG_URL'\nschema = 'a_{shard}'", "store.schema", "no [[shards]]"),
+    (f"[store]\nkind = 'postgres'\nurl_env = 'PG_URL'\nschema = '{'s' * 64}'", "store.schema", "at most 63"),
+    # shards and resources
+    ("[server]\nshard = 'cpu'", "server.shard", "no [[shards]] are configured"),
+    (
+        "[[pools]]\nname = 'a'\n[[shards]]\nname = 's'\nnumber = 1\nendpoint = 'http://s:1'\npools = ['b']",
+        "shards[0].pools[0]",
+        "no [[pools]] entry is named 'b'",
+    ),
+    (
+        "[[pools]]\nname = 'a'\n[[pools]]\nname = 'b'\n[[shards]]\nname = 's'\nnumber = 1\n"
+        "endpoint = 'http://s:1'\npools = ['a']",
+        "pools[1].name",
+        "in no [[shards]] entry",
+    ),
+    (
+        "[[pools]]\nname = 'a'\n[[shards]]\nname = 's'\nnumber = 1\nendpoint = 'http://s:1'\npools = ['a']\n"
+        "[[shards]]\nname = 't'\nnumber = 2\nendpoint = 'http://t:1'\npools = ['a']",
+        "shards[1].pools[0]",
+        "already assigned at shards[0].pools[0]",
+    ),
+    (
+        "[[pools]]\nname = 'a'\n[[shards]]\nname = 's'\nnumber = 1\nendpoint = 'http://s:1'\npools = ['a']\n"
+        "[[shards]]\nname = 's'\nnumber = 2\nendpoint = 'http://t:1'",
+        "shards[1].name",
+        "duplicate shard name 's'",
+    ),
+    (
+        "[[pools]]\nname = 'a'\n[[shards]]\nname = 's'\nnumber = 1\nendpoint = 'http://s:1'\npools = ['a']\n"
+        "[[shards]]\nname = 't'\nnumber = 1\nendpoint = 'http://t:1'",
+        "shards[1].number",
+        "duplicate shard number 1",
+    ),
+    (
+        "[[shards]]\nname = 's'\nnumber = 256\nendpoint = 'http://s:1'\npools = ['default']",
+        "shards[0].number",
+        "at most 255",
+    ),
+    (
+        "[[shards]]\nname = 's'\nnumber = -1\nendpoint = 'http://s:1'\npools = ['default']",
+        "shards[0].number",
+        "at least 0",
+    ),
+    (
+        "[[shards]]\nname = 's'\nnumber = 1\nendpoint = 'grpc://s:1'\npools = ['default']",
+        "shards[0].endpoint",
+        "http",
+    ),
+    (
+        "[[shards]]\nname = 's'\nnumber = 1\nendpoint = 'http://s:1'\npools = ['default']\nmembers = ['s:1']",
+        "shards[0].members[0]",
+        "http",
+    ),
+    (
+        "[server]\nshard = 't'\n"
+        "[[shards]]\nname = 's'\nnumber = 1\nendpoint = 'http://s:1'\npools = ['default']",
+        "server.shard",
+        "no [[shards]] entry is named 't' (known: s)",
+    ),
+    ("[[resources]]\nkind = 'semaphore'\nname = 'r'\npermits = 0", "resources[0].permits", "at least 1"),
+    ("[[resources]]\nkind = 'semaphore'\nname = 'r'", "resources[0].permits", "required"),
+    (
+        "[[resources]]\nkind = 'semaphore'\nname = 'r'\npermits = 1.5",
+        "resources[0].permits",
+        "expected an integer",
+    ),
+    ("[[resources]]\nkind = 'token_bucket'\nname = 'r'\nrate = 0\nburst = 1", "resources[0].rate", "> 0"),
+    (
+        "[[resources]]\nkind = 'token_bucket'\nname = 'r'\nrate = 1\nburst = 0.5",
+        "resources[0].burst",
+        "at least 1",
+    ),
+    (
+        "[[resources]]\nkind = 'token_bucket'\nname = 'r'\nrate = 1\nburst = 1\npermits = 1",
+        "resources[0].permits",
+        'unknown key for kind = "token_bucket"',
+    ),
+    (
+        "[[resources]]\nkind = 'semaphore'\nname = 'r'\npermits = 1\n[[resources]]\nkind = 'semaphore'\n"
+        "name = 'r'\npermits = 2",
+        "resources[1].name",
+        "duplicate resource name 'r'",
+    ),
+    (
+        "[[resources]]\nkind = 'semaphore'\nname = 'r'\npermits = 1\nshard = 'x'",
+        "resources[0].shard",
+        "no [[shards]]",
+    ),
+    (
+        "[[resources]]\nkind = 'semaphore'\nname = 'r'\npermits = 1\n[[shards]]\nname = 's'\nnumber = 1\n"
+        "endpoint = 'http://s:1'\npools = ['default']",
+        "resources[0].shard",
+        "required with [[shards]]",
+    ),
+    (
+        "[[pools]]\nname = 'a'\n[[pools]]\nname = 'a'",
+        "pools[1].name",
+        "duplicate pool name 'a' (also at pools[0].name)",
+    ),
+]
+
+BAD_ENV = {**ENV, "EMPTY": "", "SHORT": "too-short"}
+
+
+@pytest.mark.parametrize(
+    ("text", "path", "message"), BAD, ids=[f"{i}:{case[1]}" for i, case in enumerate(BAD)]
+)
+def test_bad_config_names_the_offending_key(text: str, path: str, message: str) -> None:
+    assert message in problem_at(text, path, BAD_ENV)
+
+
+def test_the_brief_examples_are_reported_verbatim() -> None:
+    text = "[server]\ngrpc_addr = 'x'\n[limits]\nmax_wait_sx = 1\n" + pool("") + pool("lease_ttl_s = -1")
+    rendered = [str(p) for p in problems(text.replace('"p"', '"q"', 1))]
+    assert "pools[1].lease_ttl_s: must be > 0 and at most 31536000 (got -1)" in rendered
+    assert "limits.max_wait_sx: unknown key (did you mean max_wait_s?)" in rendered
+    assert "server.grpc_addr: expected host:port (got 'x')" in rendered
+
+
+def test_every_problem_is_reported_at_once_sorted_by_key() -> None:
+    text = (
+        "[limits]\nmax_list = true\nmax_deps = -1\n"  # a type and a range problem together
+        "[[pools]]\nname = 'a'\nlease_ttl_s = 0\n"
+        "[[pools]]\nname = 'a'\noverflow = 'x'\n"
+        "[[pools]]\nname = 'c'\nmin = 3\nmax = 2\n"
+        "[store]\nkind = 'postgres'\n"
+    )
+    assert [p.path for p in problems(text, env={})] == [
+        "limits.max_deps",
+        "limits.max_list",
+        "pools[0].lease_ttl_s",
+        "pools[1].name",
+        "pools[1].overflow",
+        "pools[2].min",
+        "store.url_env",
+    ]
+
+
+def test_a_bad_key_produces_no_derived_complaints() -> None:
+    assert [p.path for p in problems(pool("min = 20\nmax = 'x'"))] == ["pools[0].max"]
+    assert [p.path for p in problems("[[resources]]\nkind = 'mutex'\nname = ''")] == ["resources[0].kind"]
+    sharded = "[[shards]]\nname = 's'\nnumber = 1\nendpoint = 'http://s:1'\npools = ['default']\n"
+    assert [p.path for p in problems(sharded + "[[pools]]\nname = 7\n")] == ["pools[0].name"]
+
+
+def test_a_config_built_in_code_is_range_checked_too() -> None:
+    bad = Config(pools=(PoolSection("p", lease_ttl_s=-1),))
+    with pytest.raises(ConfigError) as caught:
+        validate_config(bad, env={})
+    assert [p.path for p in caught.value.problems] == ["pools[0].lease_ttl_s"]
+
+
+# ------------------------------------------------------------------------------------------- secrets
+
+
+def test_secrets_never_appear_in_repr() -> None:
+    config = parse_config(FULL, env=ENV)
+    text = repr(config) + str(config)
+    for secret in (LITERAL_TOKEN, WORKER_TOKEN, ENV["PG_URL"], ENV["SCALER_TOKEN"]):
+        assert secret not in text
+    literal = parse_config('[store]\nkind = "postgres"\nurl = "postgres://u:hunter2@db/x"\n', env={})
+    assert "hunter2" not in repr(literal)
+    assert "WORKER_TOKEN" in text  # the variable's name is not secret and helps debugging
+
+
+def test_secrets_never_appear_in_errors() -> None:
+    secret = "sekrit"
+    texts = [
+        f"[[auth.tokens]]\ntoken = '{secret}'\nrole = 'client'",  # too short
+        f"[[auth.tokens]]\ntoken = '{secret}-but-long-enough'\nrole = 'nobody'",
+        f"[[auth.tokens]]\ntoken = '{secret}-but-long-enough'\nrole = 'client'\n"
+        f"[[auth.tokens]]\ntoken = '{secret}-but-long-enough'\nrole = 'admin'",  # duplicate
+        f"[[auth.tokens]]\ntoken = ' {secret}-but-long-enough'\nrole = 'client'",  # whitespace
+        "[[auth.tokens]]\ntoken_env = 'SHORT'\nrole = 'client'\n"
+        "[[auth.tokens]]\ntoken_env = 'DUP'\nrole = 'admin'\n"
+        "[[auth.tokens]]\ntoken_env = 'DUP'\nrole = 'client'",
+        "[[auth.tokens]]\ntoken = 12345678901234567890\nrole = 'client'",
+        f"[store]\nkind = 'postgres'\nurl = '{secret}'\nurl_env = 'X'",
+        "[store]\nkind = 'postgres'\nurl = ''",
+    ]
+    env = {"SHORT": secret, "DUP": f"{secret}-from-the-environment"}
+    for text in texts:
+        with pytest.raises(ConfigError) as caught:
+            parse_config(text, env=env)
+        message = str(caught.value)
+        assert secret not in message and "12345678901234567890" not in message, message
+
+
+# ------------------------------------------------------------------------------------------------ docs
+
+
+def test_docs_describe_every_key() -> None:
+    docs = DOCS.read_text(encoding="utf-8")
+    for table in fields(Config):
+        assert f"[{table.name}]" in docs or f"[[{table.name}]]" in docs, f"[{table.name}] is not documented"
+    for section in SECTIONS:
+        for spec in fields(section):
+            if not spec.metadata.get(RESOLVED_KEY):
+                assert f"`{spec.name}`" in docs, f"{section.__name__}.{spec.name} is not documented"
+
+
+# -------------------------------------------------------------------------------------- random input
+
+KEYS = sorted({f.name for section in SECTIONS for f in fields(section)} | {"kind", "tokens", "certs", "auth"})
+WORDS = [
+    "default", "127.0.0.1:7070", "0.0.0.0:1", "[::1]:0", "http://h:1", "https://h", "wait", "client", "admin",
+    "memory", "sqlite", "postgres", "webhook", "external", "semaphore", "token_bucket", "{shard}", "a=b",
+    "ENV_A", "a-token-of-24-characters",
+]  # fmt: skip
+
+scalars = st.one_of(
+    st.booleans(),
+    st.integers(min_value=-(10**400), max_value=10**400),  # beyond float range
+    st.integers(min_value=-2, max_value=300),
+    st.floats(allow_nan=True, allow_infinity=True),
+    st.text(max_size=12),
+    st.sampled_from(WORDS),
+)
+values = st.recursive(
+    scalars,
+    lambda inner: (
+        st.lists(inner, max_size=4)
+        | st.dictionaries(st.sampled_from(KEYS) | st.text(max_size=6), inner, max_size=5)
+    ),
+    max_leaves=25,
+)
+documents = st.dictionaries(st.sampled_from(KEYS) | st.text(max_size=6), values, max_size=6)
+
+
+def toml_value(value: object) -> str:
+    """Inline TOML for a generated value (enough of TOML for these tests; tomllib checks the rest)."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, float) and not math.isfinite(value):
+        return "nan" if math.isnan(value) else ("inf" if value > 0 else "-inf")
+    if isinstance(value, int | float):
+        return repr(value)
+    if isinstance(value, list):
+        return "[" + ", ".join(toml_value(v) for v in value) + "]"
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{toml_key(k)} = {toml_value(v)}" for k, v in value.items()) + "}"
+    return json.dumps(value, ensure_ascii=False)
+
+
+def toml_key(key: str) -> str:
+    return json.dumps(key, ensure_ascii=False)
+
+
+def to_toml(document: Mapping[str, object]) -> str:
+    return "\n".join(f"{toml_key(k)} = {toml_value(v)}" for k, v in document.items())
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(documents)
+def test_random_documents_raise_only_config_errors(document: dict[str, object]) -> None:
+    try:
+        config = parse_config(to_toml(document), env={"ENV_A": "a-token-of-24-characters"})
+    except ConfigError as exc:
+        assert exc.problems and str(exc)
+    else:
+        assert config.pools
+
+
+def _leaf_paths(value: object, path: tuple[str | int, ...] = ()) -> list[tuple[str | int, ...]]:
+    if isinstance(value, dict):
+        return [path] + [p for k, v in value.items() for p in _leaf_paths(v, (*path, k))]
+    if isinstance(value, list):
+        return [path] + [p for i, v in enumerate(value) for p in _leaf_paths(v, (*path, i))]
+    return [path]
+
+
+FULL_DOCUMENT = tomllib.loads(FULL)
+FULL_PATHS = [p for p in _leaf_paths(FULL_DOCUMENT) if p]
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.sampled_from(FULL_PATHS), values | st.none())
+def test_changing_one_value_of_a_full_file_raises_only_config_errors(
+    path: tuple[str | int, ...], replacement: object
+) -> None:
+    document = copy.deepcopy(FULL_DOCUMENT)
+    parent: Any = document
+    for step in path[:-1]:
+        parent = parent[step]
+    if replacement is None:
+        del parent[path[-1]]  # a missing key or array entry
+    else:
+        parent[path[-1]] = replacement
+    try:
+        parse_config(to_toml(document), env=ENV)
+    except ConfigError as exc:
+        assert exc.problems and all(p.path or "TOML" in p.message for p in exc.problems)
