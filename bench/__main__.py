@@ -18,7 +18,7 @@ from pathlib import Path
 from cronoq.client import Client, task
 from tests.integration.serverproc import running_server
 
-from . import engine_bench
+from . import engine_bench, grpc_ceiling
 
 POOL_CONFIG = """
 [limits]
@@ -114,6 +114,12 @@ def main() -> None:
     print(
         f"engine: {eng['decisions_per_s']:,.0f} decisions/s ({eng['decisions']:,.0f} decisions in {eng['seconds']:.2f} s)"
         "   target >= 250,000",
+        flush=True,
+    )
+    ceiling = grpc_ceiling.run(args.tasks)
+    print(
+        f"transport ceiling: raw grpc.aio Work-stream round trips between two processes: {ceiling:,.0f}/s "
+        "(no scheduler; the end-to-end drain cannot exceed this)",
         flush=True,
     )
     with tempfile.TemporaryDirectory() as tmp, running_server(Path(tmp), POOL_CONFIG) as server:

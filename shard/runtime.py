@@ -91,6 +91,7 @@ class Runtime:
         self._timer: asyncio.TimerHandle | None = None
         self._timer_at: float | None = None
         self._idle: asyncio.Event | None = None
+        self.outcomes: dict[tuple[str, Status], int] = {}  # (pool, terminal status) -> count, for /metrics
 
     # ----------------------------------------------------------------------------- action fan-out
 
@@ -116,6 +117,8 @@ class Runtime:
     def _on_event(self, event: StatusEvent) -> None:
         status = event.status
         if status.terminal:
+            key = (event.pool, status)
+            self.outcomes[key] = self.outcomes.get(key, 0) + 1
             waiters = self._waiters.pop(event.id, None)
             if waiters:
                 for fut in waiters:
@@ -210,6 +213,10 @@ class Runtime:
         )
         self._watchers.append(watcher)
         return watcher
+
+    @property
+    def watch_count(self) -> int:
+        return len(self._watchers)
 
     def unsubscribe(self, watcher: Watcher) -> None:
         if watcher in self._watchers:

@@ -23,6 +23,7 @@ from cronoq.errors import Unavailable
 from cronoq.logs import get_logger
 from cronoq.v1 import cronoq_pb2_grpc as pbg
 
+from . import metrics
 from .convert import SpecLimits
 from .grpc_api import AdminServicer, TasksServicer, WorkersServicer
 from .http_api import build_http_app
@@ -85,6 +86,15 @@ class ShardServer:
             connected=self.connected,
         )
 
+    def render_metrics(self) -> str:
+        runtime = self.runtime
+        return metrics.render(
+            runtime.engine.snapshot(runtime.clock()),
+            runtime.outcomes,
+            shard=self.config.server.shard or "",
+            watch_streams=runtime.watch_count,
+        )
+
     async def start(self) -> None:
         cfg = self.config
         limits = cfg.limits
@@ -126,6 +136,7 @@ class ShardServer:
             max_body_bytes=limits.max_http_body_bytes,
             loopback_only_guard=not self.auth.enabled,
             workers_connected=lambda: self.connected,
+            metrics=self.render_metrics,
         )
         runner = web.AppRunner(app, access_log=None, shutdown_timeout=DRAIN_S)
         await runner.setup()

@@ -160,3 +160,25 @@ async def test_sigterm_lets_running_attempts_finish_then_exits_zero(server: Serv
             await asyncio.sleep(0.02)
         assert w.last_shutdown
     assert '"left_running": 0' in server.logs()
+
+
+@pytest.mark.asyncio
+async def test_metrics_exposition(server: ServerProcess) -> None:
+    import urllib.request
+
+    async def handler(lease: Lease) -> None:
+        return None
+
+    async with worker(server.target, handler, slots=2), Client(server.target) as client:
+        done = await client.submit(b"x", wait=True, wait_timeout=10)
+        assert done.result is not None and done.result.status == "succeeded"
+        await client.submit(b"y", pool="other")
+        body = await asyncio.to_thread(
+            lambda: urllib.request.urlopen(f"{server.http}/metrics", timeout=5).read()
+        )
+    text = body.decode()
+    assert 'cronoq_tasks_total{pool="default",outcome="succeeded"} 1' in text
+    assert 'cronoq_pool_capacity{pool="default"} 2' in text
+    assert 'cronoq_pool_pending{pool="other",priority="normal"} 1' in text
+    assert 'cronoq_pool_desired_workers{pool="default"} 2' in text
+    assert "# TYPE cronoq_tasks_total counter" in text

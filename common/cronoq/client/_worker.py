@@ -343,13 +343,19 @@ class _Signals:
 class _Attempt:
     lease: Lease
     task: asyncio.Task[None] | None = None
-    heartbeat: asyncio.Task[None] | None = None
+    # A loop timer, not a task: one per running lease, so it must cost next to nothing to arm and cancel.
+    heartbeat: asyncio.TimerHandle | None = None
+
+    def stop_heartbeat(self) -> None:
+        if self.heartbeat is not None:
+            self.heartbeat.cancel()
+            self.heartbeat = None
 
     def cancel(self) -> None:
         self.lease.cancelled.set()
-        for task in (self.task, self.heartbeat):
-            if task is not None:
-                task.cancel()
+        self.stop_heartbeat()
+        if self.task is not None:
+            self.task.cancel()
 
 
 class _Session:
@@ -461,8 +467,7 @@ class _Session:
         attempt.task = asyncio.create_task(self._execute(attempt))
         ttl = attempt.lease.lease_ttl
         if ttl:
-            interval = max(ttl / 3, MIN_HEARTBEAT_INTERVAL)
-            attempt.heartbeat = asyncio.create_task(self._heartbeat(attempt.lease.id, interval))
+            self._beat_later(attempt, max(ttl / 3, MIN_HEARTBEAT_INTERVAL))
 
     def _on_abort(self, msg: Any) -> None:
         # The server already freed the slot and expects nothing more for this lease.
@@ -476,8 +481,7 @@ class _Session:
         outcome = await self._outcome(attempt.lease)
         # Gone from the table means aborted, drained or the stream ended: the outcome is not wanted.
         if self._attempts.pop(attempt.lease.id, None) is attempt:
-            if attempt.heartbeat is not None:
-                attempt.heartbeat.cancel()
+            attempt.stop_heartbeat()
             self._send(outcome)
 
     async def _outcome(self, lease: Lease) -> Any:
@@ -531,10 +535,14 @@ class _Session:
             return pb.WorkerMessage(nack=pb.Nack(lease=lease_id, reason=reason))
         return _fail(lease_id, reason)
 
-    async def _heartbeat(self, lease_id: int, interval: float) -> None:
-        while True:
-            await asyncio.sleep(interval)
-            self._send(pb.WorkerMessage(heartbeat=pb.Heartbeat(lease=lease_id)))
+    def _beat_later(self, attempt: _Attempt, interval: float) -> None:
+        attempt.heartbeat = asyncio.get_running_loop().call_later(interval, self._beat, attempt, interval)
+
+    def _beat(self, attempt: _Attempt, interval: float) -> None:
+        if self._attempts.get(attempt.lease.id) is not attempt:
+            return
+        self._send(pb.WorkerMessage(heartbeat=pb.Heartbeat(lease=attempt.lease.id)))
+        self._beat_later(attempt, interval)
 
     # --------------------------------------------------------------------------------- outbound
 

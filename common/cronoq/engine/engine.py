@@ -37,7 +37,6 @@ from .table import TaskTable
 from .timers import TimerEntry, TimerHeap, TimerKind
 from .workers import Lease, Worker, label_set
 
-BLOCKED = Status.BLOCKED
 READY = Status.READY
 RUNNING = Status.RUNNING
 RETRYING = Status.RETRYING
@@ -45,6 +44,8 @@ RETRYING = Status.RETRYING
 TIMED_OUT = "attempt timed out"
 LEASE_EXPIRED = "lease expired"
 DISCONNECTED = "worker disconnected"
+
+_TIMER_SLACK = 1024  # dead timer entries tolerated before the heap is worth compacting
 
 
 class Engine:
@@ -120,14 +121,17 @@ class Engine:
             retry = spec.retry if spec.retry is not None else pool.config.retry
             seq += 1
             task_id = table.next_id
-            task = Task(task_id, spec, seq, BLOCKED, now, 0, retry.max_attempts)
+            # BLOCKED until its dependencies are met; without any (all tasks, for now) it is READY at
+            # once, so it is built READY and the BLOCKED step shows only in the events.
+            task = Task(task_id, spec, seq, READY, now, 0, retry.max_attempts, now)
             table.add(task)
             created[i] = task
-            append(StatusEvent(task_id, spec.pool, spec.key, BLOCKED, 0, now, ""))
             pool.pending[spec.priority] += 1
             if pool.shed is not None:
                 pool.shed.track(task, pool.pending[spec.priority])
-            self._make_ready(pool, task, now, now)
+            pool.queue.push(task, now)
+            append(StatusEvent(task_id, spec.pool, spec.key, Status.BLOCKED, 0, now, ""))
+            append(StatusEvent(task_id, spec.pool, spec.key, READY, 0, now, ""))
             submitted.append(Submitted(task_id, False))
             touched[pool.name] = pool
         self._seq = seq
@@ -418,9 +422,9 @@ class Engine:
         task.lease = lease_id
         timeout = task.spec.timeout
         if timeout is not None:
-            self._timers.push(now + timeout, TimerKind.ATTEMPT_TIMEOUT, lease_id)
+            self._arm(now + timeout, TimerKind.ATTEMPT_TIMEOUT, lease_id)
         if ttl is not None:
-            self._timers.push(lease.expires, TimerKind.LEASE_EXPIRY, lease_id)
+            self._arm(lease.expires, TimerKind.LEASE_EXPIRY, lease_id)
         self._actions.append(Dispatch(worker.id, lease_id, task, task.attempt, ttl))
         return lease
 
@@ -464,7 +468,7 @@ class Engine:
         spec = task.spec
         self._actions.append(StatusEvent(task.id, spec.pool, spec.key, RETRYING, task.attempt, now, message))
         if delay > 0.0:
-            self._timers.push(now + delay, TimerKind.RETRY_READY, task.id, task.attempt)
+            self._arm(now + delay, TimerKind.RETRY_READY, task.id, task.attempt)
         else:
             self._make_ready(pool, task, now, now)
 
@@ -484,13 +488,21 @@ class Engine:
             pool.pending[spec.priority] -= 1
             self._pending_total -= 1
             if was is READY:
-                pool.queue.forget()
+                pool.queue.forget(task)
         task.status = status
         task.message = message
         task.finished = now
         self._ended[status] += 1
         self._table.retire(task, now)
         self._actions.append(StatusEvent(task.id, spec.pool, spec.key, status, task.attempt, now, message))
+
+    def _arm(self, due: float, kind: TimerKind, target: int, token: int = 0) -> None:
+        """Add a timer; compact the heap first when it holds far more entries than can be live (each
+        lease has at most two, each pending task at most one)."""
+        timers = self._timers
+        if len(timers) > _TIMER_SLACK + 4 * (len(self._leases) + self._pending_total):
+            timers.compact(lambda entry: self._due(entry) is not None)
+        timers.push(due, kind, target, token)
 
     def _due(self, entry: TimerEntry) -> float | None:
         """When ``entry`` should fire: None if it no longer applies, later than its time if a heartbeat

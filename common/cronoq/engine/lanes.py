@@ -2,8 +2,9 @@
 
 Each lane holds its READY tasks in FIFO order by sequence number (a retried task goes back at its
 original sequence, ahead of later arrivals) and, for tasks with a deadline, in an EDF heap keyed by latest
-start time. Picking the next task compares only the heads of the lanes that have a free
-compatible worker, so a dispatch costs O(lanes + log n) however long the queue is.
+start time (deadline - duration estimate: deadline order when the estimates are equal, and the most
+urgent first when they are not). Picking the next task compares only the heads of the lanes that have a
+free compatible worker, so a dispatch costs O(lanes + log n) however long the queue is.
 
 Cancelled and shed tasks are not searched for: their entries stay in the heap and are dropped when they
 surface (an entry is live exactly while its task is READY, because a READY task has one entry and leaves
@@ -14,7 +15,8 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from heapq import heappop, heappush
+from collections.abc import Mapping
+from heapq import heapify, heappop, heappush
 from typing import Protocol
 
 from .model import Priority, Status, Task
@@ -35,6 +37,7 @@ _CEILING = tuple(base + AGING_CAP for base in BASE)
 _CEILING_EDF = tuple(ceiling + URGENCY_MAX + OVERDUE_CAP for ceiling in _CEILING)
 
 _READY = Status.READY
+_COMPACT_SLACK = 64  # stale entries a lane may hold before it is worth compacting
 _CLASSES = range(len(Priority))
 
 FifoEntry = tuple[int, float, Task]  # (seq, ready_at, task): for retried tasks
@@ -52,6 +55,8 @@ def urgency(slack: float, window: float) -> float:
 
 
 class HasFree(Protocol):
+    """Whether some worker with all of these labels has a free slot (``PoolWorkers.has_free``)."""
+
     def __call__(self, required: LabelSet, /) -> bool: ...
 
 
@@ -64,12 +69,13 @@ class Lane:
     a retry at their original place. The head of the lane's FIFO order is the smaller of the two heads.
     """
 
-    __slots__ = ("active", "edf", "fresh", "priority", "requeued", "required")
+    __slots__ = ("active", "edf", "fresh", "priority", "requeued", "required", "stale")
 
     def __init__(self, priority: int, required: LabelSet) -> None:
         self.priority = priority
         self.required = required
         self.active = False  # in PoolQueue.active
+        self.stale = 0  # entries of tasks that left without being dispatched
         self.fresh: deque[Task] = deque()
         self.requeued: list[FifoEntry] = []
         self.edf: list[EdfEntry] = []
@@ -95,13 +101,7 @@ class PoolQueue:
         original place when it comes back from a retry, or by latest start time when it has a deadline."""
         spec = task.spec
         priority = spec.priority
-        if spec.labels:
-            required = label_set(spec.labels)
-            lane = self._labelled.get((priority, required))
-            if lane is None:
-                lane = self._labelled[(priority, required)] = Lane(priority, required)
-        else:
-            lane = self._plain[priority]
+        lane = self._labelled_lane(priority, spec.labels) if spec.labels else self._plain[priority]
         deadline = spec.deadline
         if deadline is not None:
             hint = spec.duration_hint
@@ -122,9 +122,37 @@ class PoolQueue:
                 at -= 1
             active.insert(at, lane)
 
-    def forget(self) -> None:
-        """A READY task left the queue without being dispatched (cancelled, shed); its entry goes later."""
+    def forget(self, task: Task) -> None:
+        """A READY task left the queue without being dispatched (cancelled, shed). Its entry is dropped
+        when it surfaces, or when such entries make up half of its lane: a lane nobody can serve (no
+        worker has its labels) never surfaces anything, and must not keep finished tasks alive."""
         self.ready -= 1
+        spec = task.spec
+        lane = self._labelled_lane(spec.priority, spec.labels) if spec.labels else self._plain[spec.priority]
+        lane.stale += 1
+        if lane.stale > _COMPACT_SLACK and 2 * lane.stale > len(lane.fresh) + len(lane.requeued) + len(
+            lane.edf
+        ):
+            self._compact(lane)
+
+    def _labelled_lane(self, priority: int, labels: Mapping[str, str]) -> Lane:
+        key = (priority, label_set(labels))
+        lane = self._labelled.get(key)
+        if lane is None:
+            lane = self._labelled[key] = Lane(*key)
+        return lane
+
+    def _compact(self, lane: Lane) -> None:
+        """Drop the entries of tasks that are no longer READY from every structure of ``lane``."""
+        lane.fresh = deque(task for task in lane.fresh if task.status is _READY)
+        requeued = [entry for entry in lane.requeued if entry[2].status is _READY]
+        heapify(requeued)
+        lane.requeued = requeued
+        edf = [entry for entry in lane.edf if entry[4].status is _READY]
+        heapify(edf)
+        self._edf_entries[lane.priority] -= len(lane.edf) - len(edf)
+        lane.edf = edf
+        lane.stale = 0
 
     def pop_best(self, now: float, has_free: HasFree) -> tuple[Task, LabelSet, bool, float] | None:
         """Remove and return the best lane head among lanes with a free compatible worker, with the
@@ -151,9 +179,11 @@ class PoolQueue:
             fresh = lane.fresh
             while fresh and fresh[0].status is not _READY:
                 fresh.popleft()
+                lane.stale -= 1
             requeued = lane.requeued
             while requeued and requeued[0][2].status is not _READY:
                 heappop(requeued)
+                lane.stale -= 1
             if fresh or requeued:
                 if fresh and (not requeued or fresh[0].seq < requeued[0][0]):
                     head = fresh[0]
@@ -174,6 +204,7 @@ class PoolQueue:
             while edf and edf[0][4].status is not _READY:
                 heappop(edf)
                 edf_entries[cls] -= 1
+                lane.stale -= 1
             if edf:
                 latest, seq, ready_at, window, _ = edf[0]
                 aging = AGING_RATE * (now - ready_at)

@@ -2,7 +2,8 @@
 
 Cancelling a timer would mean finding it in the heap; instead an entry names its target by id plus a
 token, and the engine decides when the entry comes due whether it still applies (the lease is still
-held, the task is still RETRYING after the same attempt). A heartbeat does not touch the heap at all: it
+held, the task is still RETRYING after the same attempt). When dead entries outnumber the live ones the
+heap is compacted, which keeps its size proportional to the live leases and retries. A heartbeat does not touch the heap at all: it
 moves the lease's expiry, and the old entry re-arms itself when it comes due.
 """
 
@@ -10,6 +11,7 @@ from __future__ import annotations
 
 import enum
 import heapq
+from collections.abc import Callable
 
 
 class TimerKind(enum.IntEnum):
@@ -36,6 +38,13 @@ class TimerHeap:
 
     def __len__(self) -> int:
         return len(self._heap)
+
+    def compact(self, live: Callable[[TimerEntry], bool]) -> None:
+        """Drop every entry for which ``live`` is false (a timer of a lease that already ended, say),
+        so a long timeout on many short attempts does not fill the heap with dead entries."""
+        kept = [entry for entry in self._heap if live(entry)]
+        heapq.heapify(kept)
+        self._heap = kept
 
     def push(self, due: float, kind: TimerKind, target: int, token: int = 0) -> None:
         self._n += 1

@@ -16,22 +16,23 @@ from .model import Task
 
 LabelSet = frozenset[tuple[str, str]]
 NO_LABELS: LabelSet = frozenset()
+_COMPATIBLE_CACHE = 1024  # label sets whose compatible groups are remembered
 
 
 def label_set(labels: Mapping[str, str]) -> LabelSet:
+    """The hashable form of a label mapping: the key of groups and of labelled lanes."""
     return frozenset(labels.items()) if labels else NO_LABELS
 
 
 class Lease:
     """One attempt (or, after a nack, one offer of the same attempt) held by one worker."""
 
-    __slots__ = ("attempt", "dispatched", "expires", "id", "nacked", "task", "worker")
+    __slots__ = ("dispatched", "expires", "id", "nacked", "task", "worker")
 
     def __init__(self, lease_id: int, task: Task, worker: Worker, now: float, ttl: float | None) -> None:
         self.id = lease_id
         self.task = task
         self.worker = worker
-        self.attempt = task.attempt
         self.dispatched = now
         self.expires = now + ttl if ttl is not None else math.inf
         self.nacked: set[int] | None = None  # workers that handed this attempt back
@@ -126,6 +127,8 @@ class PoolWorkers:
         """Groups whose labels include all of ``required`` (cached until the set of groups changes)."""
         groups = self._compatible.get(required)
         if groups is None:
+            if len(self._compatible) >= _COMPATIBLE_CACHE:
+                self._compatible.clear()
             groups = [g for key, g in self.groups.items() if required <= key]
             self._compatible[required] = groups
         return groups

@@ -42,6 +42,20 @@ def test_dispatch_carries_lease_attempt_ttl_and_emits_running() -> None:
     assert actions.actions.index(lease) < len(actions.actions) - 1  # Dispatch, then RUNNING
 
 
+def test_lease_ids_start_at_first_lease_and_are_never_reused() -> None:
+    engine = Engine([PoolConfig("p", retry=NO_RETRY)], first_lease=500)
+    engine.add_worker(1, "p", 2, {}, 0.0)
+    engine.add_worker(2, "p", 2, {}, 0.0)
+    engine.submit([spec(), spec()], 0.0)
+    first = drain(engine).dispatches
+    engine.nack(first[0].worker_id, first[0].lease, "no", 0.0)
+    engine.complete(first[1].worker_id, first[1].lease, 0.0)
+    engine.submit([spec()], 0.0)
+    later = drain(engine).dispatches
+    leases = [d.lease for d in first + later]
+    assert leases == list(range(500, 500 + len(leases)))
+
+
 def test_complete_succeeds_and_frees_the_slot() -> None:
     engine, lease = engine_with_worker()
     engine.submit([spec()], 0.0)
@@ -328,3 +342,13 @@ def test_next_wakeup_ignores_timers_that_no_longer_apply() -> None:
     assert engine.next_wakeup() == 5.0
     engine.complete(1, lease.lease, 1.0)
     assert engine.next_wakeup() == 1.0 + 86_400.0  # retention of the finished task only
+
+
+def test_timers_of_ended_leases_do_not_pile_up() -> None:
+    engine = make_engine(PoolConfig("p", lease_ttl=3600.0))
+    engine.add_worker(1, "p", 1, {}, 0.0)
+    for i in range(5000):
+        engine.submit([spec(timeout=3600.0)], float(i))
+        engine.complete(1, only_dispatch(engine).lease, float(i))
+    assert len(engine._timers) < 2000  # memory stays bounded: dead entries are compacted away
+    assert engine.next_wakeup() == 86_400.0  # no timer is live: only retention of the first task

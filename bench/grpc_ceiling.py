@@ -1,0 +1,109 @@
+"""The transport ceiling: raw grpc.aio bidi round trips/s with the Work stream's message shapes.
+
+A server process writes Lease messages (at most ``window`` unanswered) and a client process answers each
+with a Complete, with no scheduler on either side. cronoq's end-to-end drain cannot beat this number, so
+``make bench`` prints it next to the drain to show how much of the gap is ours and how much is grpc.aio.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import subprocess
+import sys
+import time
+
+import grpc
+
+from cronoq.v1 import cronoq_pb2 as pb
+from cronoq.v1 import cronoq_pb2_grpc as pbg
+
+
+class _Echo(pbg.WorkersServicer):  # type: ignore[misc]
+    def __init__(self, n: int, window: int) -> None:
+        self.n = n
+        self.window = window
+
+    async def Work(self, request_iterator: object, context: grpc.aio.ServicerContext) -> None:
+        credit = asyncio.Semaphore(self.window)
+
+        async def read_all() -> None:
+            for _ in range(self.n):
+                await context.read()
+                credit.release()
+
+        reader = asyncio.create_task(read_all())
+        lease = pb.ServerMessage(lease=pb.Lease(lease=1, task_id=1, attempt=1, pool="default"))
+        for _ in range(self.n):
+            await credit.acquire()
+            await context.write(lease)
+        await reader
+
+
+async def _serve(port: int, n: int, window: int) -> None:
+    server = grpc.aio.server()
+    pbg.add_WorkersServicer_to_server(_Echo(n, window), server)
+    server.add_insecure_port(f"127.0.0.1:{port}")
+    await server.start()
+    print("ready", flush=True)
+    await server.wait_for_termination()
+
+
+async def _client(port: int, n: int) -> float:
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+        call = pbg.WorkersStub(channel).Work()
+        answers: asyncio.Queue[None] = asyncio.Queue()
+        complete = pb.WorkerMessage(complete=pb.Complete(lease=1))
+
+        async def write_all() -> None:
+            for _ in range(n):
+                await answers.get()
+                await call.write(complete)
+
+        writer = asyncio.create_task(write_all())
+        start = time.perf_counter()
+        for _ in range(n):
+            await call.read()
+            answers.put_nowait(None)
+        await writer
+        return n / (time.perf_counter() - start)
+
+
+def run(n: int = 20_000, window: int = 64) -> float:
+    """Round trips per second between two processes on this machine."""
+    with __import__("socket").socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    server = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "bench.grpc_ceiling",
+            "--serve",
+            str(port),
+            "--n",
+            str(n),
+            "--window",
+            str(window),
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert server.stdout is not None and server.stdout.readline().strip() == "ready"
+        return asyncio.run(_client(port, n))
+    finally:
+        server.kill()
+        server.wait()
+
+
+if __name__ == "__main__":
+    p = argparse.ArgumentParser()
+    p.add_argument("--serve", type=int)
+    p.add_argument("--n", type=int, default=20_000)
+    p.add_argument("--window", type=int, default=64)
+    args = p.parse_args()
+    if args.serve:
+        asyncio.run(_serve(args.serve, args.n, args.window))
+    else:
+        print(f"{run(args.n, args.window):,.0f} round trips/s")

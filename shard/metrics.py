@@ -1,0 +1,155 @@
+"""Prometheus text exposition (format 0.0.4) of a shard's state, for ``/metrics``.
+
+Rendered on demand from the engine snapshot plus the outcome counters the runtime keeps, so scraping
+costs one snapshot and no background work. ``cronoq_pool_desired_workers`` is the number autoscalers
+(KEDA, HPA, the operator) read.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping
+
+from cronoq.engine.model import Priority, Status
+from cronoq.engine.snapshot import Snapshot
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+OUTCOMES = (
+    Status.SUCCEEDED,
+    Status.FAILED,
+    Status.DEAD_LETTERED,
+    Status.CANCELLED,
+    Status.SKIPPED,
+    Status.MISSED,
+    Status.SHED,
+)
+
+
+def _escape(value: str) -> str:
+    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+
+
+def _number(value: float) -> str:
+    if math.isnan(value):
+        return "NaN"
+    if math.isinf(value):
+        return "+Inf" if value > 0 else "-Inf"
+    return repr(float(value)) if not float(value).is_integer() else str(int(value))
+
+
+class _Writer:
+    def __init__(self) -> None:
+        self.lines: list[str] = []
+
+    def family(
+        self, name: str, kind: str, help_text: str, samples: Iterable[tuple[Mapping[str, str], float]]
+    ) -> None:
+        self.lines.append(f"# HELP {name} {help_text}")
+        self.lines.append(f"# TYPE {name} {kind}")
+        for labels, value in samples:
+            label_text = ",".join(f'{k}="{_escape(v)}"' for k, v in labels.items())
+            self.lines.append(
+                f"{name}{{{label_text}}} {_number(value)}" if label_text else f"{name} {_number(value)}"
+            )
+
+    def text(self) -> str:
+        return "\n".join(self.lines) + "\n"
+
+
+def render(
+    snap: Snapshot, outcomes: Mapping[tuple[str, Status], int], *, shard: str, watch_streams: int
+) -> str:
+    """The whole exposition. ``outcomes`` counts terminal statuses per (pool, status) since start."""
+    w = _Writer()
+    pools = snap.pools
+
+    def per_pool(attr: str) -> list[tuple[Mapping[str, str], float]]:
+        return [({"pool": p.name}, float(getattr(p, attr))) for p in pools]
+
+    w.family(
+        "cronoq_pool_desired_workers",
+        "gauge",
+        "Desired capacity in worker slots (queue pressure, wait objectives, reservations; smoothed).",
+        per_pool("desired"),
+    )
+    w.family("cronoq_pool_capacity", "gauge", "Worker slots connected to the pool.", per_pool("capacity"))
+    w.family("cronoq_pool_busy", "gauge", "Slots running an attempt.", per_pool("busy"))
+    w.family("cronoq_pool_held", "gauge", "Slots held for upcoming fixed starts.", per_pool("held"))
+    w.family(
+        "cronoq_pool_pending",
+        "gauge",
+        "Tasks not yet running, by priority class.",
+        [
+            ({"pool": p.name, "priority": prio.label}, float(p.pending_by_class[prio]))
+            for p in pools
+            for prio in Priority
+        ],
+    )
+    w.family(
+        "cronoq_pool_workers_connected",
+        "gauge",
+        "Worker streams connected to the pool.",
+        per_pool("workers_connected"),
+    )
+    w.family(
+        "cronoq_pool_wait_seconds",
+        "gauge",
+        "Ready-to-dispatch wait over the metrics window.",
+        [
+            ({"pool": p.name, "quantile": q}, v)
+            for p in pools
+            for q, v in (("0.5", p.wait_p50), ("0.9", p.wait_p90), ("0.99", p.wait_p99))
+        ],
+    )
+    w.family(
+        "cronoq_pool_utilization",
+        "gauge",
+        "Busy slot-seconds / capacity slot-seconds over the window.",
+        per_pool("utilization"),
+    )
+    w.family(
+        "cronoq_tasks_total",
+        "counter",
+        "Tasks that ended, by outcome.",
+        [
+            ({"pool": p.name, "outcome": s.label}, float(outcomes.get((p.name, s), 0)))
+            for p in pools
+            for s in OUTCOMES
+        ],
+    )
+    w.family(
+        "cronoq_dead_letters_total",
+        "counter",
+        "Tasks dead-lettered after using up their attempts.",
+        [({"pool": p.name}, float(outcomes.get((p.name, Status.DEAD_LETTERED), 0))) for p in pools],
+    )
+    t = snap.totals
+    for name, value, help_text in (
+        ("cronoq_submitted_total", t.submitted, "Tasks accepted."),
+        ("cronoq_dispatched_total", t.dispatched, "Attempts started."),
+        ("cronoq_retries_total", t.retries, "Attempts that failed and were scheduled again."),
+        ("cronoq_timeouts_total", t.timeouts, "Attempts aborted by their timeout."),
+        ("cronoq_lease_expiries_total", t.lease_expiries, "Leases lost for want of a heartbeat."),
+        ("cronoq_stale_reports_total", t.stale_completions, "Worker reports for leases they did not hold."),
+    ):
+        w.family(name, "counter", help_text, [({}, float(value))])
+    w.family("cronoq_live_tasks", "gauge", "Tasks not yet finished.", [({}, float(snap.live_tasks))])
+    w.family(
+        "cronoq_workers_connected",
+        "gauge",
+        "Worker streams connected.",
+        [({}, float(snap.workers_connected))],
+    )
+    w.family(
+        "cronoq_watch_streams",
+        "gauge",
+        "Open Watch subscriptions (gRPC and HTTP).",
+        [({}, float(watch_streams))],
+    )
+    w.family(
+        "cronoq_leader",
+        "gauge",
+        "1 while this process is the serving leader of its shard.",
+        [({"shard": shard}, 1.0)],
+    )
+    return w.text()
