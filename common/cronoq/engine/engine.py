@@ -35,7 +35,7 @@ from .retry import backoff_delay
 from .snapshot import GroupStats, PoolStats, Snapshot, Totals, WorkerView
 from .table import TaskTable
 from .timers import TimerEntry, TimerHeap, TimerKind
-from .workers import Lease, Worker, label_set
+from .workers import Worker, label_set
 
 READY = Status.READY
 RUNNING = Status.RUNNING
@@ -73,7 +73,11 @@ class Engine:
         self._seq = 0
         self._pending_total = 0
         self._next_lease = first_lease
-        self._leases: dict[int, Lease] = {}
+        # A task holds at most one lease, so a lease is its id plus the RUNNING task's ``lease`` and
+        # ``worker`` fields; only what few leases need lives beside it.
+        self._leases: dict[int, Task] = {}  # lease id -> the task running under it
+        self._expiry: dict[int, float] = {}  # lease id -> expiry without a heartbeat (pools with a TTL)
+        self._refused: dict[int, set[int]] = {}  # lease id -> workers that nacked this attempt
         self._workers: dict[int, Worker] = {}
         self._timers = TimerHeap()
         self._actions: list[Action] = []
@@ -148,9 +152,8 @@ class Engine:
             return False
         pool = self._pools[task.spec.pool]
         if task.status is RUNNING:
-            lease = self._leases[task.lease]
-            self._actions.append(Abort(lease.worker.id, lease.id, "cancelled"))
-            self._release(pool, lease, now, Status.CANCELLED)
+            self._actions.append(Abort(task.worker, task.lease, "cancelled"))
+            self._release(pool, task, now, Status.CANCELLED)
         self._finish(pool, task, Status.CANCELLED, "cancelled", now)
         self._dispatch(pool, now)
         return True
@@ -207,35 +210,36 @@ class Engine:
     def remove_worker(self, worker_id: int, now: float) -> None:
         """Disconnect a worker: each lease it held fails as retryable ("worker disconnected").
         Unknown ids are ignored, so a stream may be closed twice."""
-        worker = self._workers.pop(worker_id, None)
+        worker = self._workers.get(worker_id)
         if worker is None:
             return
         pool = self._pools[worker.pool]
-        for lease in list(worker.leases.values()):
-            self._release(pool, lease, now, Status.FAILED)
-            self._retry(pool, lease.task, DISCONNECTED, None, now)
+        for task in list(worker.leases.values()):
+            self._release(pool, task, now, Status.FAILED)
+            self._retry(pool, task, DISCONNECTED, None, now)
+        del self._workers[worker_id]
         pool.workers.remove(worker)
         pool.stats.advance(now, pool.workers.capacity)
         self._dispatch(pool, now)
 
     def heartbeat(self, worker_id: int, lease: int, now: float) -> bool:
         """The worker still runs ``lease``: its expiry moves to ``now + lease_ttl``."""
-        held = self._held(worker_id, lease)
-        if held is None:
+        task = self._held(worker_id, lease)
+        if task is None:
             return False
-        ttl = self._pools[held.worker.pool].config.lease_ttl
+        ttl = self._pools[task.spec.pool].config.lease_ttl
         if ttl is not None:
-            held.expires = now + ttl
+            self._expiry[lease] = now + ttl
         return True
 
     def complete(self, worker_id: int, lease: int, now: float) -> bool:
         """The attempt succeeded."""
-        held = self._held(worker_id, lease)
-        if held is None:
+        task = self._held(worker_id, lease)
+        if task is None:
             return False
-        pool = self._pools[held.worker.pool]
-        self._release(pool, held, now, Status.SUCCEEDED)
-        self._finish(pool, held.task, Status.SUCCEEDED, "", now)
+        pool = self._pools[task.spec.pool]
+        self._release(pool, task, now, Status.SUCCEEDED)
+        self._finish(pool, task, Status.SUCCEEDED, "", now)
         self._dispatch(pool, now)
         return True
 
@@ -244,46 +248,45 @@ class Engine:
     ) -> bool:
         """The attempt failed: permanently (FAILED), or retryably (RETRYING, or DEAD_LETTERED when it was
         the last attempt). ``retry_after`` is a floor for the backoff."""
-        held = self._held(worker_id, lease)
-        if held is None:
+        task = self._held(worker_id, lease)
+        if task is None:
             return False
-        pool = self._pools[held.worker.pool]
-        self._release(pool, held, now, Status.FAILED)
+        pool = self._pools[task.spec.pool]
+        self._release(pool, task, now, Status.FAILED)
         if permanent:
-            self._finish(pool, held.task, Status.FAILED, message, now)
+            self._finish(pool, task, Status.FAILED, message, now)
         else:
-            self._retry(pool, held.task, message, retry_after, now)
+            self._retry(pool, task, message, retry_after, now)
         self._dispatch(pool, now)
         return True
 
     def nack(self, worker_id: int, lease: int, reason: str, now: float) -> bool:
-        """The worker hands the lease back unrun: the same attempt goes, under a new lease, to another
-        worker that can take it and has not refused it; if there is none, the attempt fails retryably
-        with ``reason``."""
-        held = self._held(worker_id, lease)
-        if held is None:
+        """The worker hands the lease back unrun: the same attempt goes, under a new lease (with its own
+        timeout and TTL), to another worker that can take it and has not refused it; if there is none,
+        the attempt fails retryably with ``reason``."""
+        task = self._held(worker_id, lease)
+        if task is None:
             return False
-        pool = self._pools[held.worker.pool]
-        task = held.task
-        refused = held.nacked if held.nacked is not None else set()
+        pool = self._pools[task.spec.pool]
+        refused = self._refused.get(lease, set())
         refused.add(worker_id)
         other = pool.workers.take_other(label_set(task.spec.labels), refused)
-        self._release(pool, held, now, Status.FAILED if other is None else None)
+        self._release(pool, task, now, Status.FAILED if other is None else None)
         if other is None:
             self._retry(pool, task, reason, None, now)
         else:
-            self._lease(pool, task, other, now).nacked = refused
+            self._refused[self._lease(pool, task, other, now)] = refused
         self._dispatch(pool, now)
         return True
 
     def cancelled(self, worker_id: int, lease: int, now: float) -> bool:
         """The worker ended the task as cancelled (CancelTask): CANCELLED, no retry."""
-        held = self._held(worker_id, lease)
-        if held is None:
+        task = self._held(worker_id, lease)
+        if task is None:
             return False
-        pool = self._pools[held.worker.pool]
-        self._release(pool, held, now, Status.CANCELLED)
-        self._finish(pool, held.task, Status.CANCELLED, "cancelled by the worker", now)
+        pool = self._pools[task.spec.pool]
+        self._release(pool, task, now, Status.CANCELLED)
+        self._finish(pool, task, Status.CANCELLED, "cancelled by the worker", now)
         self._dispatch(pool, now)
         return True
 
@@ -412,40 +415,48 @@ class Engine:
         self._pending_total -= started
         self._totals.dispatched += started
 
-    def _lease(self, pool: PoolState, task: Task, worker: Worker, now: float) -> Lease:
+    def _lease(self, pool: PoolState, task: Task, worker: Worker, now: float) -> int:
         """Issue a new lease for the task's current attempt on ``worker`` (whose slot is taken)."""
-        lease_id = self._next_lease
-        self._next_lease = lease_id + 1
-        ttl = pool.config.lease_ttl
-        lease = Lease(lease_id, task, worker, now, ttl)
-        self._leases[lease_id] = worker.leases[lease_id] = lease
-        task.lease = lease_id
+        lease = self._next_lease
+        self._next_lease = lease + 1
+        task.lease = lease
+        task.worker = worker.id
+        self._leases[lease] = worker.leases[lease] = task
         timeout = task.spec.timeout
         if timeout is not None:
-            self._arm(now + timeout, TimerKind.ATTEMPT_TIMEOUT, lease_id)
+            self._arm(now + timeout, TimerKind.ATTEMPT_TIMEOUT, lease)
+        ttl = pool.config.lease_ttl
         if ttl is not None:
-            self._arm(lease.expires, TimerKind.LEASE_EXPIRY, lease_id)
-        self._actions.append(Dispatch(worker.id, lease_id, task, task.attempt, ttl))
+            self._expiry[lease] = now + ttl
+            self._arm(now + ttl, TimerKind.LEASE_EXPIRY, lease)
+        self._actions.append(Dispatch(worker.id, lease, task, task.attempt, ttl))
         return lease
 
-    def _held(self, worker_id: int, lease_id: int) -> Lease | None:
-        """The lease if ``worker_id`` holds it; otherwise count a stale report."""
-        lease = self._leases.get(lease_id)
-        if lease is None or lease.worker.id != worker_id:
+    def _held(self, worker_id: int, lease: int) -> Task | None:
+        """The task running under ``lease`` if ``worker_id`` holds it; otherwise count a stale report."""
+        task = self._leases.get(lease)
+        if task is None or task.worker != worker_id:
             self._totals.stale_completions += 1
             return None
-        return lease
+        return task
 
-    def _release(self, pool: PoolState, lease: Lease, now: float, outcome: Status | None) -> None:
-        """Forget ``lease``, free its worker's slot and record how the attempt ended: SUCCEEDED, FAILED or
-        CANCELLED, or None when the attempt goes on under another lease (a nack)."""
-        del self._leases[lease.id]
-        worker = lease.worker
-        del worker.leases[lease.id]
+    def _release(self, pool: PoolState, task: Task, now: float, outcome: Status | None) -> None:
+        """End the task's lease, free its worker's slot and record how the attempt ended: SUCCEEDED,
+        FAILED or CANCELLED, or None when the attempt goes on under another lease (a nack)."""
+        lease = task.lease
+        del self._leases[lease]
+        worker = self._workers[task.worker]
+        del worker.leases[lease]
         pool.workers.release(worker)
-        lease.task.lease = 0
+        if pool.config.lease_ttl is not None:
+            del self._expiry[lease]
+        if self._refused:
+            self._refused.pop(lease, None)
+        task.lease = task.worker = 0
         if outcome is not None:
-            pool.stats.bucket(now).attempt(now - lease.dispatched, outcome)
+            started = task.started
+            assert started is not None  # set at dispatch
+            pool.stats.bucket(now).attempt(now - started, outcome)
 
     def _retry(
         self, pool: PoolState, task: Task, message: str, retry_after: float | None, now: float
@@ -455,17 +466,16 @@ class Engine:
         if task.attempt >= task.max_attempts:
             self._finish(pool, task, Status.DEAD_LETTERED, message, now)
             return
-        policy = task.spec.retry if task.spec.retry is not None else pool.config.retry
+        spec = task.spec
+        policy = spec.retry if spec.retry is not None else pool.config.retry
         delay = backoff_delay(policy, task.attempt, retry_after, self._rng)
         task.status = RETRYING
         task.message = message
-        priority = task.spec.priority
-        pool.pending[priority] += 1
+        pool.pending[spec.priority] += 1
         self._pending_total += 1
         if pool.shed is not None:
-            pool.shed.track(task, pool.pending[priority])
+            pool.shed.track(task, pool.pending[spec.priority])
         self._totals.retries += 1
-        spec = task.spec
         self._actions.append(StatusEvent(task.id, spec.pool, spec.key, RETRYING, task.attempt, now, message))
         if delay > 0.0:
             self._arm(now + delay, TimerKind.RETRY_READY, task.id, task.attempt)
@@ -511,10 +521,9 @@ class Engine:
         if kind is TimerKind.RETRY_READY:
             task = self._table.by_id.get(target)
             return due if task is not None and task.status is RETRYING and task.attempt == token else None
-        lease = self._leases.get(target)
-        if lease is None:
-            return None
-        return lease.expires if kind is TimerKind.LEASE_EXPIRY else due
+        if kind is TimerKind.LEASE_EXPIRY:
+            return self._expiry.get(target)
+        return due if target in self._leases else None
 
     def _fire(self, entry: TimerEntry, now: float) -> None:
         """Run a due timer that still applies."""
@@ -523,17 +532,17 @@ class Engine:
             task = self._table.by_id[target]
             self._make_ready(self._pools[task.spec.pool], task, due, now)
             return
-        lease = self._leases[target]
-        pool = self._pools[lease.worker.pool]
+        task = self._leases[target]
+        pool = self._pools[task.spec.pool]
         if kind is TimerKind.ATTEMPT_TIMEOUT:
             message = TIMED_OUT
             self._totals.timeouts += 1
         else:
             message = LEASE_EXPIRED
             self._totals.lease_expiries += 1
-        self._actions.append(Abort(lease.worker.id, lease.id, message))
-        self._release(pool, lease, now, Status.FAILED)
-        self._retry(pool, lease.task, message, None, now)
+        self._actions.append(Abort(task.worker, target, message))
+        self._release(pool, task, now, Status.FAILED)
+        self._retry(pool, task, message, None, now)
 
 
 def _grant(config: PoolConfig, requested: int) -> int:

@@ -136,6 +136,7 @@ class Task:
     finished: float | None = None
     message: str = ""
     lease: int = 0  # current lease id while RUNNING, else 0
+    worker: int = 0  # id of the worker holding that lease while RUNNING, else 0
 
 
 @dataclass(slots=True)  # not frozen: one per submitted task, see the note on actions below

@@ -20,10 +20,11 @@ from .model import PENDING, Overflow, Priority, Task
 
 ShedEntry = tuple[int, int, Task]  # (seq, or -seq for newest first; attempt when it became pending; task)
 
-_COMPACT_SLACK = 64
+_COMPACT_SLACK = 64  # stale entries tolerated before a heap is worth compacting
 
 
 def _live(entry: ShedEntry) -> bool:
+    """Whether the task is still pending since the moment the entry was made."""
     task = entry[2]
     return task.status in PENDING and task.attempt == entry[1]
 

@@ -8,7 +8,6 @@ a worker is in its group's ring exactly when ``busy < slots``.
 
 from __future__ import annotations
 
-import math
 from collections import deque
 from collections.abc import Mapping
 
@@ -24,20 +23,6 @@ def label_set(labels: Mapping[str, str]) -> LabelSet:
     return frozenset(labels.items()) if labels else NO_LABELS
 
 
-class Lease:
-    """One attempt (or, after a nack, one offer of the same attempt) held by one worker."""
-
-    __slots__ = ("dispatched", "expires", "id", "nacked", "task", "worker")
-
-    def __init__(self, lease_id: int, task: Task, worker: Worker, now: float, ttl: float | None) -> None:
-        self.id = lease_id
-        self.task = task
-        self.worker = worker
-        self.dispatched = now
-        self.expires = now + ttl if ttl is not None else math.inf
-        self.nacked: set[int] | None = None  # workers that handed this attempt back
-
-
 class Worker:
     """A connected worker (or a library-mode capacity source) serving one pool."""
 
@@ -49,9 +34,9 @@ class Worker:
         self.labels = dict(labels)
         self.group = group
         self.slots = 0
-        self.busy = 0
+        self.busy = 0  # leases held: len(leases), kept as a count by PoolWorkers
         self.in_ring = False
-        self.leases: dict[int, Lease] = {}
+        self.leases: dict[int, Task] = {}  # lease id -> the task it runs
 
 
 class Group:
@@ -85,6 +70,7 @@ class PoolWorkers:
     # ------------------------------------------------------------------------------ membership
 
     def add(self, worker_id: int, pool: str, labels: Mapping[str, str], slots: int) -> Worker:
+        """Connect a worker with ``slots`` granted, in the group of its exact label set."""
         key = label_set(labels)
         group = self.groups.get(key)
         if group is None:
@@ -107,6 +93,7 @@ class PoolWorkers:
             self._compatible.clear()
 
     def set_slots(self, worker: Worker, slots: int) -> None:
+        """Grant ``worker`` ``slots`` (possibly fewer than it has leases: those run on, it gets no more)."""
         group = worker.group
         old_free = max(0, worker.slots - worker.busy)
         new_free = max(0, slots - worker.busy)
@@ -134,12 +121,13 @@ class PoolWorkers:
         return groups
 
     def has_free(self, required: LabelSet) -> bool:
+        """Whether a worker whose labels include ``required`` has a free slot."""
         return any(g.ring for g in self.compatible(required))
 
     def take(self, required: LabelSet) -> Worker | None:
         """Take a slot on a worker whose labels include ``required``, round-robin across groups and
         across the workers of a group; None if every such worker is full."""
-        groups = self._compatible.get(required) or self.compatible(required)
+        groups = self.compatible(required)
         count = len(groups)
         start = self._rr
         self._rr = start + 1

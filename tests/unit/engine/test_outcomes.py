@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from cronoq.engine import Dispatch, Engine, PoolConfig, RetryPolicy, Status
+from cronoq.engine import Dispatch, Engine, PoolConfig, RetryPolicy, Status, StatusEvent
 
 from .helpers import FIXED, NO_RETRY, drain, make_engine, only_dispatch, spec, task_of
 
@@ -38,8 +38,12 @@ def test_dispatch_carries_lease_attempt_ttl_and_emits_running() -> None:
     [lease] = actions.dispatches
     assert (lease.worker_id, lease.lease, lease.attempt, lease.lease_ttl) == (7, 1, 1, 30.0)
     assert lease.task.id == sub.id and lease.task.lease == 1 and lease.task.started == 2.0
-    assert actions.statuses(sub.id)[-1] is Status.RUNNING
-    assert actions.actions.index(lease) < len(actions.actions) - 1  # Dispatch, then RUNNING
+    after = actions.actions[actions.actions.index(lease) + 1]  # Dispatch, then its RUNNING event
+    assert isinstance(after, StatusEvent) and (after.id, after.status, after.attempt) == (
+        sub.id,
+        Status.RUNNING,
+        1,
+    )
 
 
 def test_lease_ids_start_at_first_lease_and_are_never_reused() -> None:
