@@ -138,6 +138,11 @@ class WorkersServicer(pbg.WorkersServicer):  # type: ignore[misc]
             self.streams.add(stream)
             try:
                 await stream.serve()
+            except ApiError as err:
+                log.info(
+                    "worker_stream_refused", worker_id=stream.worker_id, code=err.code, error=err.message
+                )
+                raise
             finally:
                 self.streams.discard(stream)
 

@@ -19,7 +19,6 @@ from cronoq.auth import Principal
 from cronoq.engine.model import Abort, Dispatch
 from cronoq.errors import ApiError, FailedPrecondition, InvalidArgument, NotFound, PermissionDenied
 from cronoq.logs import get_logger
-from cronoq.transport import grpc_status
 from cronoq.v1 import cronoq_pb2 as pb
 
 from .convert import MAX_WORKER_MESSAGE, NS, SpecLimits, check_map, check_text, priority_to_wire
@@ -27,6 +26,8 @@ from .runtime import Runtime
 
 PROTOCOL_VERSION = 3
 MAX_WORKER_NAME = 256
+WRITER_STOP_S = 5.0
+_STOP = pb.ServerMessage()  # sentinel (by identity) that ends the writer
 log = get_logger("cronoq.workers")
 
 
@@ -79,7 +80,6 @@ class WorkerStream:
             self.failure = Overflowed("worker did not read its stream (outbound buffer full); disconnected")
             log.warning("worker_disconnected_slow_reader", worker_id=self.worker_id)
             asyncio.get_running_loop().call_soon(self.runtime.detach, self.worker_id)
-            self.queue.put_nowait(pb.ServerMessage())  # wakes the writer, which ends the call
             return
         self.queue.put_nowait(msg)
 
@@ -119,12 +119,24 @@ class WorkerStream:
     async def _write_loop(self) -> None:
         context = self.context
         queue = self.queue
-        while True:
-            msg = await queue.get()
-            if self.failure is not None:
-                await context.abort(grpc_status(self.failure), self.failure.message)
+        while (msg := await queue.get()) is not _STOP and self.failure is None:
             await context.write(msg)
             queue.task_done()
+
+    async def _stop_writer(self) -> None:
+        """End the writer after its current write: gRPC cannot finish a call while a write is pending
+        (cancelling one mid-flight leaves the call unable to send its status)."""
+        writer = self._writer
+        if writer is None or writer.done():
+            return
+        while not self.queue.empty():
+            self.queue.get_nowait()
+            self.queue.task_done()
+        self.queue.put_nowait(_STOP)
+        try:
+            await asyncio.wait_for(asyncio.shield(writer), WRITER_STOP_S)
+        except TimeoutError:
+            writer.cancel()  # the peer stopped reading; the call ends when its connection does
 
     def _register(self, msg: pb.WorkerMessage) -> tuple[str, int, dict[str, str]]:
         if msg.WhichOneof("msg") != "register":
@@ -192,14 +204,13 @@ class WorkerStream:
                 if msg is grpc.aio.EOF:
                     break
                 self._handle(msg)
-            if self.failure is not None:
-                raise self.failure
         finally:
             self.connected.pop(worker_id, None)
             runtime.detach(worker_id)
-            if self._writer is not None and self.failure is None:
-                self._writer.cancel()
+            await self._stop_writer()
             log.info("worker_disconnected", worker_id=worker_id)
+        if self.failure is not None:
+            raise self.failure
 
     async def finish_writes(self, timeout: float) -> None:
         """Wait (bounded) until queued messages, e.g. a Shutdown, were handed to gRPC."""
