@@ -14,7 +14,7 @@ help:
 	@echo "make test   - run the whole test suite (unit + integration)"
 	@echo "make lint   - ruff and mypy --strict on our sources"
 	@echo "make bench  - throughput, latency and engine benchmarks (numbers printed)"
-	@echo "make proto  - regenerate the Python stubs from proto/cronoq/v1/cronoq.proto"
+	@echo "make proto  - regenerate proto/cronoq/v1/*_pb2*.py from proto/cronoq/v1/cronoq.proto"
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -37,9 +37,8 @@ bench: $(STAMP)
 	$(BIN)/python -m bench
 
 proto: $(STAMP)
-	$(BIN)/python -m grpc_tools.protoc -Iproto --python_out=common \
-		--grpc_python_out=common proto/cronoq/v1/cronoq.proto
-	cp proto/cronoq/v1/cronoq.proto common/cronoq/v1/cronoq.proto
+	$(BIN)/python -m grpc_tools.protoc -Iproto --python_out=proto \
+		--grpc_python_out=proto proto/cronoq/v1/cronoq.proto
 
 clean:
 	rm -rf $(VENV) build *.egg-info common/*.egg-info
