@@ -1,0 +1,104 @@
+"""Unit tests for the small shared pieces: errors, auth, logging, the output cache."""
+
+from __future__ import annotations
+
+import io
+import json
+import logging
+import pickle
+
+import pytest
+import structlog
+
+from cronoq import errors
+from cronoq.auth import ANONYMOUS_ADMIN, Authenticator, Role, TokenEntry
+from cronoq.logs import configure, get_logger, level_from_env
+from cronoq.shard.outputs import OutputCache
+
+TOKEN = "s3cret-token-0123456789"
+
+
+@pytest.mark.parametrize(
+    ("code", "cls", "http", "retryable"),
+    [
+        ("invalid_argument", errors.InvalidArgument, 400, False),
+        ("unauthenticated", errors.Unauthenticated, 401, False),
+        ("permission_denied", errors.PermissionDenied, 403, False),
+        ("not_found", errors.NotFound, 404, False),
+        ("failed_precondition", errors.FailedPrecondition, 409, False),
+        ("resource_exhausted", errors.ResourceExhausted, 429, True),
+        ("unavailable", errors.Unavailable, 503, True),
+        ("deadline_exceeded", errors.DeadlineExceeded, 504, False),
+        ("data_loss", errors.DataLoss, 500, False),
+    ],
+)
+def test_error_classes_map_codes(code: str, cls: type[errors.ApiError], http: int, retryable: bool) -> None:
+    err = errors.error_for(code, "why")
+    assert type(err) is cls and err.code == code and err.http_status == http and err.retryable is retryable
+    assert str(err) == f"{code}: why"
+    again = pickle.loads(pickle.dumps(err))
+    assert type(again) is cls and again.message == "why"
+
+
+def test_unfamiliar_code_is_kept() -> None:
+    err = errors.error_for("brand_new", "x")
+    assert isinstance(err, errors.Unknown) and err.code == "brand_new"
+
+
+def test_authenticator_roles_and_failures() -> None:
+    auth = Authenticator([TokenEntry(TOKEN, Role.CLIENT, pools=frozenset({"a"}))])
+    assert auth.enabled
+    principal = auth.require(f"Bearer {TOKEN}", Role.CLIENT)
+    assert principal.may_use_pool("a") and not principal.may_use_pool("b")
+    with pytest.raises(errors.PermissionDenied):
+        auth.require(f"Bearer {TOKEN}", Role.WORKER)
+    for header in (None, "", "Basic abc", "Bearer ", f"Bearer {TOKEN}x"):
+        with pytest.raises(errors.Unauthenticated):
+            auth.authenticate(header)
+
+
+def test_no_credentials_means_anonymous_admin() -> None:
+    auth = Authenticator([])
+    assert not auth.enabled
+    assert auth.require(None, Role.WORKER) is ANONYMOUS_ADMIN
+
+
+@pytest.mark.parametrize(
+    ("env", "level"),
+    [
+        ({}, logging.INFO),
+        ({"CRONOQ_LOG": "debug"}, logging.DEBUG),
+        ({"RUST_LOG": "warn"}, logging.WARNING),
+        ({"CRONOQ_LOG": "error", "RUST_LOG": "debug"}, logging.ERROR),
+        ({"RUST_LOG": "cronoq=debug,info"}, logging.INFO),
+        ({"CRONOQ_LOG": "nonsense"}, logging.INFO),
+    ],
+)
+def test_log_level_from_env(env: dict[str, str], level: int) -> None:
+    assert level_from_env(env) == level
+
+
+def test_logs_are_json_lines_off_a_terminal() -> None:
+    out = io.StringIO()
+    try:
+        configure({"CRONOQ_LOG": "info"}, stream=out)
+        get_logger("t").info("hello", pool="default")
+        get_logger("t").debug("hidden")
+    finally:
+        structlog.reset_defaults()
+    lines = out.getvalue().splitlines()
+    assert len(lines) == 1
+    record = json.loads(lines[0])
+    assert record["event"] == "hello" and record["pool"] == "default" and record["level"] == "info"
+
+
+def test_output_cache_bounds_entries_and_bytes() -> None:
+    cache = OutputCache(max_entries=2, max_bytes=10)
+    cache.put(1, b"aaaa", "text/plain")
+    cache.put(2, b"bbbb", "")
+    cache.put(3, b"cccc", "")
+    assert 1 not in cache and cache.get(3) == (b"cccc", "")
+    cache.put(4, b"x" * 11, "")  # larger than the whole budget: not kept, nothing evicted
+    assert 4 not in cache and len(cache) == 2
+    cache.put(5, b"dddddddd", "")  # 8 bytes: evicts until the total fits
+    assert cache.nbytes <= 10 and 5 in cache
