@@ -13,7 +13,7 @@ import structlog
 from cronoq import errors
 from cronoq.auth import ANONYMOUS_ADMIN, Authenticator, Role, TokenEntry
 from cronoq.logs import configure, get_logger, level_from_env
-from cronoq.shard.outputs import OutputCache
+from shard.outputs import OutputCache
 
 TOKEN = "s3cret-token-0123456789"
 
