@@ -9,6 +9,7 @@ import signal
 import sys
 from importlib import resources
 
+from cronoq import __version__
 from cronoq.config import Config, ConfigError, default_config, load_config, validate_config
 from cronoq.logs import configure, get_logger
 
@@ -26,6 +27,7 @@ def parser() -> argparse.ArgumentParser:
         description="Run a cronoq server: the scheduler, its gRPC API (Tasks, Workers, Admin, health) and the "
         "HTTP/JSON gateway. Without --config: one pool 'default', memory store, loopback only, no auth.",
     )
+    p.add_argument("--version", action="version", version=f"cronoq-server {__version__}")
     p.add_argument(
         "-c",
         "--config",

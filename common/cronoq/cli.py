@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from cronoq import __version__
 from cronoq.errors import ApiError
 
 PRIORITIES = ("critical", "high", "normal", "low")
@@ -47,6 +48,7 @@ def _print(value: Any) -> None:
 
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="cronoq", description="Command-line client for a cronoq server.")
+    p.add_argument("--version", action="version", version=f"cronoq {__version__}")
     p.add_argument(
         "-t",
         "--target",
