@@ -182,3 +182,12 @@ async def test_metrics_exposition(server: ServerProcess) -> None:
     assert 'cronoq_pool_pending{pool="other",priority="normal"} 1' in text
     assert 'cronoq_pool_desired_workers{pool="default"} 2' in text
     assert "# TYPE cronoq_tasks_total counter" in text
+
+
+def test_version_flags() -> None:
+    out = run_server_cli("--version")
+    assert out.returncode == 0 and out.stdout.startswith("cronoq-server ")
+    cli = subprocess.run(
+        [sys.executable, "-m", "cronoq.cli", "--version"], capture_output=True, text=True, timeout=60
+    )
+    assert cli.returncode == 0 and cli.stdout.startswith("cronoq ")
