@@ -168,3 +168,35 @@ async def test_killed_worker_leases_are_retried(server: ServerProcess) -> None:
             assert ra.json() == 2 and rb.json() == 2
     finally:
         doomed.close()
+
+
+async def test_heartbeats_keep_a_long_attempt_past_the_lease_ttl(server: ServerProcess) -> None:
+    async def slow(lease: Lease) -> int:
+        assert lease.lease_ttl == pytest.approx(1.0)
+        await asyncio.sleep(2.5)  # the work itself: 2.5 x the pool's 1 s lease TTL
+        return lease.attempt
+
+    async with worker(server.target, slow), Client(server.target) as client:
+        done = await client.submit(b"x", wait=True, wait_timeout=15)
+        assert done.result is not None and done.result.status == "succeeded"
+        assert done.result.json() == 1
+        assert (await client.snapshot()).totals.lease_expiries == 0
+
+
+async def test_attempt_timeout_aborts_and_retries(server: ServerProcess) -> None:
+    cancelled: list[int] = []
+
+    async def stuck(lease: Lease) -> None:
+        try:
+            await asyncio.sleep(30)
+        except asyncio.CancelledError:
+            cancelled.append(lease.attempt)
+            raise
+
+    async with worker(server.target, stuck), Client(server.target) as client:
+        done = await client.submit(b"x", timeout=0.2, wait=True, wait_timeout=15)
+        assert done.result is not None and done.result.status == "dead_lettered"
+        assert done.result.message == "attempt timed out"
+        snap = await client.snapshot()
+        assert snap.totals.timeouts == 3 and snap.totals.retries == 2
+    assert sorted(cancelled) == [1, 2, 3]
