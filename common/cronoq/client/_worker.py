@@ -71,7 +71,7 @@ class CancelTask(CronoqError):
     """Raised by a handler to end its task as cancelled, without retries."""
 
 
-@dataclass(frozen=True, slots=True, eq=False)
+@dataclass(slots=True, eq=False)
 class Lease:
     """One attempt of a task, handed to the handler.
 
