@@ -13,6 +13,8 @@ from cronoq import __version__
 from cronoq.config import Config, ConfigError, default_config, load_config, validate_config
 from cronoq.logs import configure, get_logger
 
+from .support import unsupported
+
 log = get_logger("cronoq.server")
 
 
@@ -94,6 +96,12 @@ def main(argv: list[str] | None = None) -> int:
         )
         for problem in err.problems:
             print(f"  - {problem}", file=sys.stderr)
+        return 1
+    refused = unsupported(config)
+    if refused:
+        print("cronoq-server: this configuration asks for what this version cannot do yet:", file=sys.stderr)
+        for message in refused:
+            print(f"  - {message}", file=sys.stderr)
         return 1
     if args.check:
         print(f"configuration ok: {len(config.pools)} pool(s): {', '.join(p.name for p in config.pools)}")

@@ -191,3 +191,30 @@ def test_version_flags() -> None:
         [sys.executable, "-m", "cronoq.cli", "--version"], capture_output=True, text=True, timeout=60
     )
     assert cli.returncode == 0 and cli.stdout.startswith("cronoq ")
+
+
+@pytest.mark.parametrize(
+    ("body", "key"),
+    [
+        ('[store]\nkind = "sqlite"\npath = "/tmp/x.db"\n', "store.kind"),
+        ('[server.tls]\ncert_path = "c.pem"\nkey_path = "k.pem"\n', "server.tls"),
+        ('[server]\nmetrics_addr = "127.0.0.1:9100"\n', "server.metrics_addr"),
+        ('[[resources]]\nkind = "semaphore"\nname = "gpu"\npermits = 2\n', "resources"),
+        ('[[pools]]\nname = "default"\nfair_share = true\n', "pools[0].fair_share"),
+    ],
+)
+def test_settings_this_version_cannot_honour_are_refused(tmp_path: Path, body: str, key: str) -> None:
+    cfg = tmp_path / "later.toml"
+    cfg.write_text(body)
+    for args in (("--check",), ()):
+        out = run_server_cli("--config", str(cfg), *args)
+        assert out.returncode == 1, out.stdout
+        assert f"  - {key}:" in out.stderr and "not supported by this server version" in out.stderr
+
+
+def test_non_loopback_without_credentials_is_refused(tmp_path: Path) -> None:
+    cfg = tmp_path / "open.toml"
+    cfg.write_text('[server]\ngrpc_addr = "0.0.0.0:7070"\n')
+    out = run_server_cli("--config", str(cfg), "--check")
+    assert out.returncode == 1 and "server.grpc_addr" in out.stderr
+    assert run_server_cli("--config", str(cfg), "--check", "--insecure-no-auth").returncode == 0
