@@ -71,7 +71,11 @@ async def run() -> None:
 
 def main() -> None:
     configure()
-    asyncio.run(run())
+    try:
+        asyncio.run(run())
+    except OSError as err:
+        print(f"make run: cannot start: {err}", file=sys.stderr)
+        sys.exit(1)
 
 
 if __name__ == "__main__":

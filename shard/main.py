@@ -110,6 +110,7 @@ def main(argv: list[str] | None = None) -> int:
         asyncio.run(serve(config))
     except OSError as err:
         log.error("startup_failed", error=str(err))
+        print(f"cronoq-server: cannot start: {err}", file=sys.stderr)
         return 1
     return 0
 

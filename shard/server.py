@@ -123,9 +123,14 @@ class ShardServer:
             ],
             server,
         )
-        self.grpc_port = server.add_insecure_port(cfg.server.grpc_addr)
+        try:
+            self.grpc_port = server.add_insecure_port(cfg.server.grpc_addr)
+        except RuntimeError:  # grpc's way of saying the bind failed
+            self.grpc_port = 0
         if self.grpc_port == 0:
-            raise OSError(f"server.grpc_addr: cannot listen on {cfg.server.grpc_addr}")
+            raise OSError(
+                f"server.grpc_addr: cannot listen on {cfg.server.grpc_addr} (in use, or not an address here)"
+            )
         await server.start()
         self.grpc_server = server
         for name in GRPC_SERVICES:
@@ -142,7 +147,13 @@ class ShardServer:
         await runner.setup()
         host, port = _split(cfg.server.http_addr)
         site = web.TCPSite(runner, host, port)
-        await site.start()
+        try:
+            await site.start()
+        except OSError as err:
+            await server.stop(None)
+            raise OSError(
+                f"server.http_addr: cannot listen on {cfg.server.http_addr} ({err.strerror})"
+            ) from err
         self.http_runner = runner
         sockets = getattr(site._server, "sockets", None) or []
         self.http_port = sockets[0].getsockname()[1] if sockets else port

@@ -218,3 +218,11 @@ def test_non_loopback_without_credentials_is_refused(tmp_path: Path) -> None:
     out = run_server_cli("--config", str(cfg), "--check")
     assert out.returncode == 1 and "server.grpc_addr" in out.stderr
     assert run_server_cli("--config", str(cfg), "--check", "--insecure-no-auth").returncode == 0
+
+
+def test_a_port_in_use_is_a_clear_startup_error(tmp_path: Path, server: ServerProcess) -> None:
+    cfg = tmp_path / "clash.toml"
+    cfg.write_text(f'[server]\ngrpc_addr = "{server.target}"\nhttp_addr = "127.0.0.1:{server.http_port}"\n')
+    out = run_server_cli("--config", str(cfg))
+    assert out.returncode == 1
+    assert f"cronoq-server: cannot start: server.grpc_addr: cannot listen on {server.target}" in out.stderr
