@@ -80,6 +80,10 @@ def _json(body: object, status: int = 200) -> web.Response:
 _HOST = re.compile(r"(?:\[(?P<v6>[^\]]+)\]|(?P<name>[^:\[\]]+))(?::[0-9]{1,5})?")
 
 
+def _prometheus(render: Callable[[], str]) -> web.Response:
+    return web.Response(body=render().encode(), headers={hdrs.CONTENT_TYPE: PROMETHEUS_TYPE})
+
+
 def is_loopback_host(host: str | None) -> bool:
     """``localhost``, ``127.0.0.0/8`` or ``[::1]``, each with an optional port."""
     match = _HOST.fullmatch(host or "")
@@ -255,7 +259,7 @@ class _Gateway:
 
     def metrics(self, render: Callable[[], str]) -> Endpoint:
         async def text(caller: Principal, request: web.Request) -> web.StreamResponse:
-            return web.Response(body=render().encode(), headers={hdrs.CONTENT_TYPE: PROMETHEUS_TYPE})
+            return _prometheus(render)
 
         return text
 
@@ -298,9 +302,12 @@ class _Gateway:
     def add_routes(self, router: web.UrlDispatcher) -> None:
         for method, path, role, endpoint in self.routes():
             router.add_route(method, path, self._authorized(role, endpoint))
+        self.add_probe_routes(router)
+        router.add_route("GET", "/v1/openapi.json", self.openapi)
+
+    def add_probe_routes(self, router: web.UrlDispatcher) -> None:
         router.add_route("GET", "/healthz", self.healthz)
         router.add_route("GET", "/readyz", self.readyz)
-        router.add_route("GET", "/v1/openapi.json", self.openapi)
 
 
 class _EventReader:
@@ -365,4 +372,21 @@ def build_http_app(
     return app
 
 
-__all__ = ["PROMETHEUS_TYPE", "build_http_app", "is_loopback_host"]
+def build_metrics_app(service: Service, metrics: Callable[[], str]) -> web.Application:
+    """The ``server.metrics_addr`` listener: ``/metrics`` without credentials, for a Prometheus on an
+    internal network, plus the probes. Nothing else is served there, so binding it internally exposes
+    counters and nothing that changes state."""
+    gateway = _Gateway(
+        service, max_body_bytes=0, metrics=metrics, workers_connected=dict, sse_keepalive_s=SSE_KEEPALIVE_S
+    )
+
+    async def open_metrics(request: web.Request) -> web.StreamResponse:
+        return _prometheus(metrics)
+
+    app = web.Application(middlewares=[_middleware(False)])
+    app.router.add_route("GET", "/metrics", open_metrics)
+    gateway.add_probe_routes(app.router)
+    return app
+
+
+__all__ = ["PROMETHEUS_TYPE", "build_http_app", "build_metrics_app", "is_loopback_host"]

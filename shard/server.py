@@ -26,7 +26,7 @@ from cronoq.v1 import cronoq_pb2_grpc as pbg
 from . import metrics
 from .convert import SpecLimits
 from .grpc_api import AdminServicer, TasksServicer, WorkersServicer
-from .http_api import build_http_app
+from .http_api import build_http_app, build_metrics_app
 from .outputs import OutputCache
 from .runtime import Runtime
 from .service import Service
@@ -70,8 +70,8 @@ class ShardServer:
         self.health = health.aio.HealthServicer()
         self.grpc_server: grpc.aio.Server | None = None
         self.http_runner: web.AppRunner | None = None
+        self.metrics_runner: web.AppRunner | None = None
         self.grpc_port = 0
-        self.http_port = 0
         self._stopped = asyncio.Event()
 
     def _make_stream(self, context: Any, caller: Principal) -> WorkerStream:
@@ -85,6 +85,18 @@ class ShardServer:
             max_slots_per_worker=limits.max_slots_per_worker,
             connected=self.connected,
         )
+
+    async def _listen(self, key: str, addr: str, app: web.Application) -> web.AppRunner:
+        """Serve ``app`` on ``addr``; a failure names the config key."""
+        runner = web.AppRunner(app, access_log=None, shutdown_timeout=DRAIN_S)
+        await runner.setup()
+        host, port = _split(addr)
+        try:
+            await web.TCPSite(runner, host, port).start()
+        except OSError as err:
+            await runner.cleanup()
+            raise OSError(f"{key}: cannot listen on {addr} ({err.strerror})") from err
+        return runner
 
     def render_metrics(self) -> str:
         runtime = self.runtime
@@ -143,20 +155,19 @@ class ShardServer:
             workers_connected=lambda: self.connected,
             metrics=self.render_metrics,
         )
-        runner = web.AppRunner(app, access_log=None, shutdown_timeout=DRAIN_S)
-        await runner.setup()
-        host, port = _split(cfg.server.http_addr)
-        site = web.TCPSite(runner, host, port)
         try:
-            await site.start()
-        except OSError as err:
+            self.http_runner = await self._listen("server.http_addr", cfg.server.http_addr, app)
+            if cfg.server.metrics_addr is not None:
+                self.metrics_runner = await self._listen(
+                    "server.metrics_addr",
+                    cfg.server.metrics_addr,
+                    build_metrics_app(self.service, self.render_metrics),
+                )
+        except OSError:
             await server.stop(None)
-            raise OSError(
-                f"server.http_addr: cannot listen on {cfg.server.http_addr} ({err.strerror})"
-            ) from err
-        self.http_runner = runner
-        sockets = getattr(site._server, "sockets", None) or []
-        self.http_port = sockets[0].getsockname()[1] if sockets else port
+            if self.http_runner is not None:
+                await self.http_runner.cleanup()
+            raise
         log.info(
             "serving",
             grpc_addr=cfg.server.grpc_addr,
@@ -186,8 +197,9 @@ class ShardServer:
         runtime.cancel_timer()
         if self.grpc_server is not None:
             await self.grpc_server.stop(DRAIN_S)
-        if self.http_runner is not None:
-            await self.http_runner.cleanup()
+        for runner in (self.http_runner, self.metrics_runner):
+            if runner is not None:
+                await runner.cleanup()
         log.info("stopped", left_running=runtime.busy())
         self._stopped.set()
 

@@ -21,7 +21,6 @@ def unsupported(config: Config) -> list[str]:
         problems.append(f"store.kind: '{kind}' is not supported by this server version yet (memory only)")
     for key, value in (
         ("server.tls", server.tls),
-        ("server.metrics_addr", server.metrics_addr),
         ("server.grpc_web", server.grpc_web),
         ("server.peer_tls", server.peer_tls),
     ):

@@ -6,6 +6,8 @@ import asyncio
 import signal
 import subprocess
 import sys
+import urllib.error
+import urllib.request
 from pathlib import Path
 
 import grpc
@@ -17,9 +19,12 @@ from grpc_tools import protoc
 from cronoq.client import Client, Lease
 
 from .helpers import worker
-from .serverproc import ServerProcess
+from .serverproc import ServerProcess, free_port, running_server
+from .test_auth import CLIENT, METRICS, WORKER
+from .test_auth import CONFIG as AUTH_CONFIG
 
 ROOT = Path(__file__).resolve().parents[2]
+AUTH_ENV = {"T_CLIENT": CLIENT, "T_WORKER": WORKER, "T_METRICS": METRICS}
 
 
 def run_server_cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
@@ -198,7 +203,6 @@ def test_version_flags() -> None:
     [
         ('[store]\nkind = "sqlite"\npath = "/tmp/x.db"\n', "store.kind"),
         ('[server.tls]\ncert_path = "c.pem"\nkey_path = "k.pem"\n', "server.tls"),
-        ('[server]\nmetrics_addr = "127.0.0.1:9100"\n', "server.metrics_addr"),
         ('[[resources]]\nkind = "semaphore"\nname = "gpu"\npermits = 2\n', "resources"),
         ('[[pools]]\nname = "default"\nfair_share = true\n', "pools[0].fair_share"),
     ],
@@ -226,3 +230,20 @@ def test_a_port_in_use_is_a_clear_startup_error(tmp_path: Path, server: ServerPr
     out = run_server_cli("--config", str(cfg))
     assert out.returncode == 1
     assert f"cronoq-server: cannot start: server.grpc_addr: cannot listen on {server.target}" in out.stderr
+
+
+def test_metrics_addr_serves_metrics_without_a_token(tmp_path: Path) -> None:
+    port = free_port()
+    body = f'[server]\nmetrics_addr = "127.0.0.1:{port}"\n' + AUTH_CONFIG
+    with running_server(tmp_path, body, env=AUTH_ENV) as server:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
+            assert r.status == 200 and b"cronoq_pool_capacity" in r.read()
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=5) as r:
+            assert r.status == 200
+        # Only metrics and probes live there; the API stays on the authenticated port.
+        with pytest.raises(urllib.error.HTTPError) as err:
+            urllib.request.urlopen(f"http://127.0.0.1:{port}/v1/snapshot", timeout=5)
+        assert err.value.code == 404
+        with pytest.raises(urllib.error.HTTPError) as err:
+            urllib.request.urlopen(f"{server.http}/metrics", timeout=5)
+        assert err.value.code == 401
