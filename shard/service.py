@@ -7,6 +7,7 @@ keeps validation, authorization and engine calls identical whichever way a reque
 
 from __future__ import annotations
 
+import contextlib
 import math
 from collections.abc import AsyncIterator
 
@@ -26,7 +27,7 @@ from cronoq.errors import (
 )
 from cronoq.v1 import cronoq_pb2 as pb
 
-from .convert import NS, SpecLimits, check_duration, ns, spec_from_wire, status_from_wire, task_info
+from .convert import NS, SpecLimits, check_duration, spec_from_wire, status_from_wire, task_info
 from .runtime import Runtime
 
 _NOT_FOUND_CODES = frozenset({"unknown_pool", "unknown_resource", "unknown_dependency"})
@@ -135,10 +136,8 @@ class Service:
                     raise ResourceExhausted(
                         f"{where}: pool '{pool}' stayed full for {self.request_timeout_s:g} s (max_pending)"
                     ) from None
-                try:
+                with contextlib.suppress(TimeoutError):  # the loop re-checks the deadline
                     await runtime.wait_for_space(pool, remaining)
-                except TimeoutError:
-                    continue
                 continue
             runtime.flush()
             return [(s.id, s.duplicate) for s in submitted]
@@ -335,4 +334,4 @@ def _finite(value: float) -> float:
     return value if math.isfinite(value) else 0.0
 
 
-__all__ = ["Service", "ns", "snapshot_to_wire", "submit_error"]
+__all__ = ["Service", "snapshot_to_wire", "submit_error"]
