@@ -20,7 +20,15 @@ from aiohttp import hdrs, web
 from aiohttp.typedefs import Middleware
 
 from cronoq.auth import Principal, Role
-from cronoq.errors import ApiError, Internal, InvalidArgument, NotFound, PermissionDenied, Unavailable
+from cronoq.errors import (
+    ApiError,
+    Internal,
+    InvalidArgument,
+    NotFound,
+    PermissionDenied,
+    Unauthenticated,
+    Unavailable,
+)
 from cronoq.logs import get_logger
 from cronoq.v1 import cronoq_pb2 as pb
 
@@ -99,10 +107,16 @@ def is_loopback_host(host: str | None) -> bool:
     return address.is_loopback and (address.version == 6) == bool(match["v6"])
 
 
-def _middleware(loopback_only_guard: bool) -> Middleware:
+def _middleware(loopback_only_guard: bool, require_client_cert: bool = False) -> Middleware:
     @web.middleware
     async def errors_and_host_guard(request: web.Request, handler: Handler) -> web.StreamResponse:
         try:
+            if require_client_cert and request.path not in PROBES:
+                transport = request.transport
+                if transport is None or not transport.get_extra_info("peercert"):
+                    raise Unauthenticated(
+                        "a client certificate signed by the server's client CA is required (mTLS)"
+                    )
             host = request.headers.get(hdrs.HOST)
             if loopback_only_guard and request.path not in PROBES and not is_loopback_host(host):
                 raise PermissionDenied(
@@ -352,13 +366,15 @@ def build_http_app(
     metrics: Callable[[], str] | None = None,
     workers_connected: Connected | None = None,
     sse_keepalive_s: float = SSE_KEEPALIVE_S,
+    require_client_cert: bool = False,
 ) -> web.Application:
     """The HTTP/JSON application of one shard server.
 
     ``loopback_only_guard`` (set when no credential is configured) refuses requests whose ``Host`` is not
     a loopback name, except the probes. ``metrics`` renders the Prometheus text for ``/metrics`` (the
     route is absent without it). ``workers_connected`` maps worker id to (name, connected Unix ns) for
-    ``/v1/workers``.
+    ``/v1/workers``. ``require_client_cert`` (mTLS) refuses every route but the probes to a caller
+    without a verified client certificate.
     """
     gateway = _Gateway(
         service,
@@ -367,7 +383,7 @@ def build_http_app(
         workers_connected=workers_connected or dict,
         sse_keepalive_s=sse_keepalive_s,
     )
-    app = web.Application(middlewares=[_middleware(loopback_only_guard)])
+    app = web.Application(middlewares=[_middleware(loopback_only_guard, require_client_cert)])
     gateway.add_routes(app.router)
     return app
 

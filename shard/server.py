@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import random
+import ssl
 from typing import Any
 
 import grpc
@@ -30,6 +31,7 @@ from .http_api import build_http_app, build_metrics_app
 from .outputs import OutputCache
 from .runtime import Runtime
 from .service import Service
+from .tls import load_server_tls
 from .workers import WorkerStream
 
 DRAIN_S = 5.0
@@ -86,13 +88,15 @@ class ShardServer:
             connected=self.connected,
         )
 
-    async def _listen(self, key: str, addr: str, app: web.Application) -> web.AppRunner:
+    async def _listen(
+        self, key: str, addr: str, app: web.Application, ssl_context: ssl.SSLContext | None
+    ) -> web.AppRunner:
         """Serve ``app`` on ``addr``; a failure names the config key."""
         runner = web.AppRunner(app, access_log=None, shutdown_timeout=DRAIN_S)
         await runner.setup()
         host, port = _split(addr)
         try:
-            await web.TCPSite(runner, host, port).start()
+            await web.TCPSite(runner, host, port, ssl_context=ssl_context).start()
         except OSError as err:
             await runner.cleanup()
             raise OSError(f"{key}: cannot listen on {addr} ({err.strerror})") from err
@@ -135,8 +139,12 @@ class ShardServer:
             ],
             server,
         )
+        tls = load_server_tls(cfg.server.tls) if cfg.server.tls is not None else None
         try:
-            self.grpc_port = server.add_insecure_port(cfg.server.grpc_addr)
+            if tls is None:
+                self.grpc_port = server.add_insecure_port(cfg.server.grpc_addr)
+            else:
+                self.grpc_port = server.add_secure_port(cfg.server.grpc_addr, tls.grpc_credentials)
         except RuntimeError:  # grpc's way of saying the bind failed
             self.grpc_port = 0
         if self.grpc_port == 0:
@@ -154,14 +162,17 @@ class ShardServer:
             loopback_only_guard=not self.auth.enabled,
             workers_connected=lambda: self.connected,
             metrics=self.render_metrics,
+            require_client_cert=tls is not None and tls.client_certs_required,
         )
+        ssl_context = tls.ssl_context if tls is not None else None
         try:
-            self.http_runner = await self._listen("server.http_addr", cfg.server.http_addr, app)
+            self.http_runner = await self._listen("server.http_addr", cfg.server.http_addr, app, ssl_context)
             if cfg.server.metrics_addr is not None:
                 self.metrics_runner = await self._listen(
                     "server.metrics_addr",
                     cfg.server.metrics_addr,
                     build_metrics_app(self.service, self.render_metrics),
+                    ssl_context,
                 )
         except OSError:
             await server.stop(None)

@@ -20,7 +20,6 @@ def unsupported(config: Config) -> list[str]:
         kind = "postgres" if isinstance(config.store, PostgresStore) else "sqlite"
         problems.append(f"store.kind: '{kind}' is not supported by this server version yet (memory only)")
     for key, value in (
-        ("server.tls", server.tls),
         ("server.grpc_web", server.grpc_web),
         ("server.peer_tls", server.peer_tls),
     ):

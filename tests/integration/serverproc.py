@@ -6,6 +6,7 @@ import contextlib
 import os
 import signal
 import socket
+import ssl
 import subprocess
 import sys
 import time
@@ -32,6 +33,7 @@ class ServerProcess:
     proc: subprocess.Popen[bytes] | None = None
     grpc_port: int = 0
     http_port: int = 0
+    ssl_context: ssl.SSLContext | None = None  # set when the server serves HTTPS ([server.tls])
 
     @property
     def target(self) -> str:
@@ -39,7 +41,8 @@ class ServerProcess:
 
     @property
     def http(self) -> str:
-        return f"http://127.0.0.1:{self.http_port}"
+        scheme = "https" if self.ssl_context is not None else "http"
+        return f"{scheme}://127.0.0.1:{self.http_port}"
 
     def start(self, timeout: float = 20.0) -> None:
         log = self.log_path.open("ab")
@@ -55,7 +58,7 @@ class ServerProcess:
                 raise RuntimeError(f"cronoq-server exited with {self.proc.returncode}:\n{self.logs()}")
             with (
                 contextlib.suppress(OSError, urllib.error.URLError),
-                urllib.request.urlopen(f"{self.http}/readyz", timeout=1) as r,
+                urllib.request.urlopen(f"{self.http}/readyz", timeout=1, context=self.ssl_context) as r,
             ):
                 if r.status == 200:
                     return
@@ -94,7 +97,10 @@ def write_config(directory: Path, body: str, grpc_port: int, http_port: int) -> 
 
 @contextlib.contextmanager
 def running_server(
-    directory: Path, body: str = "", env: dict[str, str] | None = None
+    directory: Path,
+    body: str = "",
+    env: dict[str, str] | None = None,
+    ssl_context: ssl.SSLContext | None = None,
 ) -> Iterator[ServerProcess]:
     grpc_port, http_port = free_port(), free_port()
     proc = ServerProcess(
@@ -103,6 +109,7 @@ def running_server(
         env=env or {},
         grpc_port=grpc_port,
         http_port=http_port,
+        ssl_context=ssl_context,
     )
     proc.start()
     try:

@@ -202,7 +202,7 @@ def test_version_flags() -> None:
     ("body", "key"),
     [
         ('[store]\nkind = "sqlite"\npath = "/tmp/x.db"\n', "store.kind"),
-        ('[server.tls]\ncert_path = "c.pem"\nkey_path = "k.pem"\n', "server.tls"),
+        ('[server.grpc_web]\nallowed_origins = ["https://app.example.com"]\n', "server.grpc_web"),
         ('[[resources]]\nkind = "semaphore"\nname = "gpu"\npermits = 2\n', "resources"),
         ('[[pools]]\nname = "default"\nfair_share = true\n', "pools[0].fair_share"),
     ],

@@ -1,0 +1,124 @@
+"""TLS and mTLS on a real server's listeners, with a throwaway CA made by the openssl command."""
+
+from __future__ import annotations
+
+import ssl
+import subprocess
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+
+import grpc
+import pytest
+
+from cronoq.client import Client, ClientError
+
+from .serverproc import running_server
+
+pytestmark = pytest.mark.asyncio
+
+
+@dataclass
+class Pki:
+    ca: Path
+    server_cert: Path
+    server_key: Path
+    client_cert: Path
+    client_key: Path
+
+
+def _openssl(*args: str) -> None:
+    subprocess.run(["openssl", *args], check=True, capture_output=True)
+
+
+def _issue(directory: Path, name: str, subject: str, san: str, ca: Path, ca_key: Path) -> tuple[Path, Path]:
+    key, csr, cert, ext = (directory / f"{name}.{s}" for s in ("key", "csr", "pem", "ext"))
+    ext.write_text(f"subjectAltName={san}\n")
+    _openssl("req", "-newkey", "rsa:2048", "-nodes", "-subj", subject, "-keyout", str(key), "-out", str(csr))
+    _openssl(
+        "x509", "-req", "-in", str(csr), "-CA", str(ca), "-CAkey", str(ca_key), "-CAcreateserial",
+        "-days", "1", "-out", str(cert), "-extfile", str(ext),
+    )  # fmt: skip
+    return cert, key
+
+
+@pytest.fixture(scope="module")
+def pki(tmp_path_factory: pytest.TempPathFactory) -> Pki:
+    d = tmp_path_factory.mktemp("pki")
+    ca, ca_key = d / "ca.pem", d / "ca.key"
+    _openssl(
+        "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=cronoq test CA",
+        "-keyout", str(ca_key), "-out", str(ca),
+    )  # fmt: skip
+    server_cert, server_key = _issue(d, "server", "/CN=127.0.0.1", "IP:127.0.0.1,DNS:localhost", ca, ca_key)
+    client_cert, client_key = _issue(d, "client", "/CN=worker-1", "DNS:worker-1.internal", ca, ca_key)
+    return Pki(ca, server_cert, server_key, client_cert, client_key)
+
+
+def _tls_config(pki: Pki, mtls: bool) -> str:
+    ca_line = f'client_ca_path = "{pki.ca}"\n' if mtls else ""
+    return f'[server.tls]\ncert_path = "{pki.server_cert}"\nkey_path = "{pki.server_key}"\n{ca_line}'
+
+
+def _https(pki: Pki, with_client_cert: bool) -> ssl.SSLContext:
+    context = ssl.create_default_context(cafile=str(pki.ca))
+    if with_client_cert:
+        context.load_cert_chain(str(pki.client_cert), str(pki.client_key))
+    return context
+
+
+def _status(url: str, context: ssl.SSLContext | None) -> int:
+    try:
+        with urllib.request.urlopen(url, timeout=5, context=context) as r:
+            return int(r.status)
+    except urllib.error.HTTPError as err:
+        return err.code
+
+
+def _refused(url: str) -> bool:
+    try:
+        urllib.request.urlopen(url, timeout=5)
+    except OSError:  # URLError, or the connection dropped mid-handshake
+        return True
+    return False
+
+
+async def test_tls_on_grpc_and_http(tmp_path: Path, pki: Pki) -> None:
+    with running_server(tmp_path, _tls_config(pki, mtls=False), ssl_context=_https(pki, False)) as server:
+        trusted = grpc.ssl_channel_credentials(root_certificates=pki.ca.read_bytes())
+        async with Client(f"https://{server.target}", credentials=trusted) as client:
+            sub = await client.submit(b"over tls")
+            assert (await client.get(sub.id)).status == "ready"
+        async with Client(server.target) as plaintext:
+            with pytest.raises(ClientError) as err:
+                await plaintext.get(sub.id)
+            assert err.value.code == "unavailable"
+        assert _status(f"{server.http}/v1/tasks/{sub.id}", _https(pki, False)) == 200
+        assert _refused(f"http://127.0.0.1:{server.http_port}/healthz")  # plain http to the TLS port
+
+
+async def test_mtls_requires_a_client_certificate(tmp_path: Path, pki: Pki) -> None:
+    with running_server(tmp_path, _tls_config(pki, mtls=True), ssl_context=_https(pki, False)) as server:
+        ca = pki.ca.read_bytes()
+        with_cert = grpc.ssl_channel_credentials(
+            ca, pki.client_key.read_bytes(), pki.client_cert.read_bytes()
+        )
+        async with Client(f"https://{server.target}", credentials=with_cert) as client:
+            sub = await client.submit(b"mutual")
+        without = grpc.ssl_channel_credentials(root_certificates=ca)
+        async with Client(f"https://{server.target}", credentials=without) as anonymous:
+            with pytest.raises(ClientError) as err:
+                await anonymous.get(sub.id)
+            assert err.value.code == "unavailable"  # the handshake itself is refused
+        # HTTP: probes answer without a certificate (kubelets have none); everything else needs one.
+        assert _status(f"{server.http}/healthz", _https(pki, False)) == 200
+        assert _status(f"{server.http}/v1/tasks/{sub.id}", _https(pki, False)) == 401
+        assert _status(f"{server.http}/v1/tasks/{sub.id}", _https(pki, True)) == 200
+
+
+async def test_unreadable_certificate_is_a_startup_error(tmp_path: Path, pki: Pki) -> None:
+    body = f'[server.tls]\ncert_path = "{tmp_path / "missing.pem"}"\nkey_path = "{pki.server_key}"\n'
+    with pytest.raises(RuntimeError) as err, running_server(tmp_path, body):
+        pass
+    assert "server.tls.cert_path: cannot read" in str(err.value)
