@@ -30,8 +30,6 @@ class SpecLimits:
     max_kind_len: int
     max_tags: int
     max_tag_len: int
-    max_deps: int
-    max_resources: int
 
 
 def check_text(field: str, value: str, max_len: int) -> str:

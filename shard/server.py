@@ -55,8 +55,6 @@ class ShardServer:
             max_kind_len=limits.max_kind_len,
             max_tags=limits.max_tags,
             max_tag_len=limits.max_tag_len,
-            max_deps=limits.max_deps,
-            max_resources=limits.max_resources,
         )
         self.service = Service(
             self.runtime,
@@ -84,7 +82,6 @@ class ShardServer:
             caller,
             spec_limits=self.spec_limits,
             max_message_bytes=limits.max_message_bytes,
-            max_slots_per_worker=limits.max_slots_per_worker,
             connected=self.connected,
         )
 

@@ -37,6 +37,11 @@ class Overflowed(ApiError):
     code = "resource_exhausted"
 
 
+def _queue_limit(slots: int) -> int:
+    """Outbound messages a worker may have pending: a lease and an abort per slot, plus control."""
+    return 2 * slots + 16
+
+
 def _worker_text(value: str) -> str:
     """Messages from workers are stored, not rejected: NUL becomes U+FFFD, length is capped."""
     return value.replace("\x00", "\ufffd")[:MAX_WORKER_MESSAGE]
@@ -53,7 +58,6 @@ class WorkerStream:
         *,
         spec_limits: SpecLimits,
         max_message_bytes: int,
-        max_slots_per_worker: int,
         connected: dict[int, tuple[str, int]],
     ) -> None:
         self.runtime = runtime
@@ -61,10 +65,8 @@ class WorkerStream:
         self.caller = caller
         self.spec_limits = spec_limits
         self.max_message_bytes = max_message_bytes
-        self.max_slots_per_worker = max_slots_per_worker
         self.connected = connected
         self.worker_id = 0
-        self.pool = ""
         self.leases: dict[int, int] = {}  # lease id -> task id, for leases this worker holds
         self.queue: asyncio.Queue[pb.ServerMessage] = asyncio.Queue()
         self.queue_limit = 64
@@ -160,24 +162,16 @@ class WorkerStream:
             raise InvalidArgument("register.slots: must be at least 1")
         return reg.pool, reg.slots, labels
 
-    def _granted(self, pool: str, requested: int) -> int:
-        cfg = self.runtime.engine.pool_config(pool)
-        cap = min(cfg.max, self.max_slots_per_worker)
-        if cfg.max_slots_per_worker is not None:
-            cap = min(cap, cfg.max_slots_per_worker)
-        return max(0, min(requested, cap))
-
     async def serve(self) -> None:
         context = self.context
         first = await context.read()
         if first is grpc.aio.EOF:
             return
         pool, requested, labels = self._register(first)
-        self.pool = pool
         runtime = self.runtime
         self.worker_id = worker_id = runtime.new_worker_id()
-        granted = self._granted(pool, requested)
-        self.queue_limit = 2 * granted + 16
+        granted = runtime.engine.grant(pool, requested)
+        self.queue_limit = _queue_limit(granted)
         cfg = runtime.engine.pool_config(pool)
         registered = pb.Registered(
             worker_id=worker_id,
@@ -250,7 +244,8 @@ class WorkerStream:
             self.leases.pop(msg.cancelled.lease, None)
             engine.cancelled(wid, msg.cancelled.lease, now)
         elif which == "set_slots":
-            engine.set_worker_slots(wid, self._granted(self.pool, msg.set_slots.slots), now)
+            granted = engine.set_worker_slots(wid, msg.set_slots.slots, now)
+            self.queue_limit = max(self.queue_limit, _queue_limit(granted))
         elif which == "register":
             raise FailedPrecondition("register may be sent only once per stream")
         else:

@@ -169,8 +169,6 @@ async def test_sigterm_lets_running_attempts_finish_then_exits_zero(server: Serv
 
 @pytest.mark.asyncio
 async def test_metrics_exposition(server: ServerProcess) -> None:
-    import urllib.request
-
     async def handler(lease: Lease) -> None:
         return None
 

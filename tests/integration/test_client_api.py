@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import urllib.request
+from collections.abc import Awaitable, Callable
 
 import pytest
 
@@ -106,7 +107,7 @@ async def test_watch_terminal_and_all_transitions(server: ServerProcess) -> None
 async def test_labels_route_tasks_to_matching_workers(server: ServerProcess) -> None:
     ran_on: dict[int, str] = {}
 
-    def handler_for(name: str):  # type: ignore[no-untyped-def]
+    def handler_for(name: str) -> Callable[[Lease], Awaitable[None]]:
         async def handler(lease: Lease) -> None:
             ran_on[lease.task_id] = name
 

@@ -133,9 +133,7 @@ async def serve(*, auth: bool = True, metrics: Callable[[], str] | None = None) 
     service = Service(
         runtime,
         Authenticator(tokens if auth else []),
-        spec_limits=SpecLimits(
-            max_key_len=128, max_kind_len=64, max_tags=8, max_tag_len=64, max_deps=8, max_resources=4
-        ),
+        spec_limits=SpecLimits(max_key_len=128, max_kind_len=64, max_tags=8, max_tag_len=64),
         max_tasks_per_batch=8,
         max_wait_s=1.0,
         request_timeout_s=0.2,

@@ -196,6 +196,11 @@ class Engine:
         self._dispatch(state, now)
         return granted
 
+    def grant(self, pool: str, requested: int) -> int:
+        """The slots a worker asking ``requested`` of ``pool`` would get (what ``add_worker`` grants), for
+        a server that must tell the worker before the first lease can flow."""
+        return _grant(self._pools[pool].config, requested)
+
     def set_worker_slots(self, worker_id: int, slots: int, now: float) -> int:
         """Change a worker's slots (capped as in ``add_worker``); 0 drains it: no new leases, running
         ones continue. Returns the slots granted."""
