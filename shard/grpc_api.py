@@ -53,13 +53,13 @@ class TasksServicer(pbg.TasksServicer):  # type: ignore[misc]
 
     async def Cancel(self, request: pb.CancelRequest, context: Ctx) -> pb.CancelResponse:
         async def run() -> pb.CancelResponse:
-            return self.service.cancel(self._caller(context), request)
+            return await self.service.cancel(self._caller(context), request)
 
         return await _call(context, run)
 
     async def Get(self, request: pb.GetRequest, context: Ctx) -> pb.TaskInfo:
         async def run() -> pb.TaskInfo:
-            return self.service.get(self._caller(context), request)
+            return await self.service.get(self._caller(context), request)
 
         return await _call(context, run)
 

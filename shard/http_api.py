@@ -206,12 +206,12 @@ class _Gateway:
 
     async def get(self, caller: Principal, request: web.Request) -> codec.JsonObject:
         req = pb.GetRequest(task=codec.task_ref(request.match_info["ref"]))
-        return codec.task_info(self.service.get(caller, req))
+        return codec.task_info(await self.service.get(caller, req))
 
     async def cancel(self, caller: Principal, request: web.Request) -> codec.JsonObject:
         """The body, if any, is ignored: the task is named by the path."""
         req = pb.CancelRequest(task=codec.task_ref(request.match_info["ref"]))
-        return {"cancelled": self.service.cancel(caller, req).cancelled}
+        return {"cancelled": (await self.service.cancel(caller, req)).cancelled}
 
     async def result(self, caller: Principal, request: web.Request) -> codec.JsonObject:
         req = codec.wait_request(request.match_info["ref"], codec.Query(request.query))
@@ -283,7 +283,7 @@ class _Gateway:
         return _json({"status": "ok"})
 
     async def readyz(self, request: web.Request) -> web.StreamResponse:
-        if not self.service.runtime.accepting:
+        if not self.service.ready:
             raise Unavailable("not serving: shutting down or not the leader")
         return _json({"status": "ok"})
 

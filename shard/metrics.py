@@ -13,6 +13,8 @@ from collections.abc import Iterable, Mapping
 from cronoq.engine.model import Priority, Status
 from cronoq.engine.snapshot import Snapshot
 
+from .runtime import CommitStats
+
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 OUTCOMES = (
     Status.SUCCEEDED,
@@ -56,10 +58,32 @@ class _Writer:
         return "\n".join(self.lines) + "\n"
 
 
+def render_standby(shard: str) -> str:
+    """A standby has no engine to report; it says that it is not the leader."""
+    w = _Writer()
+    _leader(w, shard, False)
+    return w.text()
+
+
+def _leader(w: _Writer, shard: str, leading: bool) -> None:
+    w.family(
+        "cronoq_leader",
+        "gauge",
+        "1 while this process is the serving leader of its shard.",
+        [({"shard": shard}, 1.0 if leading else 0.0)],
+    )
+
+
 def render(
-    snap: Snapshot, outcomes: Mapping[tuple[str, Status], int], *, shard: str, watch_streams: int
+    snap: Snapshot,
+    outcomes: Mapping[tuple[str, Status], int],
+    *,
+    shard: str,
+    watch_streams: int,
+    commits: CommitStats | None = None,
 ) -> str:
-    """The whole exposition. ``outcomes`` counts terminal statuses per (pool, status) since start."""
+    """The whole exposition. ``outcomes`` counts terminal statuses per (pool, status) since start;
+    ``commits`` is given with a durable store."""
     w = _Writer()
     pools = snap.pools
 
@@ -146,10 +170,26 @@ def render(
         "Open Watch subscriptions (gRPC and HTTP).",
         [({}, float(watch_streams))],
     )
-    w.family(
-        "cronoq_leader",
-        "gauge",
-        "1 while this process is the serving leader of its shard.",
-        [({"shard": shard}, 1.0)],
-    )
+    _leader(w, shard, True)
+    if commits is not None:
+        w.family("cronoq_store_commits_total", "counter", "Group commits.", [({}, float(commits.commits))])
+        w.family(
+            "cronoq_store_committed_tasks_total",
+            "counter",
+            "Task rows written by group commits (a task changed several times in one batch counts once).",
+            [({}, float(commits.tasks))],
+        )
+        seconds = sorted(commits.recent_seconds)
+        w.family(
+            "cronoq_store_commit_seconds",
+            "summary",
+            "Store commit latency over the most recent commits (up to 4096).",
+            [
+                (
+                    {"quantile": q},
+                    seconds[min(len(seconds) - 1, int(float(q) * len(seconds)))] if seconds else math.nan,
+                )
+                for q in ("0.5", "0.9", "0.99")
+            ],
+        )
     return w.text()

@@ -4,11 +4,18 @@ The engine is sans-IO: it returns actions and a next wake-up time. This module i
 turns those into I/O: leases and aborts go to worker sessions, status events wake waiters and Watch
 streams, and a single loop timer calls ``tick``. Everything runs on one asyncio loop, so the engine
 needs no locks.
+
+With a durable store nothing leaves the process before it is committed (DESIGN principle 4): the tasks
+that changed and the actions that followed are held, one committer task writes everything held in one
+transaction (group commit: whatever piles up while a commit is in flight goes into the next one), and
+only then are leases sent, events published and callers of :meth:`Runtime.sync` answered. The memory
+store skips all of that and delivers at once.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections import deque
 from collections.abc import Callable, Collection
@@ -16,10 +23,15 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from cronoq.engine import Engine
-from cronoq.engine.model import Abort, Dispatch, Status, StatusEvent, Task
+from cronoq.engine.model import Abort, Action, Dispatch, Status, StatusEvent, Task
 from cronoq.errors import DataLoss, Unavailable
+from cronoq.logs import get_logger
 
 from .outputs import OutputCache
+from .store import Batch, Store, StoreError, StoreUnavailable
+
+log = get_logger("cronoq.runtime")
+RETRY_COMMIT_S = (0.05, 0.1, 0.2, 0.5, 1.0)  # backoff between attempts at a batch the store refused
 
 
 class WorkerSink(Protocol):
@@ -67,6 +79,23 @@ class Watcher:
         self.wakeup.set()
 
 
+@dataclass(slots=True)
+class CommitStats:
+    """Group-commit figures for ``/metrics`` and the benchmark: totals, and the most recent commits'
+    latencies and sizes (bounded)."""
+
+    commits: int = 0
+    tasks: int = 0
+    recent_seconds: deque[float] = field(default_factory=lambda: deque(maxlen=4096))
+    recent_sizes: deque[int] = field(default_factory=lambda: deque(maxlen=4096))
+
+    def add(self, seconds: float, size: int) -> None:
+        self.commits += 1
+        self.tasks += size
+        self.recent_seconds.append(seconds)
+        self.recent_sizes.append(size)
+
+
 class Runtime:
     """Owns the engine of one serving leader and everything that reacts to its actions."""
 
@@ -77,11 +106,28 @@ class Runtime:
         *,
         clock: Callable[[], float] = time.time,
         watch_buffer: int = 10_000,
+        store: Store | None = None,
+        on_store_failure: Callable[[str], None] | None = None,
     ) -> None:
         self.engine = engine
         self.outputs = outputs
         self.clock = clock
         self.watch_buffer = watch_buffer
+        self.store = store if store is not None and store.durable else None
+        self._on_store_failure = on_store_failure
+        # Held for the next commit (durable store only): tasks by id, outputs, actions in order, and
+        # the callers of sync() to answer once it is done.
+        self._changed: dict[int, Task] = {}
+        self._new_outputs: list[tuple[int, bytes, str]] = []
+        self._held: list[Action] = []
+        self._synced: list[asyncio.Future[None]] = []
+        self._inflight: list[asyncio.Future[None]] = []  # callers answered by the commit in flight
+        self._failed: str | None = None  # set when the committer gave up: the store failed
+        self._kick = asyncio.Event()
+        self._committing = False
+        self._committer: asyncio.Task[None] | None = None
+        self.max_id = 0  # highest task id issued, for the store's high-water mark
+        self.commit_stats = CommitStats()
         self.sessions: dict[int, WorkerSink] = {}
         self.accepting = True
         self._next_worker_id = 1
@@ -96,23 +142,141 @@ class Runtime:
     # ----------------------------------------------------------------------------- action fan-out
 
     def flush(self) -> None:
-        """Deliver every pending engine action and re-arm the timer. Call after each engine input."""
+        """Deliver (or, with a durable store, hold for the next commit) every pending engine action and
+        re-arm the timer. Call after each engine input."""
         engine = self.engine
         actions = engine.take_actions()
-        while actions:
+        if self.store is None:
+            while actions:
+                self._deliver(actions)
+                actions = engine.take_actions()
+        elif actions:
+            changed = self._changed
             for action in actions:
                 if isinstance(action, StatusEvent):
-                    self._on_event(action)
-                elif isinstance(action, Dispatch):
-                    self.sessions[action.worker_id].send_lease(action)
-                else:
-                    sink = self.sessions.get(action.worker_id)
-                    if sink is not None:
-                        sink.send_abort(action)
-            actions = engine.take_actions()
+                    changed[action.id] = action.task
+            self._held += actions
+            self._kick.set()
         self._arm_timer()
         if self._idle is not None and self.busy() == 0:
             self._idle.set()
+
+    def _deliver(self, actions: list[Action]) -> None:
+        sessions = self.sessions
+        for action in actions:
+            if isinstance(action, StatusEvent):
+                self._on_event(action)
+            elif isinstance(action, Dispatch):
+                sink = sessions.get(action.worker_id)
+                if sink is not None:  # (a held lease whose worker left meanwhile was retried by then)
+                    sink.send_lease(action)
+            else:
+                sink = sessions.get(action.worker_id)
+                if sink is not None:
+                    sink.send_abort(action)
+
+    def record_output(self, task_id: int, output: bytes, content_type: str) -> None:
+        """Keep a succeeded task's output: in the cache, and in the store with the task's next commit."""
+        self.outputs.put(task_id, output, content_type)
+        if self.store is not None:
+            self._new_outputs.append((task_id, output, content_type))
+
+    async def sync(self) -> None:
+        """Return once everything flushed so far is committed (at once with the memory store). Raises
+        Unavailable when the store failed and this server stepped down."""
+        if self.store is None:
+            return
+        if self._failed is not None:
+            raise Unavailable(f"{self._failed}; this server stepped down")
+        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        if self._held or self._changed:
+            self._synced.append(fut)
+            self._kick.set()
+        elif self._committing:  # everything of ours is in the batch being written
+            self._inflight.append(fut)
+        else:
+            return
+        await fut
+
+    def start_committer(self) -> None:
+        if self.store is not None and self._committer is None:
+            self._committer = asyncio.get_running_loop().create_task(self._commit_loop())
+
+    async def stop_committer(self) -> None:
+        """Commit what is held (shutdown), then stop the committer."""
+        task = self._committer
+        if task is None:
+            return
+        if not task.done():
+            with contextlib.suppress(Unavailable):
+                await self.sync()
+            task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        self._committer = None
+
+    async def abandon(self) -> None:
+        """Leadership is gone: stop committing at once; nothing held is delivered or acknowledged."""
+        task = self._committer
+        self._committer = None
+        if task is not None:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+        self._failed = self._failed or "leadership lost"
+        for fut in self._inflight + self._synced:
+            if not fut.done():
+                fut.set_exception(
+                    Unavailable("this server is no longer the leader; retry against the new leader")
+                )
+        self._held.clear()
+        self._changed.clear()
+
+    async def _commit_loop(self) -> None:
+        store = self.store
+        assert store is not None
+        while True:
+            await self._kick.wait()
+            self._kick.clear()
+            if not (self._held or self._changed or self._synced):
+                continue
+            changed, self._changed = self._changed, {}
+            outputs, self._new_outputs = self._new_outputs, []
+            held, self._held = self._held, []
+            synced, self._synced = self._synced, []
+            self._inflight = synced
+            self.max_id = max(self.max_id, self.engine.last_id)
+            batch = Batch(list(changed.values()), outputs, self.max_id)
+            self._committing = True
+            began = time.perf_counter()
+            try:
+                await self._commit(store, batch)
+            except StoreError as err:
+                self._failed = reason = f"store failure: {err}"
+                for fut in synced + self._synced:
+                    if not fut.done():
+                        fut.set_exception(Unavailable(f"{reason}; this server stepped down"))
+                if self._on_store_failure is not None:
+                    self._on_store_failure(reason)
+                return
+            finally:
+                self._committing = False
+            self.commit_stats.add(time.perf_counter() - began, len(batch.tasks))
+            self._deliver(held)
+            for fut in synced:
+                if not fut.done():
+                    fut.set_result(None)
+
+    async def _commit(self, store: Store, batch: Batch) -> None:
+        """Commit ``batch``, retrying transient failures with backoff; Fenced and fatal errors raise."""
+        attempt = 0
+        while True:
+            try:
+                await store.commit(batch)
+                return
+            except StoreUnavailable as err:
+                delay = RETRY_COMMIT_S[min(attempt, len(RETRY_COMMIT_S) - 1)]
+                attempt += 1
+                log.warning("commit_retry", error=str(err), attempt=attempt, retry_in_s=delay)
+                await asyncio.sleep(delay)
 
     def _on_event(self, event: StatusEvent) -> None:
         status = event.status
@@ -196,12 +360,16 @@ class Runtime:
         event.clear()
         await asyncio.wait_for(event.wait(), timeout)
 
-    def wake_waiters_unavailable(self) -> None:
+    def wake_waiters_unavailable(self, message: str = "server is shutting down") -> None:
         for waiters in self._waiters.values():
             for fut in waiters:
                 if not fut.done():
-                    fut.set_exception(Unavailable("server is shutting down"))
+                    fut.set_exception(Unavailable(message))
         self._waiters.clear()
+        for fut in self._synced:
+            if not fut.done():
+                fut.set_exception(Unavailable(message))
+        self._synced.clear()
 
     # ---------------------------------------------------------------------------------- watch
 
@@ -230,7 +398,8 @@ class Runtime:
     # -------------------------------------------------------------------------------- helpers
 
     def output_available(self, task: Task) -> bool:
-        return task.status is Status.SUCCEEDED and task.id in self.outputs
+        """Whether Get/Wait can return the output: cached, or kept by a durable store with the task."""
+        return task.status is Status.SUCCEEDED and (self.store is not None or task.id in self.outputs)
 
     async def wait_idle(self, timeout: float) -> bool:
         """Wait until no attempt is running (shutdown grace); False when ``timeout`` elapsed first."""

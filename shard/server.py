@@ -1,15 +1,21 @@
-"""One ``cronoq-server`` process: the engine, its runtime, gRPC and HTTP listeners, and shutdown.
+"""One ``cronoq-server`` process: listeners, leadership, the engine of each term it leads, shutdown.
 
-With the memory store the process leads from the start. Shutdown follows SPEC §2: stop admitting work,
-give running attempts ``shutdown_grace_s``, tell workers to reconnect (``Shutdown``), drain listeners for
-at most 5 s.
+The listeners open at once; the process then stands by (UNAVAILABLE, ``/readyz`` 503) until the store
+makes it leader. With the memory store that is immediate. Taking over rebuilds an engine from what the
+store recovered and serves it; losing leadership (fenced, lock session gone, lease taken) drops that
+engine, tells workers ``Shutdown{not_leader}`` so they reconnect to the new leader, and stands by
+again. Shutdown follows SPEC §2: stop admitting work, give running attempts ``shutdown_grace_s``, commit
+what is pending, tell workers to reconnect, step down cleanly (a standby takes over at once), drain
+listeners for at most 5 s.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import random
 import ssl
+import time
 from typing import Any
 
 import grpc
@@ -31,10 +37,18 @@ from .http_api import build_http_app, build_metrics_app
 from .outputs import OutputCache
 from .runtime import Runtime
 from .service import Service
+from .store import Leadership, StoreError
+from .store.base import first_id
+from .store.factory import make_store
 from .tls import load_server_tls
 from .workers import WorkerStream
 
 DRAIN_S = 5.0
+STEP_DOWN_DRAIN_S = 1.0  # how long a deposed leader waits for workers to read their Shutdown
+PRUNE_EVERY_S = 60.0
+# After losing leadership, wait this long before competing for it again, so that a healthy standby
+# (polling every 0.5 s) takes over rather than the instance that just failed.
+REACQUIRE_AFTER_S = 2.0
 GRPC_SERVICES = ("", "cronoq.v1.Tasks", "cronoq.v1.Workers", "cronoq.v1.Admin")
 log = get_logger("cronoq.server")
 
@@ -45,10 +59,12 @@ class ShardServer:
     def __init__(self, config: Config) -> None:
         self.config = config
         limits = config.limits
-        engine = Engine(
-            [p.to_engine(limits) for p in config.pools], limits=limits.to_engine(), rng=random.Random()
-        )
-        self.runtime = Runtime(engine, OutputCache(config.outputs.cache_entries, config.outputs.cache_bytes))
+        self.engine_pools = [p.to_engine(limits) for p in config.pools]
+        self.engine_limits = limits.to_engine()
+        self.store = make_store(config)
+        self.outputs = OutputCache(config.outputs.cache_entries, config.outputs.cache_bytes)
+        self.runtime: Runtime | None = None
+        self.leadership: Leadership | None = None
         self.auth = Authenticator(config.auth.token_entries())
         self.spec_limits = SpecLimits(
             max_key_len=limits.max_key_len,
@@ -57,7 +73,7 @@ class ShardServer:
             max_tag_len=limits.max_tag_len,
         )
         self.service = Service(
-            self.runtime,
+            self.engine_pools,
             self.auth,
             spec_limits=self.spec_limits,
             max_tasks_per_batch=limits.max_tasks_per_batch,
@@ -73,11 +89,15 @@ class ShardServer:
         self.metrics_runner: web.AppRunner | None = None
         self.grpc_port = 0
         self._stopped = asyncio.Event()
+        self._stopping = False
+        self._serving = asyncio.Event()  # set while leading
+        self._leader_task: asyncio.Task[None] | None = None
+        self._pruner: asyncio.Task[None] | None = None
 
     def _make_stream(self, context: Any, caller: Principal) -> WorkerStream:
         limits = self.config.limits
         return WorkerStream(
-            self.runtime,
+            self.service.runtime,
             context,
             caller,
             spec_limits=self.spec_limits,
@@ -101,14 +121,118 @@ class ShardServer:
 
     def render_metrics(self) -> str:
         runtime = self.runtime
+        shard = self.config.server.shard or ""
+        if runtime is None:
+            return metrics.render_standby(shard)
         return metrics.render(
             runtime.engine.snapshot(runtime.clock()),
             runtime.outcomes,
-            shard=self.config.server.shard or "",
+            shard=shard,
             watch_streams=runtime.watch_count,
+            commits=runtime.commit_stats if runtime.store is not None else None,
         )
 
     async def start(self) -> None:
+        """Open the store, listen, and begin leading (memory: before returning) or standing by."""
+        try:
+            await self.store.open()
+        except StoreError as err:
+            await self.store.close()
+            raise OSError(f"store: {err}") from err
+        try:
+            await self._listen_all()
+        except BaseException:
+            await self.store.close()
+            raise
+        self._leader_task = asyncio.get_running_loop().create_task(self._lead_forever())
+        if not self.store.durable:
+            await self._serving.wait()
+        else:
+            log.info("standing_by", store=self.config.store.KIND)
+
+    async def _lead_forever(self) -> None:
+        """Stand by until leading, lead until leadership is lost, and again, until shutdown."""
+        while not self._stopping:
+            leadership = await self.store.acquire()
+            if self._stopping:
+                break
+            self.leadership = leadership
+            try:
+                await self._take_over(leadership)
+            except (StoreError, Unavailable) as err:
+                leadership.lose(f"taking over failed: {err}")
+            await leadership.lost.wait()
+            if self._stopping:
+                break
+            await self._step_down(leadership.reason)
+            await asyncio.sleep(REACQUIRE_AFTER_S)
+
+    async def _take_over(self, leadership: Leadership) -> None:
+        """Rebuild the engine from the store and serve it."""
+        now = time.time()
+        recovered = await self.store.recover(now - self.engine_limits.key_retention)
+        engine = Engine(
+            self.engine_pools,
+            limits=self.engine_limits,
+            rng=random.Random(),
+            first_id=first_id(leadership.epoch, recovered.max_id),
+        )
+        engine.restore(recovered.tasks, now)
+        runtime = Runtime(engine, self.outputs, store=self.store, on_store_failure=leadership.lose)
+        runtime.max_id = recovered.max_id
+        runtime.start_committer()
+        runtime.flush()
+        await runtime.sync()  # what restore changed (lost attempts) is durable before anyone sees it
+        if leadership.lost.is_set():
+            await runtime.abandon()
+            return
+        self.runtime = runtime
+        self.service.serve(runtime)
+        for name in GRPC_SERVICES:
+            await self.health.set(name, health_pb2.HealthCheckResponse.SERVING)
+        if self.store.durable:
+            self._pruner = asyncio.get_running_loop().create_task(self._prune_forever())
+            log.info("leading", epoch=leadership.epoch, recovered=len(recovered.tasks))
+        self._serving.set()
+
+    async def _step_down(self, reason: str) -> None:
+        """Leadership was lost: stop serving at once, tell workers to go to the new leader."""
+        runtime = self.runtime
+        log.warning("stepped_down", reason=reason)
+        self.service.serve(None)
+        self.runtime = None
+        self._serving.clear()
+        for name in GRPC_SERVICES:
+            await self.health.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
+        if self._pruner is not None:
+            self._pruner.cancel()
+            self._pruner = None
+        if runtime is None:
+            return
+        runtime.accepting = False
+        runtime.cancel_timer()
+        await runtime.abandon()
+        message = "this server is no longer the leader; retry against the new leader"
+        runtime.wake_waiters_unavailable(message)
+        runtime.close_watchers(Unavailable(message))
+        streams = list(self.workers.streams)
+        for stream in streams:
+            stream.send_shutdown("not the leader", not_leader=True)
+        await asyncio.gather(*(s.finish_writes(STEP_DOWN_DRAIN_S) for s in streams))
+
+    async def _prune_forever(self) -> None:
+        """Delete finished tasks older than ``keep_finished_s`` (leader only)."""
+        keep = self.config.store.keep_finished_s
+        while True:
+            try:
+                pruned = await self.store.prune(time.time() - keep)
+                if pruned:
+                    log.info("pruned", tasks=pruned)
+            except StoreError as err:
+                log.warning("prune_failed", error=str(err))
+            await asyncio.sleep(PRUNE_EVERY_S)
+
+    async def _listen_all(self) -> None:
         cfg = self.config
         limits = cfg.limits
         server = grpc.aio.server(
@@ -151,7 +275,7 @@ class ShardServer:
         await server.start()
         self.grpc_server = server
         for name in GRPC_SERVICES:
-            await self.health.set(name, health_pb2.HealthCheckResponse.SERVING)
+            await self.health.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
 
         app = build_http_app(
             self.service,
@@ -180,35 +304,52 @@ class ShardServer:
             "serving",
             grpc_addr=cfg.server.grpc_addr,
             http_addr=cfg.server.http_addr,
-            pools=self.runtime.engine.pool_names,
+            pools=[p.name for p in self.engine_pools],
             auth=self.auth.enabled,
         )
 
     async def shutdown(self, reason: str = "server shutting down") -> None:
-        """Stop admitting, let running attempts finish within the grace, tell workers, close listeners."""
-        runtime = self.runtime
-        if not runtime.accepting:
+        """Stop admitting, let running attempts finish within the grace, commit, tell workers, step down,
+        close listeners."""
+        if self._stopping:
             await self._stopped.wait()
             return
-        runtime.accepting = False
+        self._stopping = True
+        runtime = self.runtime
         for name in GRPC_SERVICES:
             await self.health.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
-        grace = self.config.server.shutdown_grace_s
-        log.info("shutting_down", reason=reason, running=runtime.busy(), grace_s=grace)
-        await runtime.wait_idle(grace)
-        runtime.wake_waiters_unavailable()
-        runtime.close_watchers(Unavailable("server is shutting down"))
-        streams = list(self.workers.streams)
-        for stream in streams:
-            stream.send_shutdown(reason, not_leader=False)
-        await asyncio.gather(*(s.finish_writes(DRAIN_S) for s in streams))
-        runtime.cancel_timer()
+        if runtime is not None:
+            runtime.accepting = False
+            grace = self.config.server.shutdown_grace_s
+            log.info("shutting_down", reason=reason, running=runtime.busy(), grace_s=grace)
+            await runtime.wait_idle(grace)
+            await runtime.stop_committer()  # outcomes reported during the grace are kept
+            runtime.wake_waiters_unavailable()
+            runtime.close_watchers(Unavailable("server is shutting down"))
+            streams = list(self.workers.streams)
+            for stream in streams:
+                stream.send_shutdown(reason, not_leader=False)
+            await asyncio.gather(*(s.finish_writes(DRAIN_S) for s in streams))
+            runtime.cancel_timer()
+        else:
+            log.info("shutting_down", reason=reason, standby=True)
+        if self._pruner is not None:
+            self._pruner.cancel()
+        if self._leader_task is not None:
+            self._leader_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._leader_task
+        try:
+            await self.store.release()
+        except StoreError as err:
+            log.warning("release_failed", error=str(err))
+        await self.store.close()
         if self.grpc_server is not None:
             await self.grpc_server.stop(DRAIN_S)
         for runner in (self.http_runner, self.metrics_runner):
             if runner is not None:
                 await runner.cleanup()
-        log.info("stopped", left_running=runtime.busy())
+        log.info("stopped", left_running=runtime.busy() if runtime is not None else 0)
         self._stopped.set()
 
 

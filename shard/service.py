@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import contextlib
 import math
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 
 from cronoq.auth import Authenticator, Principal, Role
-from cronoq.engine.model import RetryPolicy, Status, SubmitError, Task, TaskSpec
+from cronoq.engine.model import PoolConfig, RetryPolicy, Status, SubmitError, Task, TaskSpec
 from cronoq.engine.snapshot import Snapshot
 from cronoq.errors import (
     ApiError,
@@ -29,6 +29,7 @@ from cronoq.v1 import cronoq_pb2 as pb
 
 from .convert import NS, SpecLimits, check_duration, spec_from_wire, status_from_wire, task_info
 from .runtime import Runtime
+from .store import StoredTask, StoreError
 
 _NOT_FOUND_CODES = frozenset({"unknown_pool", "unknown_resource", "unknown_dependency"})
 _EXHAUSTED_CODES = frozenset({"full", "overloaded"})
@@ -47,11 +48,12 @@ def submit_error(prefix: str, err: SubmitError) -> ApiError:
 
 
 class Service:
-    """Tasks and Admin operations of one serving shard leader."""
+    """Tasks and Admin operations of one shard server: served by the runtime of its leadership while it
+    leads (:meth:`serve`), refused with UNAVAILABLE while it stands by."""
 
     def __init__(
         self,
-        runtime: Runtime,
+        pools: Sequence[PoolConfig],
         auth: Authenticator,
         *,
         spec_limits: SpecLimits,
@@ -60,24 +62,40 @@ class Service:
         request_timeout_s: float,
         max_list: int,
     ) -> None:
-        self.runtime = runtime
+        self._runtime: Runtime | None = None
         self.auth = auth
         self.spec_limits = spec_limits
         self.max_tasks_per_batch = max_tasks_per_batch
         self.max_wait_s = max_wait_s
         self.request_timeout_s = request_timeout_s
         self.max_list = max_list
-        engine = runtime.engine
-        names = engine.pool_names
+        names = [p.name for p in pools]
         self.default_pool = "default" if "default" in names else names[0]
-        self.retry_defaults: dict[str, RetryPolicy] = {n: engine.pool_config(n).retry for n in names}
+        self.retry_defaults: dict[str, RetryPolicy] = {p.name: p.retry for p in pools}
+
+    @property
+    def runtime(self) -> Runtime:
+        """The serving runtime; UNAVAILABLE while this server is a standby."""
+        runtime = self._runtime
+        if runtime is None:
+            raise Unavailable("this server is a standby, not the leader; retry against the leader")
+        return runtime
+
+    @property
+    def ready(self) -> bool:
+        return self._runtime is not None and self._runtime.accepting
+
+    def serve(self, runtime: Runtime | None) -> None:
+        """Start serving requests from ``runtime`` (None: stand by)."""
+        self._runtime = runtime
 
     # ---------------------------------------------------------------------------------- callers
 
     def authorize(self, authorization: str | None, role: Role) -> Principal:
-        """Authenticate, check the role, and refuse while the server is not serving."""
+        """Authenticate, check the role, and refuse while the server is not serving (``/metrics``
+        excepted: a standby reports that it is one)."""
         principal = self.auth.require(authorization, role)
-        if not self.runtime.accepting:
+        if role is not Role.METRICS and not self.runtime.accepting:
             raise Unavailable("server is shutting down; retry against the new leader")
         return principal
 
@@ -85,17 +103,28 @@ class Service:
         if not caller.may_use_pool(pool):
             raise PermissionDenied(f"{field}: this credential may not use pool '{pool}'")
 
-    def _task(self, caller: Principal, field: str, ref: pb.TaskRef) -> Task:
+    async def _task(self, caller: Principal, field: str, ref: pb.TaskRef) -> Task | StoredTask:
+        """The task ``ref`` names: from the engine (every live task and recently finished ones), else
+        from a durable store (finished tasks kept for ``keep_finished_s``)."""
         which = ref.WhichOneof("target")
         if which is None:
             raise InvalidArgument(f"{field}: set either id or key")
         target: int | str = ref.id if which == "id" else ref.key
         if which == "key" and not ref.key:
             raise InvalidArgument(f"{field}.key: must not be empty")
-        task = self.runtime.engine.get(target)
-        if task is None or not caller.may_use_pool(task.spec.pool):
+        runtime = self.runtime
+        found: Task | StoredTask | None = runtime.engine.get(target)
+        if found is None and runtime.store is not None:
+            try:
+                found = await runtime.store.fetch(target)
+            except StoreError as err:
+                raise Unavailable(f"the store cannot be read: {err}") from None
+            if found is not None and found.output is not None:  # so HTTP finds its content type
+                runtime.outputs.put(found.task.id, found.output, found.output_type)
+        pool = (found.task if isinstance(found, StoredTask) else found).spec.pool if found is not None else ""
+        if found is None or not caller.may_use_pool(pool):
             raise NotFound(f"{field}: no task {target!r}")
-        return task
+        return found
 
     # ---------------------------------------------------------------------------------- submit
 
@@ -140,6 +169,7 @@ class Service:
                     await runtime.wait_for_space(pool, remaining)
                 continue
             runtime.flush()
+            await runtime.sync()
             return [(s.id, s.duplicate) for s in submitted]
 
     async def submit(self, caller: Principal, req: pb.SubmitRequest) -> pb.SubmitResponse:
@@ -168,15 +198,21 @@ class Service:
 
     # ------------------------------------------------------------------------------ lookups
 
-    def cancel(self, caller: Principal, req: pb.CancelRequest) -> pb.CancelResponse:
-        task = self._task(caller, "task", req.task)
-        cancelled = self.runtime.engine.cancel(task.id, self.runtime.clock())
-        self.runtime.flush()
+    async def cancel(self, caller: Principal, req: pb.CancelRequest) -> pb.CancelResponse:
+        found = await self._task(caller, "task", req.task)
+        if isinstance(found, StoredTask):  # the engine holds every live task: this one has finished
+            return pb.CancelResponse(cancelled=False)
+        runtime = self.runtime
+        cancelled = runtime.engine.cancel(found.id, runtime.clock())
+        runtime.flush()
+        await runtime.sync()
         return pb.CancelResponse(cancelled=cancelled)
 
-    def get(self, caller: Principal, req: pb.GetRequest) -> pb.TaskInfo:
-        task = self._task(caller, "task", req.task)
-        return task_info(task, self.runtime.output_available(task))
+    async def get(self, caller: Principal, req: pb.GetRequest) -> pb.TaskInfo:
+        found = await self._task(caller, "task", req.task)
+        if isinstance(found, StoredTask):
+            return task_info(found.task, found.output is not None)
+        return task_info(found, self.runtime.output_available(found))
 
     def list_tasks(self, caller: Principal, req: pb.ListTasksRequest) -> pb.ListTasksResponse:
         engine = self.runtime.engine
@@ -199,10 +235,18 @@ class Service:
             return self.max_wait_s
         return min(check_duration(field, requested), self.max_wait_s)
 
-    def result(self, task: Task) -> pb.TaskResult:
+    async def result(self, task: Task) -> pb.TaskResult:
+        """A finished task's result; its output from the cache, else from a durable store."""
         result = pb.TaskResult(id=task.id, status=int(task.status), message=task.message)
         if task.status is Status.SUCCEEDED:
-            cached = self.runtime.outputs.get(task.id)
+            runtime = self.runtime
+            cached = runtime.outputs.get(task.id)
+            if cached is None and runtime.store is not None:
+                with contextlib.suppress(StoreError):  # the status is known; only the output is not
+                    stored = await runtime.store.fetch(task.id)
+                    if stored is not None and stored.output is not None:
+                        cached = (stored.output, stored.output_type)
+                        runtime.outputs.put(task.id, *cached)
             if cached is not None:
                 result.output = cached[0]
                 result.output_available = True
@@ -214,12 +258,14 @@ class Service:
         task = self.runtime.engine.get(task_id)
         if task is None:
             raise NotFound(f"task {task_id} finished and is no longer retained")
-        return self.result(task)
+        return await self.result(task)
 
     async def wait(self, caller: Principal, req: pb.WaitRequest) -> pb.TaskResult:
-        task = self._task(caller, "task", req.task)
+        found = await self._task(caller, "task", req.task)
         timeout = self._wait_limit("timeout_s", req.timeout_s if req.HasField("timeout_s") else None)
-        return await self._await_result(task.id, timeout)
+        if isinstance(found, StoredTask):
+            return await self.result(found.task)
+        return await self._await_result(found.id, timeout)
 
     async def watch(self, caller: Principal, req: pb.WatchRequest) -> AsyncIterator[pb.StatusEvent]:
         engine = self.runtime.engine

@@ -1,7 +1,7 @@
 """What this server version cannot do yet, found in a configuration that asks for it.
 
 The configuration layer accepts every key of the reference server so files stay portable, but a server
-must never *silently* ignore a setting a user relies on: a durable store, TLS, client certificates or a
+must never *silently* ignore a setting a user relies on: TLS, client certificates or a
 webhook scaler that quietly do nothing would be worse than a refusal. ``--check`` reports these and
 startup refuses them, each naming its key.
 """
@@ -9,16 +9,13 @@ startup refuses them, each naming its key.
 from __future__ import annotations
 
 from cronoq.config import Config
-from cronoq.config.model import MemoryStore, PostgresStore, WebhookScaler
+from cronoq.config.model import WebhookScaler
 
 
 def unsupported(config: Config) -> list[str]:
     """One message per setting this version would otherwise ignore."""
     problems: list[str] = []
     server = config.server
-    if not isinstance(config.store, MemoryStore):
-        kind = "postgres" if isinstance(config.store, PostgresStore) else "sqlite"
-        problems.append(f"store.kind: '{kind}' is not supported by this server version yet (memory only)")
     for key, value in (
         ("server.grpc_web", server.grpc_web),
         ("server.peer_tls", server.peer_tls),

@@ -225,7 +225,7 @@ class WorkerStream:
             c = msg.complete
             task_id = self.leases.pop(c.lease, None)
             if engine.complete(wid, c.lease, now) and task_id is not None:
-                runtime.outputs.put(task_id, c.output, _worker_text(c.content_type)[:128])
+                runtime.record_output(task_id, c.output, _worker_text(c.content_type)[:128])
         elif which == "fail":
             f = msg.fail
             retry_after: float | None = None

@@ -44,7 +44,10 @@ class ServerProcess:
         scheme = "https" if self.ssl_context is not None else "http"
         return f"{scheme}://127.0.0.1:{self.http_port}"
 
-    def start(self, timeout: float = 20.0) -> None:
+    def start(self, timeout: float = 20.0, *, ready: bool = True) -> None:
+        """Start and wait until ``/readyz`` answers 200 (leading), or with ``ready=False`` until
+        ``/healthz`` does (up, possibly a standby)."""
+        probe = "readyz" if ready else "healthz"
         log = self.log_path.open("ab")
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "cronoq.shard.main", "--config", str(self.config_path)],
@@ -58,12 +61,38 @@ class ServerProcess:
                 raise RuntimeError(f"cronoq-server exited with {self.proc.returncode}:\n{self.logs()}")
             with (
                 contextlib.suppress(OSError, urllib.error.URLError),
-                urllib.request.urlopen(f"{self.http}/readyz", timeout=1, context=self.ssl_context) as r,
+                urllib.request.urlopen(f"{self.http}/{probe}", timeout=1, context=self.ssl_context) as r,
             ):
                 if r.status == 200:
                     return
             time.sleep(0.05)
         raise TimeoutError(f"cronoq-server not ready after {timeout} s:\n{self.logs()}")
+
+    def probe(self, path: str) -> int:
+        """The HTTP status of GET ``path`` (0 when nothing answers)."""
+        try:
+            with urllib.request.urlopen(f"{self.http}{path}", timeout=2, context=self.ssl_context) as r:
+                return int(r.status)
+        except urllib.error.HTTPError as err:
+            return err.code
+        except (OSError, urllib.error.URLError):
+            return 0
+
+    def wait_probe(self, path: str, status: int, timeout: float = 20.0) -> None:
+        """Poll ``path`` until it answers ``status`` (e.g. a standby's ``/readyz`` turning 200)."""
+        deadline = time.monotonic() + timeout
+        while (got := self.probe(path)) != status:
+            if time.monotonic() > deadline:
+                raise TimeoutError(
+                    f"{path} still answers {got}, not {status}, after {timeout} s:\n{self.logs()}"
+                )
+            time.sleep(0.05)
+
+    def kill(self) -> None:
+        """SIGKILL: no shutdown, nothing flushed, as in a crash."""
+        assert self.proc is not None
+        self.proc.kill()
+        self.proc.wait(10)
 
     def logs(self) -> str:
         return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
@@ -95,15 +124,16 @@ def write_config(directory: Path, body: str, grpc_port: int, http_port: int) -> 
     return path
 
 
-@contextlib.contextmanager
-def running_server(
+def new_server(
     directory: Path,
     body: str = "",
     env: dict[str, str] | None = None,
     ssl_context: ssl.SSLContext | None = None,
-) -> Iterator[ServerProcess]:
+) -> ServerProcess:
+    """A server process (not started) with its config and log in ``directory`` and free ports."""
+    directory.mkdir(parents=True, exist_ok=True)
     grpc_port, http_port = free_port(), free_port()
-    proc = ServerProcess(
+    return ServerProcess(
         write_config(directory, body, grpc_port, http_port),
         directory / "server.log",
         env=env or {},
@@ -111,6 +141,32 @@ def running_server(
         http_port=http_port,
         ssl_context=ssl_context,
     )
+
+
+@contextlib.contextmanager
+def leader_and_standby(
+    directory: Path, body: str, env: dict[str, str] | None = None
+) -> Iterator[tuple[ServerProcess, ServerProcess]]:
+    """Two servers on one durable store: the first started leads, the second stands by."""
+    first = new_server(directory / "a", body, env)
+    second = new_server(directory / "b", body, env)
+    first.start()
+    try:
+        second.start(ready=False)
+        yield first, second
+    finally:
+        first.stop()
+        second.stop()
+
+
+@contextlib.contextmanager
+def running_server(
+    directory: Path,
+    body: str = "",
+    env: dict[str, str] | None = None,
+    ssl_context: ssl.SSLContext | None = None,
+) -> Iterator[ServerProcess]:
+    proc = new_server(directory, body, env, ssl_context)
     proc.start()
     try:
         yield proc

@@ -199,7 +199,6 @@ def test_version_flags() -> None:
 @pytest.mark.parametrize(
     ("body", "key"),
     [
-        ('[store]\nkind = "sqlite"\npath = "/tmp/x.db"\n', "store.kind"),
         ('[server.grpc_web]\nallowed_origins = ["https://app.example.com"]\n', "server.grpc_web"),
         ('[[resources]]\nkind = "semaphore"\nname = "gpu"\npermits = 2\n', "resources"),
         ('[[pools]]\nname = "default"\nfair_share = true\n', "pools[0].fair_share"),

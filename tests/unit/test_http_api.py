@@ -114,16 +114,12 @@ class Api:
 
 @contextlib.asynccontextmanager
 async def serve(*, auth: bool = True, metrics: Callable[[], str] | None = None) -> AsyncIterator[Api]:
-    engine = Engine(
-        [
-            PoolConfig(
-                "default", max=8, retry=RetryPolicy(max_attempts=2, initial_backoff=0.01, jitter=False)
-            ),
-            PoolConfig("tight", max=1, max_pending=1, overflow=Overflow.REJECT),
-            PoolConfig("other", max=2),
-        ]
-    )
-    runtime = Runtime(engine, OutputCache(100, 1 << 20))
+    pools = [
+        PoolConfig("default", max=8, retry=RetryPolicy(max_attempts=2, initial_backoff=0.01, jitter=False)),
+        PoolConfig("tight", max=1, max_pending=1, overflow=Overflow.REJECT),
+        PoolConfig("other", max=2),
+    ]
+    runtime = Runtime(Engine(pools), OutputCache(100, 1 << 20))
     tokens = [
         TokenEntry(CLIENT, Role.CLIENT),
         TokenEntry(METRICS, Role.METRICS),
@@ -131,7 +127,7 @@ async def serve(*, auth: bool = True, metrics: Callable[[], str] | None = None) 
         TokenEntry(OTHER_ONLY, Role.CLIENT, pools=frozenset({"other"})),
     ]
     service = Service(
-        runtime,
+        pools,
         Authenticator(tokens if auth else []),
         spec_limits=SpecLimits(max_key_len=128, max_kind_len=64, max_tags=8, max_tag_len=64),
         max_tasks_per_batch=8,
@@ -139,6 +135,7 @@ async def serve(*, auth: bool = True, metrics: Callable[[], str] | None = None) 
         request_timeout_s=0.2,
         max_list=50,
     )
+    service.serve(runtime)
     connected: dict[int, tuple[str, int]] = {}
     app = build_http_app(
         service,

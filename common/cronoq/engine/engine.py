@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import random
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 
 from .admission import Shed, plan
 from .model import (
@@ -44,6 +44,8 @@ RETRYING = Status.RETRYING
 TIMED_OUT = "attempt timed out"
 LEASE_EXPIRED = "lease expired"
 DISCONNECTED = "worker disconnected"
+LOST_IN_FAILOVER = "attempt lost in failover"
+LOST_EXHAUSTED = "attempt lost in failover; retries exhausted"
 
 _TIMER_SLACK = 1024  # dead timer entries tolerated before the heap is worth compacting
 
@@ -94,6 +96,11 @@ class Engine:
     def has_pool(self, name: str) -> bool:
         return name in self._pools
 
+    @property
+    def last_id(self) -> int:
+        """The highest task id issued so far (``first_id - 1`` before the first submission)."""
+        return self._table.next_id - 1
+
     def pool_config(self, name: str) -> PoolConfig:
         """The configuration of pool ``name`` (KeyError if there is none)."""
         return self._pools[name].config
@@ -134,8 +141,8 @@ class Engine:
             if pool.shed is not None:
                 pool.shed.track(task, pool.pending[spec.priority])
             pool.queue.push(task, now)
-            append(StatusEvent(task_id, spec.pool, spec.key, Status.BLOCKED, 0, now, ""))
-            append(StatusEvent(task_id, spec.pool, spec.key, READY, 0, now, ""))
+            append(StatusEvent(task_id, spec.pool, spec.key, Status.BLOCKED, 0, now, "", task))
+            append(StatusEvent(task_id, spec.pool, spec.key, READY, 0, now, "", task))
             submitted.append(Submitted(task_id, False))
             touched[pool.name] = pool
         self._seq = seq
@@ -157,6 +164,62 @@ class Engine:
         self._finish(pool, task, Status.CANCELLED, "cancelled", now)
         self._dispatch(pool, now)
         return True
+
+    def restore(self, tasks: Iterable[Task], now: float) -> None:
+        """Take over the tasks a previous leader left in the store (ascending ids, all below this
+        engine's ``first_id``), before any other input.
+
+        Pending tasks queue again (READY ones keep their place in time, so their wait keeps counting);
+        an attempt that was RUNNING is lost with its worker's stream and counts as a retryable failure;
+        finished tasks are retained for key dedup and lookups. A task of a pool that is no longer
+        configured cannot run here, so it fails saying so rather than staying pending for ever.
+        """
+        table = self._table
+        for task in tasks:
+            table.restore(task, now)
+            self._seq = max(self._seq, task.seq)
+            status = task.status
+            if status.terminal:
+                continue
+            pool = self._pools.get(task.spec.pool)
+            if pool is None:
+                task.status = Status.FAILED  # not pending: nothing to take out of the pool's counts
+                task.message = f"pool '{task.spec.pool}' is no longer configured"
+                task.finished = now
+                self._ended[Status.FAILED] += 1
+                table.retire(task, now)
+                self._actions.append(
+                    StatusEvent(
+                        task.id,
+                        task.spec.pool,
+                        task.spec.key,
+                        Status.FAILED,
+                        task.attempt,
+                        now,
+                        task.message,
+                        task,
+                    )
+                )
+                continue
+            if status is RUNNING:  # _retry and _finish treat it as an attempt that just ended
+                task.lease = task.worker = 0
+                if task.attempt >= task.max_attempts:
+                    self._finish(pool, task, Status.DEAD_LETTERED, LOST_EXHAUSTED, now)
+                else:
+                    self._retry(pool, task, LOST_IN_FAILOVER, None, now)
+                continue
+            priority = task.spec.priority
+            pool.pending[priority] += 1
+            self._pending_total += 1
+            if pool.shed is not None:
+                pool.shed.track(task, pool.pending[priority])
+            if status is READY:
+                ready_at = task.ready_at if task.ready_at is not None else task.created
+                pool.queue.push(task, ready_at)
+            else:  # RETRYING (its backoff timer died with the old leader) or not yet ready
+                self._make_ready(pool, task, now, now)
+        for pool in self._pools.values():
+            self._dispatch(pool, now)
 
     def get(self, ref: int | str) -> Task | None:
         """A live or retained finished task by id, or by key (the task currently holding that key)."""
@@ -415,7 +478,7 @@ class Engine:
             task.status = RUNNING
             task.started = now
             self._lease(pool, task, worker, now)
-            self._actions.append(StatusEvent(task.id, spec.pool, spec.key, RUNNING, attempt, now, ""))
+            self._actions.append(StatusEvent(task.id, spec.pool, spec.key, RUNNING, attempt, now, "", task))
             started += 1
         self._pending_total -= started
         self._totals.dispatched += started
@@ -481,7 +544,9 @@ class Engine:
         if pool.shed is not None:
             pool.shed.track(task, pool.pending[spec.priority])
         self._totals.retries += 1
-        self._actions.append(StatusEvent(task.id, spec.pool, spec.key, RETRYING, task.attempt, now, message))
+        self._actions.append(
+            StatusEvent(task.id, spec.pool, spec.key, RETRYING, task.attempt, now, message, task)
+        )
         if delay > 0.0:
             self._arm(now + delay, TimerKind.RETRY_READY, task.id, task.attempt)
         else:
@@ -493,7 +558,7 @@ class Engine:
         task.ready_at = ready_at
         pool.queue.push(task, ready_at)
         spec = task.spec
-        self._actions.append(StatusEvent(task.id, spec.pool, spec.key, READY, task.attempt, now, ""))
+        self._actions.append(StatusEvent(task.id, spec.pool, spec.key, READY, task.attempt, now, "", task))
 
     def _finish(self, pool: PoolState, task: Task, status: Status, message: str, now: float) -> None:
         """End a task in terminal ``status``. A RUNNING task's lease must already be released."""
@@ -509,7 +574,9 @@ class Engine:
         task.finished = now
         self._ended[status] += 1
         self._table.retire(task, now)
-        self._actions.append(StatusEvent(task.id, spec.pool, spec.key, status, task.attempt, now, message))
+        self._actions.append(
+            StatusEvent(task.id, spec.pool, spec.key, status, task.attempt, now, message, task)
+        )
 
     def _arm(self, due: float, kind: TimerKind, target: int, token: int = 0) -> None:
         """Add a timer; compact the heap first when it holds far more entries than can be live (each

@@ -175,7 +175,8 @@ class Abort:
 
 @dataclass(slots=True)
 class StatusEvent:
-    """A status change, for Watch and for waiters."""
+    """A status change, for Watch and for waiters; ``task`` is the task itself (its state may have moved
+    on by the time the event is handled), which is how a durable runtime learns what to commit."""
 
     id: int
     pool: str
@@ -184,6 +185,7 @@ class StatusEvent:
     attempt: int
     at: float
     message: str
+    task: Task
 
 
 Action = Dispatch | Abort | StatusEvent

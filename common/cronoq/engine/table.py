@@ -7,6 +7,7 @@ with traffic. Their payload is dropped when they finish: nothing reads it any mo
 
 from __future__ import annotations
 
+from bisect import bisect_right
 from collections import deque
 from collections.abc import Collection
 
@@ -19,7 +20,7 @@ class TaskTable:
     __slots__ = (
         "_finished",
         "_finished_at",
-        "_low",
+        "_ids",
         "_retention",
         "_retention_max",
         "by_id",
@@ -33,7 +34,9 @@ class TaskTable:
         self.by_key: dict[str, Task] = {}
         self.live = 0
         self.next_id = first_id
-        self._low = first_id  # no id below this is held (keeps listing from walking pruned ids)
+        # Every id added, ascending, for listing by id; evicted ids linger until the next compaction.
+        # (Ids are not dense: a new leader starts a new epoch far above the last id.)
+        self._ids: list[int] = []
         self._retention = retention
         self._retention_max = retention_max
         # Finished tasks and when they finished, oldest first. Two deques rather than one of pairs: a
@@ -44,10 +47,24 @@ class TaskTable:
     def add(self, task: Task) -> None:
         """Insert a new live task; its id must be ``next_id``."""
         self.by_id[task.id] = task
+        self._ids.append(task.id)
         if task.spec.key:
             self.by_key[task.spec.key] = task
         self.next_id = task.id + 1
         self.live += 1
+
+    def restore(self, task: Task, now: float) -> None:
+        """Insert a task recovered from the store, in ascending id order, below ``next_id``. A finished
+        one is retained as if it had just finished (its retention restarts)."""
+        if self._ids and task.id <= self._ids[-1]:
+            raise ValueError(f"task {task.id} restored out of order")
+        self.by_id[task.id] = task
+        self._ids.append(task.id)
+        if task.spec.key:  # ascending ids: the newest task with a key holds it
+            self.by_key[task.spec.key] = task
+        self.live += 1
+        if task.status.terminal:
+            self.retire(task, now)
 
     def get(self, ref: int | str) -> Task | None:
         return self.by_key.get(ref) if isinstance(ref, str) else self.by_id.get(ref)
@@ -79,10 +96,9 @@ class TaskTable:
         key = task.spec.key
         if key and self.by_key.get(key) is task:
             del self.by_key[key]
-        if task.id == self._low:
+        if len(self._ids) > 2 * len(self.by_id) + 1024:
             by_id = self.by_id
-            while self._low < self.next_id and self._low not in by_id:
-                self._low += 1
+            self._ids = [i for i in self._ids if i in by_id]
 
     def page(
         self, pools: Collection[str] | None, statuses: Collection[Status] | None, after: int, limit: int
@@ -91,8 +107,9 @@ class TaskTable:
         this is the last page)."""
         found: list[Task] = []
         get = self.by_id.get
-        for task_id in range(max(after + 1, self._low), self.next_id):
-            task = get(task_id)
+        ids = self._ids
+        for i in range(bisect_right(ids, after), len(ids)):
+            task = get(ids[i])
             if task is None:
                 continue
             if pools is not None and task.spec.pool not in pools:

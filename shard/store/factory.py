@@ -1,0 +1,25 @@
+"""The store a configuration asks for."""
+
+from __future__ import annotations
+
+from cronoq.config import Config
+from cronoq.config.model import MemoryStore as MemoryConfig
+from cronoq.config.model import PostgresStore as PostgresConfig
+
+from .base import Store
+
+
+def make_store(config: Config) -> Store:
+    """Build (not open) the store of ``[store]``; Postgres tables go in the shard's schema."""
+    section = config.store
+    if isinstance(section, MemoryConfig):
+        from .memory import MemoryStore
+
+        return MemoryStore()
+    if isinstance(section, PostgresConfig):
+        from .postgres import PostgresStore
+
+        return PostgresStore(section.resolved_url, schema=section.schema_for(config.server.shard))
+    from .sqlite import SqliteStore
+
+    return SqliteStore(section.path)

@@ -1,0 +1,462 @@
+"""The store that keeps a local SQLite file, with a lease row so that a second process can stand by.
+
+SQLite blocks, so every call runs on one dedicated thread that owns the only connection (sqlite3
+connections must stay on the thread that uses them, and one thread also serializes the store's work
+in submission order). The file is opened in WAL mode so that readers never wait for the writer, with
+``synchronous=FULL`` by default so that a commit the runtime acknowledged survives a power cut.
+
+Leadership is a lease: the row ``cronoq_leader(id=1)`` names its ``holder`` and when the lease
+``expires``. A standby takes it when it is free or expired, in a ``BEGIN IMMEDIATE`` transaction (the
+write lock makes two standbys race safely), and bumps the epoch in the same transaction. The leader
+renews it in the background; every commit checks the epoch, so a leader that was paused past its
+lease and came back can never write over its successor's work.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import secrets
+import socket
+import sqlite3
+import time
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from typing import TypeVar
+
+from cronoq.engine.model import Status, Task
+from cronoq.logs import get_logger
+
+from .base import Batch, Fenced, Leadership, Recovered, SchemaTooNew, StoredTask, StoreError, StoreUnavailable
+from .rows import COLUMNS, SELECT_COLUMNS, STATE_COLUMNS, Row, ns, row_of, task_from_row, text
+
+log = get_logger("cronoq.store")
+
+T = TypeVar("T")
+
+# Migration n brings the schema from version n-1 to n. Applied in one transaction under the write
+# lock, so replicas that start together migrate once.
+_MIGRATIONS: tuple[tuple[str, ...], ...] = (
+    (
+        """CREATE TABLE cronoq_leader (
+            id INTEGER PRIMARY KEY CHECK (id = 1),
+            epoch INTEGER NOT NULL,
+            max_id INTEGER NOT NULL,
+            holder TEXT,
+            expires_unix_ns INTEGER NOT NULL
+        )""",
+        "INSERT INTO cronoq_leader (id, epoch, max_id, holder, expires_unix_ns) VALUES (1, 0, 0, NULL, 0)",
+        """CREATE TABLE cronoq_tasks (
+            id INTEGER PRIMARY KEY,
+            seq INTEGER NOT NULL,
+            pool TEXT NOT NULL,
+            kind TEXT NOT NULL,
+            priority INTEGER NOT NULL,
+            key TEXT,
+            payload BLOB,
+            content_type TEXT NOT NULL,
+            deadline_ns INTEGER,
+            duration_hint_s REAL,
+            timeout_s REAL,
+            retry TEXT,
+            tags TEXT NOT NULL,
+            labels TEXT NOT NULL,
+            tenant TEXT NOT NULL,
+            created_ns INTEGER NOT NULL,
+            status INTEGER NOT NULL,
+            terminal INTEGER NOT NULL,
+            attempt INTEGER NOT NULL,
+            max_attempts INTEGER NOT NULL,
+            ready_ns INTEGER,
+            started_ns INTEGER,
+            finished_ns INTEGER,
+            message TEXT NOT NULL,
+            output BLOB NULL,
+            output_type TEXT NOT NULL DEFAULT ''
+        )""",
+        "CREATE INDEX cronoq_tasks_finished ON cronoq_tasks (terminal, finished_ns)",
+        # The engine keeps keys unique among live tasks; the index makes the database agree.
+        "CREATE UNIQUE INDEX cronoq_tasks_live_key ON cronoq_tasks (key) WHERE key IS NOT NULL AND NOT terminal",
+        # fetch(key) looks for the newest task with a key, finished ones included.
+        "CREATE INDEX cronoq_tasks_key ON cronoq_tasks (key, id) WHERE key IS NOT NULL",
+        """CREATE TABLE cronoq_recurring (
+            name TEXT PRIMARY KEY,
+            spec TEXT,
+            template_payload BLOB,
+            next_unix_ns INTEGER,
+            last_task_id INTEGER
+        )""",
+    ),
+)
+SCHEMA_VERSION = len(_MIGRATIONS)
+
+_UPSERT = (
+    f"INSERT INTO cronoq_tasks ({SELECT_COLUMNS}) VALUES ({', '.join('?' * len(COLUMNS))}) "
+    f"ON CONFLICT (id) DO UPDATE SET {', '.join(f'{c} = excluded.{c}' for c in STATE_COLUMNS)}"
+)
+_QUARANTINE = (
+    "UPDATE cronoq_tasks SET status = ?, terminal = 1, message = ?, "
+    "finished_ns = CASE WHEN typeof(finished_ns) = 'integer' THEN finished_ns ELSE ? END WHERE id = ?"
+)
+
+# Failures that may pass by themselves: another process holds the write lock longer than busy_timeout,
+# or the disk hiccups or fills up.
+_TRANSIENT = frozenset(
+    {sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED, sqlite3.SQLITE_IOERR, sqlite3.SQLITE_FULL}
+)
+
+LEASE_TAKEN_OVER = "cronoq leader lease was taken over; stepping down"
+LEASE_RAN_OUT = "cronoq leader lease could not be renewed before it ran out; stepping down"
+
+
+class SqliteStore:
+    """The :class:`.base.Store` contract on the SQLite file at ``path`` (created with mode 0600).
+
+    ``lease_ttl`` is how long a lease lasts without renewal (how long a standby waits after the leader
+    died), ``lease_renew`` how often the leader renews it, ``lock_poll`` how often a standby checks the
+    lease, and ``busy_timeout`` how long a statement waits for another process's write lock before the
+    call fails with :class:`StoreUnavailable`. ``full_sync=False`` trades durability against power loss
+    (not against a crash of the process) for cheaper commits. ``holder`` names this instance in the
+    lease row and must be unique among the processes sharing the file; an instance may take back a
+    lease that still names it (a restart with the same explicit holder does not wait out its own
+    lease). The default is ``hostname:pid:random``.
+    """
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        lease_ttl: float = 10.0,
+        lease_renew: float = 2.0,
+        lock_poll: float = 0.5,
+        full_sync: bool = True,
+        holder: str | None = None,
+        busy_timeout: float = 5.0,
+    ) -> None:
+        self._path = os.fspath(path)
+        self._lease_ttl = lease_ttl
+        self._lease_renew = lease_renew
+        self._lock_poll = lock_poll
+        self._full_sync = full_sync
+        self._holder = holder or f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(4)}"
+        self._busy_timeout = busy_timeout
+        self._executor: ThreadPoolExecutor | None = ThreadPoolExecutor(1, thread_name_prefix="cronoq-sqlite")
+        self._conn: sqlite3.Connection | None = None  # used on the executor's thread only
+        self._leadership: Leadership | None = None
+        self._keeper: asyncio.Task[None] | None = None
+
+    @property
+    def durable(self) -> bool:
+        return True
+
+    # ------------------------------------------------------------------------------------ contract
+
+    async def open(self) -> None:
+        await self._run(self._open)
+
+    async def acquire(self) -> Leadership:
+        loop = asyncio.get_running_loop()
+        while True:
+            started = loop.time()
+            try:
+                epoch = await self._run(self._try_acquire)
+            except StoreUnavailable as err:
+                # Another process holds the write lock for long: a standby just keeps polling.
+                log.debug("cronoq leadership not available yet", error=str(err), path=self._path)
+                epoch = None
+            if epoch is not None:
+                break
+            await asyncio.sleep(self._lock_poll)
+        await self._stop_keeper()
+        leadership = self._leadership = Leadership(epoch)
+        self._keeper = asyncio.create_task(self._keep_lease(leadership, started + self._lease_ttl))
+        log.info("acquired cronoq leadership", epoch=epoch, holder=self._holder, path=self._path)
+        return leadership
+
+    async def recover(self, finished_since: float) -> Recovered:
+        tasks, max_id, quarantined = await self._run(lambda: self._recover(ns(finished_since)))
+        for task_id, error in quarantined:
+            log.error("task_row_quarantined", task_id=task_id, error=error, path=self._path)
+        return Recovered(tasks, max_id)
+
+    async def commit(self, batch: Batch) -> None:
+        leadership = self._leadership
+        if leadership is None or leadership.lost.is_set():
+            raise Fenced("this cronoq instance does not lead")
+        try:
+            # Rows are built here, on the event loop that owns the tasks, so that the thread writes a
+            # consistent snapshot of each. Finished tasks go first: a task that ends and a new one
+            # that reuses its key can share a batch, and the live-key index is checked row by row.
+            rows = [row_of(task) for task in sorted(batch.tasks, key=lambda task: not task.status.terminal)]
+            outputs = [
+                (bytes(output), output_type, task_id) for task_id, output, output_type in batch.outputs
+            ]
+            await self._run(lambda: self._commit(rows, outputs, batch.max_id, leadership.epoch))
+        except Fenced as err:
+            leadership.lose(str(err))
+            self._leadership = None
+            await self._stop_keeper()
+            log.warning("cronoq leader was fenced; stepping down", reason=str(err), path=self._path)
+            raise
+
+    async def fetch(self, ref: int | str) -> StoredTask | None:
+        if isinstance(ref, int) and not -(2**63) <= ref < 2**63:
+            return None  # not an SQLite integer, so not an id we ever stored
+        row = await self._run(lambda: self._fetch(ref))
+        if row is None:
+            return None
+        try:
+            task = task_from_row(row[: len(COLUMNS)])
+        except ValueError as err:
+            log.warning("task_row_undecodable", task_id=row[0], error=str(err), path=self._path)
+            return None
+        output, output_type = row[len(COLUMNS) :]
+        return StoredTask(task, None if output is None else bytes(output), str(output_type))
+
+    async def prune(self, finished_before: float) -> int:
+        return await self._run(lambda: self._prune(ns(finished_before)))
+
+    async def release(self) -> None:
+        """Stop renewing and free the lease. Also runs when this instance does not lead, so that a lease
+        taken by an acquire() that was cancelled mid-flight is given back (the thread runs jobs in
+        order, so this one runs after that attempt)."""
+        self._leadership = None
+        await self._stop_keeper()
+        if self._conn is not None:
+            await self._run(self._release)
+
+    async def close(self) -> None:
+        executor = self._executor
+        if executor is None:
+            return
+        try:
+            await self.release()
+        except StoreError as err:
+            log.warning("cronoq leader lease not released; it will expire", error=str(err), path=self._path)
+        self._executor = None
+        await asyncio.get_running_loop().run_in_executor(executor, self._close)
+        executor.shutdown(wait=False)
+
+    # ---------------------------------------------------------------------------------- lease keeper
+
+    async def _keep_lease(self, leadership: Leadership, deadline: float) -> None:
+        """Renew the lease every ``lease_renew`` seconds until released or lost (also when the server
+        gave it up itself: a lease nobody serves should lapse). ``deadline`` is when the lease runs out
+        by this process's monotonic clock, counted from before the write that set it, so this process
+        gives up no later than a standby may take over."""
+        loop = asyncio.get_running_loop()
+        delay = self._lease_renew
+        while True:
+            await asyncio.sleep(max(0.0, min(delay, deadline - loop.time())))
+            if leadership.lost.is_set():
+                return
+            remaining = deadline - loop.time()
+            if remaining <= 0:
+                self._lose(leadership, LEASE_RAN_OUT)
+                return
+            started = loop.time()
+            try:
+                # asyncio.timeout, not wait_for: on 3.11 wait_for can swallow a cancel (release) that
+                # arrives as the renewal completes, and the keeper would then never stop.
+                async with asyncio.timeout(remaining):
+                    held = await self._run(lambda: self._renew(leadership.epoch))
+            except (StoreError, TimeoutError) as err:
+                log.warning(
+                    "cronoq leader lease renewal failed", error=str(err) or "timeout", path=self._path
+                )
+                delay = self._lock_poll  # retry soon: the lease is running out
+                continue
+            if not held:
+                self._lose(leadership, LEASE_TAKEN_OVER)
+                return
+            deadline = started + self._lease_ttl
+            delay = self._lease_renew
+
+    def _lose(self, leadership: Leadership, reason: str) -> None:
+        log.warning(reason, epoch=leadership.epoch, holder=self._holder, path=self._path)
+        leadership.lose(reason)
+        if self._leadership is leadership:
+            self._leadership = None
+
+    async def _stop_keeper(self) -> None:
+        keeper, self._keeper = self._keeper, None
+        if keeper is not None and keeper is not asyncio.current_task():
+            keeper.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await keeper
+
+    # ----------------------------------------------------------------- on the store's thread only
+
+    async def _run(self, call: Callable[[], T]) -> T:
+        """Run ``call`` on the store's thread, turning sqlite3 errors into store errors."""
+        if self._executor is None:
+            raise StoreError(f"the cronoq store {self._path} is closed")
+        return await asyncio.get_running_loop().run_in_executor(self._executor, self._guarded, call)
+
+    def _guarded(self, call: Callable[[], T]) -> T:
+        try:
+            return call()
+        except sqlite3.Error as err:
+            code = getattr(err, "sqlite_errorcode", None)
+            primary = None if code is None else code & 0xFF
+            message = str(err)
+            if primary in _TRANSIENT:
+                raise StoreUnavailable(f"cronoq store {self._path}: {message}") from err
+            raise StoreError(f"cronoq store {self._path}: {message}") from err
+
+    @property
+    def _db(self) -> sqlite3.Connection:
+        if self._conn is None:
+            raise StoreError(f"the cronoq store {self._path} is not open")
+        return self._conn
+
+    @contextlib.contextmanager
+    def _write(self) -> Iterator[sqlite3.Connection]:
+        """One write transaction; it takes the write lock at once (waiting up to busy_timeout), so it
+        cannot fail halfway on a lock upgrade, and rolls back on any error."""
+        conn = self._db
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            yield conn
+            conn.execute("COMMIT")
+        except BaseException:
+            if conn.in_transaction:
+                with contextlib.suppress(sqlite3.Error):
+                    conn.execute("ROLLBACK")
+            raise
+
+    def _open(self) -> None:
+        if self._conn is not None:
+            return
+        # Create the file ourselves so that it never exists with a wider mode; SQLite gives the -wal
+        # and -shm files it creates next to it the same mode as the database file.
+        try:
+            os.close(os.open(self._path, os.O_RDWR | os.O_CREAT, 0o600))
+        except OSError as err:
+            raise StoreError(f"cannot create the cronoq store {self._path}: {err.strerror}") from err
+        conn = sqlite3.connect(self._path, timeout=self._busy_timeout, isolation_level=None)
+        try:
+            self._use_wal(conn)
+            conn.execute(f"PRAGMA synchronous = {'FULL' if self._full_sync else 'NORMAL'}")
+            self._conn = conn
+            self._migrate()
+        except BaseException:
+            self._conn = None
+            conn.close()
+            raise
+
+    def _use_wal(self, conn: sqlite3.Connection) -> None:
+        """Switch the file to WAL. While another connection switches a fresh file at the same time,
+        SQLite answers "database is locked" at once instead of waiting busy_timeout, so wait here."""
+        deadline = time.monotonic() + self._busy_timeout
+        while True:
+            try:
+                mode = conn.execute("PRAGMA journal_mode = WAL").fetchone()[0]
+                break
+            except sqlite3.OperationalError as err:
+                if (
+                    err.sqlite_errorcode & 0xFF not in (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED)
+                    or time.monotonic() >= deadline
+                ):
+                    raise
+                time.sleep(0.01)
+        if str(mode).lower() != "wal":
+            raise StoreError(f"cronoq store {self._path}: cannot use WAL mode (journal mode is {mode})")
+
+    def _migrate(self) -> None:
+        with self._write() as conn:
+            conn.execute("CREATE TABLE IF NOT EXISTS cronoq_schema_version (version INTEGER NOT NULL)")
+            current = conn.execute("SELECT max(version) FROM cronoq_schema_version").fetchone()[0] or 0
+            if current > SCHEMA_VERSION:
+                raise SchemaTooNew(
+                    f"cronoq store {self._path} has schema version {current}, but this cronoq knows "
+                    f"version {SCHEMA_VERSION} at most: upgrade cronoq to use this database"
+                )
+            if current == SCHEMA_VERSION:
+                return
+            for migration in _MIGRATIONS[current:]:
+                for statement in migration:
+                    conn.execute(statement)
+            conn.execute("DELETE FROM cronoq_schema_version")
+            conn.execute("INSERT INTO cronoq_schema_version (version) VALUES (?)", (SCHEMA_VERSION,))
+            log.info("cronoq store migrated", path=self._path, schema_from=current, schema_to=SCHEMA_VERSION)
+
+    def _try_acquire(self) -> int | None:
+        """Take the lease when it is free, expired or already ours; the new epoch, or None."""
+        with self._write() as conn:
+            epoch, holder, expires = conn.execute(
+                "SELECT epoch, holder, expires_unix_ns FROM cronoq_leader WHERE id = 1"
+            ).fetchone()
+            now = time.time_ns()
+            if holder and holder != self._holder and expires >= now:
+                return None
+            conn.execute(
+                "UPDATE cronoq_leader SET epoch = ?, holder = ?, expires_unix_ns = ? WHERE id = 1",
+                (epoch + 1, self._holder, now + round(self._lease_ttl * 1e9)),
+            )
+            return int(epoch) + 1
+
+    def _renew(self, epoch: int) -> bool:
+        """Extend the lease if it is still this leader's; False when another instance took it."""
+        cursor = self._db.execute(
+            "UPDATE cronoq_leader SET expires_unix_ns = ? WHERE id = 1 AND epoch = ? AND holder = ?",
+            (time.time_ns() + round(self._lease_ttl * 1e9), epoch, self._holder),
+        )
+        return cursor.rowcount == 1
+
+    def _release(self) -> None:
+        self._db.execute(
+            "UPDATE cronoq_leader SET holder = NULL, expires_unix_ns = 0 WHERE id = 1 AND holder = ?",
+            (self._holder,),
+        )
+
+    def _commit(
+        self, rows: list[Row], outputs: list[tuple[bytes, str, int]], max_id: int, epoch: int
+    ) -> None:
+        with self._write() as conn:
+            current = conn.execute("SELECT epoch FROM cronoq_leader WHERE id = 1").fetchone()[0]
+            if current != epoch:
+                raise Fenced(f"fenced: the cronoq leader epoch is now {current}, this leader had {epoch}")
+            conn.executemany(_UPSERT, rows)
+            conn.executemany("UPDATE cronoq_tasks SET output = ?, output_type = ? WHERE id = ?", outputs)
+            conn.execute("UPDATE cronoq_leader SET max_id = max(max_id, ?) WHERE id = 1", (max_id,))
+
+    def _recover(self, since_ns: int | None) -> tuple[list[Task], int, list[tuple[int, str]]]:
+        tasks = []
+        quarantined: list[tuple[int, str]] = []
+        with self._write() as conn:
+            rows = conn.execute(
+                f"SELECT {SELECT_COLUMNS} FROM cronoq_tasks WHERE NOT terminal OR finished_ns >= ? ORDER BY id",
+                (since_ns,),
+            ).fetchall()
+            for row in rows:
+                try:
+                    tasks.append(task_from_row(row))
+                except ValueError as err:
+                    message = text(f"quarantined: row could not be decoded ({err})")
+                    conn.execute(_QUARANTINE, (int(Status.FAILED), message, time.time_ns(), row[0]))
+                    quarantined.append((row[0], str(err)))
+            max_id = conn.execute(
+                "SELECT max(l.max_id, coalesce((SELECT max(id) FROM cronoq_tasks), 0)) FROM cronoq_leader l WHERE l.id = 1"
+            ).fetchone()[0]
+        return tasks, int(max_id), quarantined
+
+    def _fetch(self, ref: int | str) -> Row | None:
+        where = "id = ?" if isinstance(ref, int) else "key = ? ORDER BY id DESC LIMIT 1"
+        value = ref if isinstance(ref, int) else text(ref)
+        row: Row | None = self._db.execute(
+            f"SELECT {SELECT_COLUMNS}, output, output_type FROM cronoq_tasks WHERE {where}", (value,)
+        ).fetchone()
+        return row
+
+    def _prune(self, before_ns: int | None) -> int:
+        with self._write() as conn:
+            return conn.execute(
+                "DELETE FROM cronoq_tasks WHERE terminal AND finished_ns < ?", (before_ns,)
+            ).rowcount
+
+    def _close(self) -> None:
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            conn.close()

@@ -1,0 +1,160 @@
+"""Durability with the SQLite store, against real server processes: nothing accepted is lost to a crash,
+running attempts are retried, results survive restarts, and a second process on the file stands by."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from cronoq.client import Client, Lease, task
+from cronoq.errors import Unavailable
+
+from .helpers import worker
+from .serverproc import ServerProcess, leader_and_standby, new_server
+
+pytestmark = pytest.mark.asyncio
+
+EPOCH_SHIFT = 48
+
+
+def sqlite_config(db: Path) -> str:
+    return f"""
+[server]
+shutdown_grace_s = 2
+
+[store]
+kind = "sqlite"
+path = "{db}"
+
+[[pools]]
+name = "default"
+max = 64
+retry = {{ max_attempts = 3, initial_backoff_s = 0.05, multiplier = 1.0, max_backoff_s = 0.05, jitter = false }}
+"""
+
+
+def metrics_text(server: ServerProcess) -> str:
+    with urllib.request.urlopen(f"{server.http}/metrics", timeout=5) as response:
+        return str(response.read().decode())
+
+
+async def wait_all_done(client: Client, ids: list[int], timeout: float = 30.0) -> dict[int, str]:
+    """Wait for every task (server-side waits, no polling) and return its final status."""
+    results = await asyncio.wait_for(
+        asyncio.gather(*(client.wait(i, timeout=timeout) for i in ids)), timeout + 5
+    )
+    return {r.id: r.status for r in results}
+
+
+async def test_kill_9_with_300_queued_tasks_loses_none(tmp_path: Path) -> None:
+    db = tmp_path / "cronoq.db"
+    server = new_server(tmp_path / "a", sqlite_config(db))
+    server.start()
+    try:
+        async with Client(server.target) as client:
+            accepted: list[int] = []
+            for b in range(3):
+                batch = [task({"n": b * 100 + i}, key=f"k{b * 100 + i}") for i in range(100)]
+                accepted += [s.id for s in await client.submit_batch(batch)]
+        assert len(set(accepted)) == 300 and all(i >> EPOCH_SHIFT == 1 for i in accepted)
+        server.kill()
+
+        server.start()
+        async with Client(server.target) as client:
+            listed = [t async for t in client.iter_tasks()]
+            assert sorted(t.id for t in listed) == sorted(accepted)
+            assert {t.status for t in listed} == {"ready"}
+            again = await client.submit_batch([task({"n": 0}, key="k0"), task({"n": -1}, key="new")])
+            assert again[0].duplicate and again[0].id == accepted[0]  # keys survived the crash
+            assert again[1].id >> EPOCH_SHIFT == 2  # a new leader, a new epoch: ids never repeat
+
+            seen: list[int] = []
+
+            async def handler(lease: Lease) -> int:
+                seen.append(lease.task_id)
+                return int(lease.json()["n"])
+
+            async with worker(server.target, handler, slots=32):
+                statuses = await wait_all_done(client, [*accepted, again[1].id])
+            assert set(statuses.values()) == {"succeeded"}
+            assert sorted(seen) == sorted([*accepted, again[1].id])  # each ran exactly once
+    finally:
+        server.stop()
+
+
+async def test_running_attempt_is_retried_after_a_crash_and_results_survive(tmp_path: Path) -> None:
+    server = new_server(tmp_path / "a", sqlite_config(tmp_path / "cronoq.db"))
+    server.start()
+    started = asyncio.Event()
+
+    async def first_handler(lease: Lease) -> str:
+        if lease.key == "slow":
+            started.set()
+            await asyncio.Event().wait()  # runs until the server dies
+        return f"out-{lease.key}"
+
+    try:
+        async with (
+            Client(server.target) as client,
+            worker(server.target, first_handler, slots=2, reconnect=False),
+        ):
+            fast = await client.submit(b"f", key="fast", wait=True, wait_timeout=10)
+            assert fast.result is not None and fast.result.text() == "out-fast"
+            slow = await client.submit(b"s", key="slow")
+            await asyncio.wait_for(started.wait(), 10)
+            server.kill()
+        server.start()
+        async with Client(server.target) as client:
+            info = await client.get(slow.id)
+            assert (info.status, info.attempt) in {("ready", 1), ("retrying", 1)}
+            assert info.message == "attempt lost in failover"
+            done = await client.wait(fast.id, timeout=5)  # finished before the crash: output kept
+            assert done.status == "succeeded" and done.text() == "out-fast"
+            assert (await client.get("fast")).output_available
+
+            async def second_handler(lease: Lease) -> str:
+                return f"attempt {lease.attempt}"
+
+            async with worker(server.target, second_handler):
+                result = await client.wait(slow.id, timeout=10)
+            assert (result.status, result.text()) == ("succeeded", "attempt 2")
+    finally:
+        server.stop()
+
+
+async def test_a_second_server_on_the_file_stands_by_and_takes_over_on_sigterm(tmp_path: Path) -> None:
+    with leader_and_standby(tmp_path, sqlite_config(tmp_path / "cronoq.db")) as (leader, standby):
+        assert (standby.probe("/healthz"), standby.probe("/readyz")) == (200, 503)
+        async with Client(leader.target) as client:
+            submitted = await client.submit(b"x", key="before")
+        async with Client(standby.target) as client:
+            with pytest.raises(Unavailable):
+                await client.submit(b"y")
+        assert standby.probe("/v1/tasks/before") == 503
+        assert 'cronoq_leader{shard=""} 0' in metrics_text(standby)
+        leader_metrics = metrics_text(leader)
+        assert 'cronoq_leader{shard=""} 1' in leader_metrics
+        assert "cronoq_store_commits_total" in leader_metrics
+        assert 'cronoq_store_commit_seconds{quantile="0.99"}' in leader_metrics
+
+        leader.signal(signal.SIGTERM)
+        assert leader.wait(20) == 0
+        standby.wait_probe("/readyz", 200, timeout=5)  # a clean shutdown frees the lease at once
+        async with Client(standby.target) as client:
+            info = await client.get("before")
+            assert info.id == submitted.id and info.status == "ready"
+
+
+async def test_a_standby_takes_over_after_the_lease_of_a_killed_leader_runs_out(tmp_path: Path) -> None:
+    with leader_and_standby(tmp_path, sqlite_config(tmp_path / "cronoq.db")) as (leader, standby):
+        async with Client(leader.target) as client:
+            submitted = await client.submit(b"x", key="k")
+        leader.kill()
+        standby.wait_probe("/readyz", 200, timeout=20)  # the 10 s lease must run out first
+        async with Client(standby.target) as client:
+            assert (await client.get("k")).id == submitted.id
+            assert (await client.submit(b"y")).id >> EPOCH_SHIFT == 2

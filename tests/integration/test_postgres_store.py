@@ -1,0 +1,434 @@
+"""What only the Postgres store does: migrations in a schema, advisory-lock leadership and its loss,
+epoch fencing across instances. The behaviour every store shares is the contract suite's business; the
+round trip here checks the Postgres encoding of real tasks (types, spec written once, outputs, keys).
+
+Every wait is bounded and on a condition (an event, a task finishing, server state polled), never a
+sleep-and-hope; the one negative check (a standby is still waiting) gives it ten lock polls.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from dataclasses import replace
+from typing import Any, TypeVar
+
+import psycopg
+import pytest
+from psycopg import sql
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
+from psycopg.rows import TupleRow
+
+from cronoq.engine.model import Priority, RetryPolicy, Status, Task, TaskSpec
+from shard.store.base import Batch, Fenced, SchemaTooNew, StoreError, StoreUnavailable
+from shard.store.postgres import SCHEMA_VERSION, PostgresStore, lock_key
+from shard.store.rows import COLUMNS
+from tests.postgres import PostgresServer
+
+Admin = psycopg.AsyncConnection[TupleRow]
+OpenStore = Callable[..., Awaitable[PostgresStore]]
+
+LOCK_POLL = 0.05
+# Fast enough that losses show within a second; the session timeout leaves a loaded machine room.
+FAST: dict[str, Any] = {"lock_poll": LOCK_POLL, "check_interval": 0.1, "session_timeout": 2.0}
+WITHIN = 5.0  # bound on every wait for something that should happen within a second or two
+NOW = 1_700_000_000.0
+T = TypeVar("T")
+
+
+@pytest.fixture
+async def admin(postgres_url: str) -> AsyncIterator[Admin]:
+    """A connection of our own, to look at and interfere with what the stores do."""
+    async with await psycopg.AsyncConnection.connect(postgres_url, autocommit=True) as conn:
+        yield conn
+
+
+@pytest.fixture
+async def open_store(postgres_url: str, pg_schema: str) -> AsyncIterator[OpenStore]:
+    """Open stores (on ``pg_schema`` unless told otherwise, with fast timings) and close them all."""
+    made: list[PostgresStore] = []
+
+    async def make(schema: str | None = None, *, url: str | None = None, **options: Any) -> PostgresStore:
+        store = PostgresStore(url or postgres_url, schema=schema or pg_schema, **{**FAST, **options})
+        made.append(store)
+        await store.open()
+        return store
+
+    yield make
+    for store in made:
+        await store.close()
+
+
+async def rows(admin: Admin, query: str, schema: str, *params: Any) -> list[tuple[Any, ...]]:
+    """Run ``query`` with ``{s}`` standing for the quoted schema name; its rows, if it returns any."""
+    cur = await admin.execute(sql.SQL(query).format(s=sql.Identifier(schema)), params)
+    return await cur.fetchall() if cur.description else []
+
+
+async def lock_holder(admin: Admin, schema: str) -> int:
+    """The backend pid of the session holding ``schema``'s leader lock."""
+    cls, key = lock_key(schema)
+    found = await (
+        await admin.execute(
+            "SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND granted AND objsubid = 2"
+            " AND classid = %s::bigint::oid AND objid = %s::bigint::oid",
+            (cls, key & 0xFFFFFFFF),
+        )
+    ).fetchall()
+    assert len(found) == 1, found
+    return int(found[0][0])
+
+
+async def terminate(admin: Admin, pid: int) -> None:
+    await admin.execute("SELECT pg_terminate_backend(%s)", (pid,))
+
+
+def task(
+    task_id: int, status: Status = Status.READY, *, key: str = "", finished: float | None = None, **spec: Any
+) -> Task:
+    return Task(
+        id=task_id,
+        spec=TaskSpec(pool="default", payload=f"payload {task_id}".encode(), key=key, **spec),
+        seq=task_id,
+        status=status,
+        created=NOW - 3600,
+        finished=finished,
+        max_attempts=3,
+    )
+
+
+# ------------------------------------------------------------------------------------------ schema
+
+
+async def test_open_creates_the_schema_and_tables_in_it(
+    open_store: OpenStore, admin: Admin, pg_schema: str
+) -> None:
+    schema = f'{pg_schema}_We"ird'  # quoting: upper case and a double quote
+    assert await rows(admin, "SELECT 1 FROM pg_namespace WHERE nspname = %s", schema, schema) == []
+    await open_store(schema)
+
+    tables = await rows(
+        admin, "SELECT table_name FROM information_schema.tables WHERE table_schema = %s", schema, schema
+    )
+    assert {t for (t,) in tables} == {
+        "cronoq_schema_version",
+        "cronoq_leader",
+        "cronoq_tasks",
+        "cronoq_recurring",
+    }
+    columns = await rows(
+        admin,
+        "SELECT column_name, data_type FROM information_schema.columns"
+        " WHERE table_schema = %s AND table_name = 'cronoq_tasks' ORDER BY ordinal_position",
+        schema,
+        schema,
+    )
+    assert [name for name, _ in columns] == [*COLUMNS, "output", "output_type"]
+    types = dict(columns)
+    assert (types["id"], types["payload"], types["terminal"]) == ("bigint", "bytea", "boolean")
+    assert (types["duration_hint_s"], types["output"]) == ("double precision", "bytea")
+    indexes = dict(
+        await rows(admin, "SELECT indexname, indexdef FROM pg_indexes WHERE schemaname = %s", schema, schema)
+    )
+    assert "UNIQUE" in indexes["cronoq_tasks_live_key"]
+    assert "WHERE ((key IS NOT NULL) AND (NOT terminal))" in indexes["cronoq_tasks_live_key"]
+    assert "(terminal, finished_ns)" in indexes["cronoq_tasks_finished"]
+    assert await rows(admin, "SELECT id, epoch, max_id FROM {s}.cronoq_leader", schema) == [(1, 0, 0)]
+
+    await open_store(schema)  # a second replica finds the schema current and changes nothing
+    assert await rows(admin, "SELECT version FROM {s}.cronoq_schema_version", schema) == [(SCHEMA_VERSION,)]
+
+
+async def test_replicas_opening_together_migrate_once(
+    open_store: OpenStore, admin: Admin, pg_schema: str
+) -> None:
+    await asyncio.gather(*(open_store() for _ in range(4)))
+    assert await rows(admin, "SELECT version FROM {s}.cronoq_schema_version", pg_schema) == [
+        (SCHEMA_VERSION,)
+    ]
+    assert await rows(admin, "SELECT count(*) FROM {s}.cronoq_leader", pg_schema) == [(1,)]
+
+
+async def test_a_newer_schema_is_refused(open_store: OpenStore, admin: Admin, pg_schema: str) -> None:
+    await open_store()
+    await rows(
+        admin, "INSERT INTO {s}.cronoq_schema_version (version) VALUES (%s)", pg_schema, SCHEMA_VERSION + 1
+    )
+    with pytest.raises(SchemaTooNew) as refused:
+        await open_store()
+    message = str(refused.value)
+    assert f"version {SCHEMA_VERSION + 1}" in message and f"version {SCHEMA_VERSION}" in message
+    assert "upgrade cronoq" in message
+
+
+async def test_connection_failures_are_store_errors_without_the_password(
+    open_store: OpenStore, postgres_url: str
+) -> None:
+    params = conninfo_to_dict(postgres_url)
+    secret = "s3cret-Pa55word"
+    user, host, port = params.get("user", ""), params.get("host", "localhost"), params.get("port", 5432)
+    failures = {
+        "refused": make_conninfo(postgres_url, host="127.0.0.1", port=1, password=secret),
+        "malformed": f"postgresql://{user}:{secret} x@{host}:{port}/postgres",
+    }
+    if not await connects(make_conninfo(postgres_url, password=secret)):  # unless the server trusts anyone
+        failures["wrong password"] = make_conninfo(postgres_url, password=secret)
+        failures["wrong password in a URL"] = f"postgresql://{user}:{secret}@{host}:{port}/postgres"
+    for what, url in failures.items():
+        with pytest.raises(StoreError) as failed:
+            await open_store(url=url)
+        message = str(failed.value)
+        assert "s3cret" not in message, (what, message)
+        assert (
+            "invalid Postgres URL" in message if what == "malformed" else "cannot use Postgres at" in message
+        )
+
+
+async def connects(url: str) -> bool:
+    try:
+        await (await psycopg.AsyncConnection.connect(url)).close()
+    except psycopg.OperationalError:
+        return False
+    return True
+
+
+# -------------------------------------------------------------------------------------------- data
+
+
+async def test_commit_recover_fetch_prune_roundtrip(open_store: OpenStore) -> None:
+    store = await open_store()
+    lead = await store.acquire()
+    assert lead.epoch == 1
+    live = task(
+        1,
+        key="k1",
+        kind="resize",
+        priority=Priority.HIGH,
+        content_type="application/json",
+        deadline=NOW + 60.5,
+        duration_hint=3,  # an int where floats are expected: written as 3.0
+        timeout=2.25,
+        retry=RetryPolicy(5, 0.5, 3.0, 30.0, False),
+        tags={"ünï": "cödé", "a": ""},
+        labels={"team": "x"},
+        tenant="acme",
+    )
+    old = task(2, Status.SUCCEEDED, key="k2", finished=NOW - 1000)
+    recent = task(3, Status.FAILED, finished=NOW - 10, duration_hint=1.5)
+    await store.commit(Batch([recent, old, live], [(2, b"result \x00 bytes", "text/plain")], max_id=10))
+
+    # Later commits change the state only, even if the spec they carry differs.
+    started = replace(
+        live, status=Status.RUNNING, attempt=1, started=NOW, spec=replace(live.spec, payload=b"?")
+    )
+    await store.commit(Batch([started], [], max_id=4))
+
+    recovered = await store.recover(NOW - 100)
+    assert recovered.tasks == [replace(started, spec=live.spec), recent]
+    assert recovered.max_id == 10
+
+    stored = await store.fetch(2)
+    assert stored is not None and stored.task == old
+    assert (stored.output, stored.output_type) == (b"result \x00 bytes", "text/plain")
+    by_key = await store.fetch("k2")
+    assert by_key is not None and by_key.task.id == 2
+    newer = task(11, key="k2")  # the key is free again once task 2 finished: the newest wins
+    await store.commit(Batch([newer], [], max_id=11))
+    by_key = await store.fetch("k2")
+    assert by_key is not None and by_key.task == newer and by_key.output is None
+    assert (
+        await store.fetch(99) is None and await store.fetch("nope") is None and await store.fetch("") is None
+    )
+
+    assert await store.prune(NOW - 100) == 1  # task 2 only: task 3 finished later, 1 and 11 are live
+    assert await store.fetch(2) is None
+    remaining = await store.recover(0.0)
+    assert [t.id for t in remaining.tasks] == [1, 3, 11]
+    assert remaining.max_id == 11
+
+
+async def test_undecodable_rows_are_quarantined(open_store: OpenStore, admin: Admin, pg_schema: str) -> None:
+    store = await open_store()
+    await store.acquire()
+    await store.commit(Batch([task(1), task(2)], [], max_id=2))
+    await rows(admin, "UPDATE {s}.cronoq_tasks SET tags = 'not json' WHERE id = 1", pg_schema)
+
+    assert [t.id for t in (await store.recover(0.0)).tasks] == [2]
+    [(status, terminal, message)] = await rows(
+        admin, "SELECT status, terminal, message FROM {s}.cronoq_tasks WHERE id = 1", pg_schema
+    )
+    assert (status, terminal) == (Status.FAILED, True)
+    assert message.startswith("quarantined: row could not be decoded (")
+
+
+async def test_a_commit_that_cannot_finish_in_time_is_unavailable_and_writes_nothing(
+    open_store: OpenStore, admin: Admin, pg_schema: str
+) -> None:
+    store = await open_store(commit_timeout=0.3)
+    await store.acquire()
+    async with admin.transaction():
+        await rows(admin, "SELECT * FROM {s}.cronoq_leader FOR UPDATE", pg_schema)  # blocks every commit
+        with pytest.raises(StoreUnavailable, match=r"did not finish within 0\.3 s"):
+            await store.commit(Batch([task(1)], [], max_id=1))
+        # Keep the row locked until the abandoned statement is gone from the server (cancelled).
+        await until(lambda: blocked_on_locks(admin, pg_schema), lambda waiting: waiting == 0)
+    assert await store.fetch(1) is None
+    await store.commit(Batch([task(2)], [], max_id=2))  # and the next commit goes through
+    assert [t.id for t in (await store.recover(0.0)).tasks] == [2]
+
+
+async def test_a_commit_overtaken_by_a_later_one_writes_nothing(
+    open_store: OpenStore, admin: Admin, pg_schema: str
+) -> None:
+    """A commit given up on may still reach the server after its retry was applied; the per-leader
+    commit sequence makes it a no-op. Simulated by recording a later sequence number by hand."""
+    store = await open_store()
+    lead = await store.acquire()
+    await store.commit(Batch([task(1)], [], max_id=1))
+    await rows(admin, "UPDATE {s}.cronoq_leader SET commit_seq = commit_seq + 100", pg_schema)
+    with pytest.raises(StoreUnavailable, match="later commit"):
+        await store.commit(Batch([task(2)], [(1, b"stale", "text/plain")], max_id=2))
+    assert not lead.lost.is_set()
+    assert await store.fetch(2) is None
+    first = await store.fetch(1)
+    assert first is not None and first.output is None
+
+
+async def blocked_on_locks(admin: Admin, schema: str) -> int:
+    """How many statements on ``schema``'s tables wait for a lock."""
+    row = await (
+        await admin.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND strpos(query, %s) > 0",
+            (sql.Identifier(schema).as_string(admin),),
+        )
+    ).fetchone()
+    return int(row[0]) if row else 0
+
+
+async def until(probe: Callable[[], Awaitable[T]], done: Callable[[T], bool], timeout: float = WITHIN) -> T:
+    """Poll ``probe`` until ``done`` accepts its value; fail after ``timeout`` seconds."""
+    async with asyncio.timeout(timeout):
+        while not done(value := await probe()):  # noqa: ASYNC110 - the condition lives in the server
+            await asyncio.sleep(0.02)
+    return value
+
+
+# -------------------------------------------------------------------------------------- leadership
+
+
+async def test_a_standby_takes_over_right_after_release(open_store: OpenStore) -> None:
+    leader, standby = await open_store(), await open_store()
+    lead = await leader.acquire()
+    waiting = asyncio.create_task(standby.acquire())
+    done, _ = await asyncio.wait({waiting}, timeout=10 * LOCK_POLL)
+    assert not done, "the standby must wait while the leader holds the lock"
+
+    await leader.release()
+    assert lead.lost.is_set() and lead.reason == "released"
+    taken = await asyncio.wait_for(waiting, WITHIN)
+    assert taken.epoch == lead.epoch + 1
+    with pytest.raises(Fenced):
+        await leader.commit(Batch([task(1)], [], max_id=1))
+
+
+async def test_killing_the_lock_session_loses_leadership_and_the_standby_takes_over(
+    open_store: OpenStore, admin: Admin, pg_schema: str
+) -> None:
+    leader, standby = await open_store(), await open_store()
+    lead = await leader.acquire()
+    waiting = asyncio.create_task(standby.acquire())
+
+    await terminate(admin, await lock_holder(admin, pg_schema))
+    # No commit happens: the lock check alone notices.
+    await asyncio.wait_for(lead.lost.wait(), WITHIN)
+    assert lead.reason.startswith("lock session lost"), lead.reason
+    assert (await asyncio.wait_for(waiting, WITHIN)).epoch == 2
+    with pytest.raises(Fenced):
+        await leader.commit(Batch([task(1)], [], max_id=1))
+
+
+async def test_a_live_session_without_the_lock_is_not_leading(open_store: OpenStore) -> None:
+    """The check asks whether the lock is held, not whether the session answers."""
+    leader = await open_store()
+    lead = await leader.acquire()
+    session = leader._session  # the only way to drop the lock and keep the session
+    assert session is not None
+    await session.execute("SELECT pg_advisory_unlock_all()")
+    await asyncio.wait_for(lead.lost.wait(), WITHIN)
+    assert "no longer holds" in lead.reason
+
+
+@contextlib.contextmanager
+def stopped(pid: int) -> Iterator[None]:
+    """SIGSTOP a backend for the duration of the block (it then neither answers nor lets go of locks)."""
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        yield
+    finally:
+        os.kill(pid, signal.SIGCONT)
+
+
+async def test_an_unresponsive_lock_session_loses_leadership(
+    open_store: OpenStore, admin: Admin, pg_schema: str, postgres_server: PostgresServer
+) -> None:
+    if not postgres_server.local:
+        pytest.skip("needs a server whose backends this process can stop (not DATABASE_URL)")
+    leader, standby = await open_store(session_timeout=0.5), await open_store()
+    lead = await leader.acquire()
+    pid = await lock_holder(admin, pg_schema)
+    waiting = asyncio.create_task(standby.acquire())
+    with stopped(pid):
+        await asyncio.wait_for(lead.lost.wait(), WITHIN)
+        assert "did not answer within 0.5 s" in lead.reason
+    # Resumed, the backend finds its client gone and exits, which frees the lock.
+    assert (await asyncio.wait_for(waiting, WITHIN)).epoch == 2
+
+
+async def test_an_old_leader_is_fenced_after_a_takeover(
+    open_store: OpenStore, admin: Admin, pg_schema: str
+) -> None:
+    """A leader that missed losing its lock (paused, or checking rarely) cannot write after a takeover."""
+    old = await open_store(check_interval=3600.0)
+    lead = await old.acquire()
+    await old.commit(Batch([task(1)], [], max_id=1))
+    await terminate(admin, await lock_holder(admin, pg_schema))
+    new = await open_store()
+    assert (await asyncio.wait_for(new.acquire(), WITHIN)).epoch == 2
+    assert not lead.lost.is_set()
+
+    with pytest.raises(Fenced):
+        await old.commit(Batch([task(2)], [(1, b"late", "text/plain")], max_id=99))
+    assert lead.lost.is_set() and lead.reason.startswith("fenced"), lead.reason
+    assert await new.fetch(2) is None
+    first = await new.fetch(1)
+    assert first is not None and first.output is None
+    assert (await new.recover(0.0)).max_id == 1
+
+
+async def test_a_fenced_leader_lets_go_of_the_lock(
+    open_store: OpenStore, admin: Admin, pg_schema: str
+) -> None:
+    """Fenced while its session still holds the lock (the epoch bumped by hand here), a leader must not
+    keep the lock: the lock is re-entrant, so leading again must not leave it held twice."""
+    leader, standby = await open_store(), await open_store()
+    await leader.acquire()
+    await rows(admin, "UPDATE {s}.cronoq_leader SET epoch = epoch + 1", pg_schema)
+    with pytest.raises(Fenced):
+        await leader.commit(Batch())
+    again = await asyncio.wait_for(leader.acquire(), WITHIN)
+    assert again.epoch == 3
+    waiting = asyncio.create_task(standby.acquire())
+    await leader.release()
+    assert (await asyncio.wait_for(waiting, WITHIN)).epoch == 4
+
+
+async def test_schemas_lead_independently(open_store: OpenStore, admin: Admin, pg_schema: str) -> None:
+    one, other = await open_store(), await open_store(f"{pg_schema}_b")
+    first, second = await asyncio.wait_for(asyncio.gather(one.acquire(), other.acquire()), WITHIN)
+    assert (first.epoch, second.epoch) == (1, 1)
+    assert await lock_holder(admin, pg_schema) != await lock_holder(admin, f"{pg_schema}_b")
+    await one.commit(Batch([task(1)], [], max_id=1))
+    assert await other.fetch(1) is None

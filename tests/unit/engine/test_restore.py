@@ -1,0 +1,105 @@
+"""Taking over from a previous leader: ``Engine.restore`` with tasks as a store returns them."""
+
+from __future__ import annotations
+
+import copy
+import random
+
+from cronoq.engine import Engine, PoolConfig, RetryPolicy, Status, Task
+
+from .helpers import FIXED, drain, spec, task_of
+
+EPOCH2 = (2 << 48) + 1  # the first id a leader of epoch 2 issues
+
+
+def left_behind() -> list[Task]:
+    """Tasks as an old leader (epoch 1) left them: ready, running on attempt 1 and on its last attempt,
+    retrying, succeeded with a key, and one of a pool that is gone."""
+    first = (1 << 48) + 1
+    old = Engine([PoolConfig("p", retry=FIXED), PoolConfig("gone")], rng=random.Random(0), first_id=first)
+    old.submit([spec(key="a"), spec(key="b"), spec(key="c", retry=RetryPolicy(max_attempts=1))], 0.0)
+    old.add_worker(1, "p", 3, {}, 1.0)  # a, b and c start
+    leases = {d.task.spec.key: d for d in drain(old).dispatches}
+    old.complete(1, leases["a"].lease, 2.0)
+    old.fail(1, leases["b"].lease, "boom", False, None, 2.0)  # b: RETRYING until 3.0
+    old.set_worker_slots(1, 0, 2.0)  # draining: d and e stay READY
+    old.submit([spec(key="d"), spec("gone", key="e")], 2.5)
+    drain(old)
+    tasks = [copy.deepcopy(t) for t in old.list_tasks(pools=None, statuses=None, after=0, limit=100)[0]]
+    assert [t.status for t in tasks] == [
+        Status.SUCCEEDED,
+        Status.RETRYING,
+        Status.RUNNING,
+        Status.READY,
+        Status.READY,
+    ]
+    for task in tasks:  # what a row keeps: no lease
+        task.lease = task.worker = 0
+    return tasks
+
+
+def new_leader() -> Engine:
+    return Engine([PoolConfig("p", retry=FIXED)], rng=random.Random(1), first_id=EPOCH2)
+
+
+def test_restore_requeues_pending_retries_running_and_keeps_finished() -> None:
+    engine = new_leader()
+    engine.restore(left_behind(), 10.0)
+    events = drain(engine).events
+    assert task_of(engine, "a").status is Status.SUCCEEDED  # retained: its key still dedups
+    [dup] = engine.submit([spec(key="a")], 10.0)
+    assert dup.duplicate and dup.id == task_of(engine, "a").id
+    b = task_of(engine, "b")
+    assert (b.status, b.attempt) == (Status.READY, 1)  # its backoff timer died with the old leader
+    c = task_of(engine, "c")  # was running its only attempt
+    assert (c.status, c.message) == (Status.DEAD_LETTERED, "attempt lost in failover; retries exhausted")
+    assert task_of(engine, "d").status is Status.READY
+    e = task_of(engine, "e")
+    assert (e.status, e.message) == (Status.FAILED, "pool 'gone' is no longer configured")
+    # Every change restore made is an event, so a durable runtime commits it.
+    assert {(ev.task.spec.key, ev.status) for ev in events} == {
+        ("b", Status.READY),
+        ("c", Status.DEAD_LETTERED),
+        ("e", Status.FAILED),
+    }
+    assert engine.pending_count("p") == 2
+
+
+def test_running_attempt_with_retries_left_is_retried_and_counted() -> None:
+    tasks = left_behind()
+    running = next(t for t in tasks if t.spec.key == "c")
+    running.max_attempts = 3
+    engine = new_leader()
+    engine.restore(tasks, 10.0)
+    c = task_of(engine, "c")
+    assert (c.status, c.attempt, c.message) == (Status.RETRYING, 1, "attempt lost in failover")
+    wake = engine.next_wakeup()
+    assert wake is not None and wake > 10.0  # the usual backoff applies
+    engine.add_worker(9, "p", 5, {}, wake)
+    engine.tick(wake)
+    assert {d.task.spec.key: d.attempt for d in drain(engine).dispatches}["c"] == 2
+
+
+def test_restored_ready_tasks_dispatch_before_new_ones_and_ids_continue_in_the_new_epoch() -> None:
+    engine = new_leader()
+    engine.restore(left_behind(), 10.0)
+    [new] = engine.submit([spec(key="z")], 10.0)
+    assert new.id == EPOCH2
+    engine.add_worker(5, "p", 1, {}, 10.0)
+    [first] = drain(engine).dispatches
+    assert first.task.spec.key in {"b", "d"}  # older work first, never the new "z"
+
+
+def test_listing_pages_across_the_epoch_gap() -> None:
+    engine = new_leader()
+    engine.restore(left_behind(), 10.0)
+    engine.submit([spec(key=f"n{i}") for i in range(3)], 10.0)
+    seen: list[int] = []
+    after = 0
+    while True:
+        page, after = engine.list_tasks(pools=None, statuses=None, after=after, limit=2)
+        seen += [t.id for t in page]
+        if after == 0:
+            break
+    assert seen == sorted(seen) and len(seen) == 8
+    assert seen[-3:] == [EPOCH2, EPOCH2 + 1, EPOCH2 + 2]
