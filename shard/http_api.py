@@ -76,8 +76,10 @@ class MethodNotAllowed(ApiError):
 
 def error_response(err: ApiError) -> web.Response:
     response = _json({"error": err.message, "code": err.code}, err.http_status)
-    if isinstance(err, BodyTooLarge):
-        response.force_close()  # do not linger reading a body we refused
+    if isinstance(err, BodyTooLarge | Unavailable):
+        # A refused body is not read on; a standby (or a server shutting down) closes the connection
+        # so that the client's next request goes through its load balancer again, to the leader.
+        response.force_close()
     return response
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import signal
+import urllib.error
 import urllib.request
 from pathlib import Path
 
@@ -35,6 +36,13 @@ name = "default"
 max = 64
 retry = {{ max_attempts = 3, initial_backoff_s = 0.05, multiplier = 1.0, max_backoff_s = 0.05, jitter = false }}
 """
+
+
+def refusal_headers(url: str) -> dict[str, str]:
+    """The headers of an HTTP error answer (fails if the request succeeds)."""
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        urllib.request.urlopen(url, timeout=5)
+    return dict(refused.value.headers)
 
 
 def metrics_text(server: ServerProcess) -> str:
@@ -135,6 +143,9 @@ async def test_a_second_server_on_the_file_stands_by_and_takes_over_on_sigterm(t
             with pytest.raises(Unavailable):
                 await client.submit(b"y")
         assert standby.probe("/v1/tasks/before") == 503
+        # The refusal closes the connection, so the client's next request goes through the load
+        # balancer again.
+        assert refusal_headers(f"{standby.http}/v1/tasks/before")["Connection"] == "close"
         assert 'cronoq_leader{shard=""} 0' in metrics_text(standby)
         leader_metrics = metrics_text(leader)
         assert 'cronoq_leader{shard=""} 1' in leader_metrics

@@ -131,17 +131,31 @@ async def test_terminating_the_lock_session_hands_leadership_to_the_standby(
     tmp_path: Path, postgres_url: str, pg_schema: str
 ) -> None:
     with pair(tmp_path, postgres_url, pg_schema) as (leader, standby):
-        async with Client(leader.target) as client:
-            submitted = await client.submit(b"x", key="kept")
-        [pid] = lock_holders(postgres_url)
-        with psycopg.connect(postgres_url, autocommit=True) as conn:
-            conn.execute("SELECT pg_terminate_backend(%s)", (pid,))
-        standby.wait_probe("/readyz", 200, timeout=15)
-        leader.wait_probe("/readyz", 503, timeout=15)  # stepped down, still running, standing by
-        assert leader.proc is not None and leader.proc.poll() is None
-        async with Client(standby.target) as client:
-            assert (await client.get("kept")).id == submitted.id
-        assert "stepped_down" in leader.logs()
+
+        async def handler(lease: Lease) -> str:
+            return f"ran {lease.key}"
+
+        async with (
+            Client(both(leader, standby), options=ROUND_ROBIN) as client,
+            worker(both(leader, standby), handler, options=ROUND_ROBIN, backoff=(5.0, 5.0)) as w,
+        ):
+            before = await submit_until_acknowledged(client, "before", time.monotonic() + 10)
+            assert await wait_until_succeeded(client, ["before"], 10) == {"before": "succeeded"}
+            [pid] = lock_holders(postgres_url)
+            with psycopg.connect(postgres_url, autocommit=True) as conn:
+                conn.execute("SELECT pg_terminate_backend(%s)", (pid,))
+            standby.wait_probe("/readyz", 200, timeout=15)
+            leader.wait_probe("/readyz", 503, timeout=15)  # stepped down, still running, standing by
+            assert leader.proc is not None and leader.proc.poll() is None
+            assert "stepped_down" in leader.logs()
+            # The worker was told Shutdown{not_leader} and reconnected at once: with a 5 s backoff
+            # for any other reason, only that makes it serve the new leader within the wait below.
+            after = await submit_until_acknowledged(client, "after", time.monotonic() + 10)
+            async with Client(standby.target) as new_leader:
+                result = await new_leader.wait(after, timeout=4)
+                assert result.text() == "ran after"
+                assert (await new_leader.get("before")).id == before
+            assert w.last_shutdown == "not the leader" and w.connections == 2
 
 
 async def test_a_paused_leader_is_replaced_and_never_commits_after_it_resumes(

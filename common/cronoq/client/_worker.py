@@ -36,6 +36,10 @@ from cronoq.v1 import cronoq_pb2_grpc as pb_grpc
 PROTOCOL_VERSION = 3
 """The worker protocol version this SDK speaks."""
 MAX_REDIRECTS = 3
+# After the server says it is no longer the leader, the new one is usually serving within a second or
+# two (a standby's poll plus recovery): retry UNAVAILABLE this often, for this long, before backing off.
+LEADER_HUNT_S = 15.0
+LEADER_HUNT_DELAY_S = 0.1
 """Shard redirects followed in a row before :meth:`Worker.run` gives up."""
 
 # Statuses retrying cannot fix: run() raises them instead of reconnecting.
@@ -270,6 +274,7 @@ class Worker:
         endpoint = self._home
         delay = self.backoff[0]
         redirects = 0
+        hunt_until = 0.0  # after Shutdown{not_leader}: look for the new leader briskly until then
         while not self._stopping:
             session = _Session(self, endpoint, signals)
             self._session = session
@@ -306,7 +311,11 @@ class Worker:
             if error is not None and error.code == "unavailable":
                 endpoint = self._home  # a redirected-to shard is down: ask the configured target again
             if session.shutdown is not None and session.shutdown.not_leader:
-                continue  # leadership moved: the new leader is ready now
+                hunt_until = loop.time() + LEADER_HUNT_S
+                continue  # leadership moved: the new leader is ready now, or in a moment
+            if error is not None and error.code == "unavailable" and loop.time() < hunt_until:
+                await self._pause(LEADER_HUNT_DELAY_S)  # a standby, or the new leader still recovering
+                continue
             await self._pause(delay)
             delay = min(delay * 2, self.backoff[1])
 

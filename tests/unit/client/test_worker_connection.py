@@ -14,6 +14,7 @@ import pytest
 from cronoq import errors
 from cronoq.client import MAX_REDIRECTS, ClientError, Lease, Worker
 from cronoq.client._connect import ChannelOptions, Endpoint, open_channel
+from cronoq.client._worker import LEADER_HUNT_DELAY_S
 
 from .scripted import TIMEOUT, Refusal, WorkersServer, redirect_to, running, serve
 
@@ -65,6 +66,22 @@ async def test_shutdown_is_recorded_and_reconnects(
     assert worker.last_shutdown == "leadership moved"
     assert worker.connections == 2
     assert pauses == expected_pauses
+
+
+async def test_after_not_leader_unavailable_is_retried_briskly_not_with_the_backoff(
+    workers: WorkersServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    worker = Worker(workers.target, "p", _never, backoff=(5.0, 5.0))
+    pauses = record_pauses(worker, monkeypatch)
+    async with running(worker):
+        first = await workers.accept()
+        await first.handshake()
+        workers.refusals = [UNAVAILABLE, UNAVAILABLE, None]  # the standby, twice, then the new leader
+        await first.send(shutdown={"reason": "not the leader", "not_leader": True})
+        await (await workers.accept()).handshake()
+        await worker.wait_registered(TIMEOUT)
+    assert pauses == [LEADER_HUNT_DELAY_S, LEADER_HUNT_DELAY_S]
+    assert worker.connections == 2
 
 
 async def test_a_lease_before_registered_ends_the_session(
