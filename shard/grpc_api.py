@@ -12,7 +12,7 @@ from typing import Any, TypeVar
 from cronoq.auth import Principal, Role
 from cronoq.errors import ApiError
 from cronoq.logs import get_logger
-from cronoq.transport import bearer, grpc_status
+from cronoq.transport import OUTPUT_TYPE_KEY, bearer, forwarded, grpc_status
 from cronoq.v1 import cronoq_pb2 as pb
 from cronoq.v1 import cronoq_pb2_grpc as pbg
 
@@ -24,11 +24,16 @@ T = TypeVar("T")
 log = get_logger("cronoq.grpc")
 
 
+def _authorize(service: Service, context: Ctx, role: Role) -> Principal:
+    metadata = context.invocation_metadata()
+    return service.authorize(bearer(metadata), role, forwarded(metadata))
+
+
 async def _call(context: Ctx, fn: Callable[[], Awaitable[T]]) -> T:
     try:
         return await fn()
     except ApiError as err:
-        await context.abort(grpc_status(err), err.message)
+        await context.abort(grpc_status(err), err.message, err.metadata)
         raise  # unreachable: abort raises
 
 
@@ -36,12 +41,21 @@ class TasksServicer(pbg.TasksServicer):  # type: ignore[misc]
     def __init__(self, service: Service) -> None:
         self.service = service
 
+    def _output_type(self, context: Ctx, result: pb.TaskResult) -> None:
+        """Tell a forwarding server the output's content type (see OUTPUT_TYPE_KEY)."""
+        if result.output_available:
+            cached = self.service.runtime.outputs.get(result.id)
+            if cached is not None and cached[1]:
+                context.set_trailing_metadata(((OUTPUT_TYPE_KEY, cached[1]),))
+
     def _caller(self, context: Ctx) -> Principal:
-        return self.service.authorize(bearer(context.invocation_metadata()), Role.CLIENT)
+        return _authorize(self.service, context, Role.CLIENT)
 
     async def Submit(self, request: pb.SubmitRequest, context: Ctx) -> pb.SubmitResponse:
         async def run() -> pb.SubmitResponse:
-            return await self.service.submit(self._caller(context), request)
+            response = await self.service.submit(self._caller(context), request)
+            self._output_type(context, response.result)
+            return response
 
         return await _call(context, run)
 
@@ -65,13 +79,15 @@ class TasksServicer(pbg.TasksServicer):  # type: ignore[misc]
 
     async def ListTasks(self, request: pb.ListTasksRequest, context: Ctx) -> pb.ListTasksResponse:
         async def run() -> pb.ListTasksResponse:
-            return self.service.list_tasks(self._caller(context), request)
+            return await self.service.list_tasks(self._caller(context), request)
 
         return await _call(context, run)
 
     async def Wait(self, request: pb.WaitRequest, context: Ctx) -> pb.TaskResult:
         async def run() -> pb.TaskResult:
-            return await self.service.wait(self._caller(context), request)
+            response = await self.service.wait(self._caller(context), request)
+            self._output_type(context, response)
+            return response
 
         return await _call(context, run)
 
@@ -90,21 +106,20 @@ class AdminServicer(pbg.AdminServicer):  # type: ignore[misc]
 
     async def Snapshot(self, request: pb.Empty, context: Ctx) -> pb.SnapshotResponse:
         async def run() -> pb.SnapshotResponse:
-            self.service.authorize(bearer(context.invocation_metadata()), Role.METRICS)
-            return self.service.snapshot()
+            return await self.service.snapshot(_authorize(self.service, context, Role.METRICS))
 
         return await _call(context, run)
 
     async def ListWorkers(self, request: pb.Empty, context: Ctx) -> pb.ListWorkersResponse:
         async def run() -> pb.ListWorkersResponse:
-            self.service.authorize(bearer(context.invocation_metadata()), Role.METRICS)
-            return self.service.list_workers(self.connected)
+            caller = _authorize(self.service, context, Role.METRICS)
+            return await self.service.list_workers(caller, self.connected)
 
         return await _call(context, run)
 
     async def _unsupported(self, context: Ctx, role: Role) -> Any:
         async def run() -> Any:
-            self.service.authorize(bearer(context.invocation_metadata()), role)
+            _authorize(self.service, context, role)
             raise self.service.recurring_unsupported()
 
         return await _call(context, run)
@@ -119,7 +134,7 @@ class AdminServicer(pbg.AdminServicer):  # type: ignore[misc]
 
     async def ListRecurring(self, request: pb.Empty, context: Ctx) -> pb.ListRecurringResponse:
         async def run() -> pb.ListRecurringResponse:
-            self.service.authorize(bearer(context.invocation_metadata()), Role.METRICS)
+            _authorize(self.service, context, Role.METRICS)
             return pb.ListRecurringResponse()
 
         return await _call(context, run)
@@ -133,7 +148,7 @@ class WorkersServicer(pbg.WorkersServicer):  # type: ignore[misc]
 
     async def Work(self, request_iterator: object, context: Ctx) -> None:
         async def run() -> None:
-            caller = self.service.authorize(bearer(context.invocation_metadata()), Role.WORKER)
+            caller = _authorize(self.service, context, Role.WORKER)
             stream = self.make_stream(context, caller)
             self.streams.add(stream)
             try:

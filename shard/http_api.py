@@ -30,6 +30,7 @@ from cronoq.errors import (
     Unavailable,
 )
 from cronoq.logs import get_logger
+from cronoq.transport import FORWARDED_KEY
 from cronoq.v1 import cronoq_pb2 as pb
 
 from . import http_codec as codec
@@ -76,6 +77,8 @@ class MethodNotAllowed(ApiError):
 
 def error_response(err: ApiError) -> web.Response:
     response = _json({"error": err.message, "code": err.code}, err.http_status)
+    for key, value in err.metadata:
+        response.headers[key] = value
     if isinstance(err, BodyTooLarge | Unavailable):
         # A refused body is not read on; a standby (or a server shutting down) closes the connection
         # so that the client's next request goes through its load balancer again, to the leader.
@@ -166,7 +169,9 @@ class _Gateway:
         """The shared request path: authenticate first, then run the endpoint, render JSON answers."""
 
         async def handle(request: web.Request) -> web.StreamResponse:
-            caller = self.service.authorize(request.headers.get(hdrs.AUTHORIZATION), role)
+            caller = self.service.authorize(
+                request.headers.get(hdrs.AUTHORIZATION), role, FORWARDED_KEY in request.headers
+            )
             answer = await endpoint(caller, request)
             return answer if isinstance(answer, web.StreamResponse) else _json(answer)
 
@@ -221,7 +226,7 @@ class _Gateway:
 
     async def list_tasks(self, caller: Principal, request: web.Request) -> codec.JsonObject:
         req = codec.list_request(codec.Query(request.query))
-        return codec.list_response(self.service.list_tasks(caller, req))
+        return codec.list_response(await self.service.list_tasks(caller, req))
 
     async def watch(self, caller: Principal, request: web.Request) -> web.StreamResponse:
         """Server-Sent Events: one ``data:`` line of StatusEvent JSON per event, a comment every
@@ -262,10 +267,10 @@ class _Gateway:
     # ------------------------------------------------------------------------------------ admin
 
     async def snapshot(self, caller: Principal, request: web.Request) -> codec.JsonObject:
-        return codec.snapshot(self.service.snapshot())
+        return codec.snapshot(await self.service.snapshot(caller))
 
     async def workers(self, caller: Principal, request: web.Request) -> codec.JsonObject:
-        return codec.workers(self.service.list_workers(self.workers_connected()))
+        return codec.workers(await self.service.list_workers(caller, self.workers_connected()))
 
     async def list_recurring(self, caller: Principal, request: web.Request) -> codec.JsonObject:
         return {"schedules": [], "unavailable_shards": []}

@@ -7,13 +7,14 @@ import asyncio
 import os
 import signal
 import sys
+from collections.abc import Iterable
 from importlib import resources
 
 from cronoq import __version__
 from cronoq.config import Config, ConfigError, default_config, load_config, validate_config
 from cronoq.logs import configure, get_logger
 
-from .support import unsupported
+from .support import server_problems, unsupported
 
 log = get_logger("cronoq.server")
 
@@ -81,28 +82,31 @@ async def serve(config: Config) -> None:
     await server.shutdown("server shutting down")
 
 
+def _refuse(header: str, problems: Iterable[object]) -> int:
+    """Print why the configuration cannot run, one line per problem; the exit status."""
+    print(header, file=sys.stderr)
+    for problem in problems:
+        print(f"  - {problem}", file=sys.stderr)
+    return 1
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     if args.print_proto:
         sys.stdout.write(proto_text())
         return 0
     configure()
+    invalid = f"cronoq-server: invalid configuration{' ' + args.config if args.config else ''}:"
     try:
         config = read_config(args)
     except ConfigError as err:
-        print(
-            f"cronoq-server: invalid configuration{' ' + args.config if args.config else ''}:",
-            file=sys.stderr,
-        )
-        for problem in err.problems:
-            print(f"  - {problem}", file=sys.stderr)
-        return 1
+        return _refuse(invalid, err.problems)
+    missing = server_problems(config)
+    if missing:
+        return _refuse(invalid, missing)
     refused = unsupported(config)
     if refused:
-        print("cronoq-server: this configuration asks for what this version cannot do yet:", file=sys.stderr)
-        for message in refused:
-            print(f"  - {message}", file=sys.stderr)
-        return 1
+        return _refuse("cronoq-server: this configuration asks for what this version cannot do yet:", refused)
     if args.check:
         print(f"configuration ok: {len(config.pools)} pool(s): {', '.join(p.name for p in config.pools)}")
         return 0

@@ -28,17 +28,18 @@ from cronoq.config import Config
 from cronoq.engine import Engine
 from cronoq.errors import Unavailable
 from cronoq.logs import get_logger
+from cronoq.shards import ShardMap
 from cronoq.v1 import cronoq_pb2_grpc as pbg
 
 from . import metrics
 from .convert import SpecLimits
+from .forward import Peers
 from .grpc_api import AdminServicer, TasksServicer, WorkersServicer
 from .http_api import build_http_app, build_metrics_app
 from .outputs import OutputCache
 from .runtime import Runtime
 from .service import Service
 from .store import Leadership, StoreError
-from .store.base import first_id
 from .store.factory import make_store
 from .tls import load_server_tls
 from .workers import WorkerStream
@@ -59,7 +60,20 @@ class ShardServer:
     def __init__(self, config: Config) -> None:
         self.config = config
         limits = config.limits
-        self.engine_pools = [p.to_engine(limits) for p in config.pools]
+        self.shards = ShardMap.from_config(config, config.server.shard)
+        all_pools = [p.to_engine(limits) for p in config.pools]
+        # With [[shards]] this process schedules only its own shard's pools; the others are known (to
+        # validate and route calls) but scheduled elsewhere.
+        self.engine_pools = [p for p in all_pools if self.shards.is_local(self.shards.by_pool(p.name))]
+        self.peers = (
+            Peers(
+                self.shards,
+                insecure_peer_http=config.server.insecure_peer_http,
+                timeout=limits.request_timeout_s,
+            )
+            if self.shards.sharded
+            else None
+        )
         self.engine_limits = limits.to_engine()
         self.store = make_store(config)
         self.outputs = OutputCache(config.outputs.cache_entries, config.outputs.cache_bytes)
@@ -73,13 +87,15 @@ class ShardServer:
             max_tag_len=limits.max_tag_len,
         )
         self.service = Service(
-            self.engine_pools,
+            all_pools,
             self.auth,
             spec_limits=self.spec_limits,
             max_tasks_per_batch=limits.max_tasks_per_batch,
             max_wait_s=limits.max_wait_s,
             request_timeout_s=limits.request_timeout_s,
             max_list=limits.max_list,
+            shards=self.shards,
+            peers=self.peers,
         )
         self.connected: dict[int, tuple[str, int]] = {}
         self.workers = WorkersServicer(self.service, self._make_stream)
@@ -103,6 +119,7 @@ class ShardServer:
             spec_limits=self.spec_limits,
             max_message_bytes=limits.max_message_bytes,
             connected=self.connected,
+            shards=self.shards,
         )
 
     async def _listen(
@@ -175,7 +192,7 @@ class ShardServer:
             self.engine_pools,
             limits=self.engine_limits,
             rng=random.Random(),
-            first_id=first_id(leadership.epoch, recovered.max_id),
+            first_id=self.shards.first_id(leadership.epoch, recovered.max_id),
         )
         engine.restore(recovered.tasks, now)
         runtime = Runtime(engine, self.outputs, store=self.store, on_store_failure=leadership.lose)
@@ -344,6 +361,8 @@ class ShardServer:
         except StoreError as err:
             log.warning("release_failed", error=str(err))
         await self.store.close()
+        if self.peers is not None:
+            await self.peers.close()
         if self.grpc_server is not None:
             await self.grpc_server.stop(DRAIN_S)
         for runner in (self.http_runner, self.metrics_runner):

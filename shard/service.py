@@ -10,6 +10,8 @@ from __future__ import annotations
 import contextlib
 import math
 from collections.abc import AsyncIterator, Sequence
+from dataclasses import replace
+from typing import Any
 
 from cronoq.auth import Authenticator, Principal, Role
 from cronoq.engine.model import PoolConfig, RetryPolicy, Status, SubmitError, Task, TaskSpec
@@ -25,9 +27,11 @@ from cronoq.errors import (
     Unavailable,
     Unimplemented,
 )
+from cronoq.shards import Shard, ShardMap
 from cronoq.v1 import cronoq_pb2 as pb
 
 from .convert import NS, SpecLimits, check_duration, spec_from_wire, status_from_wire, task_info
+from .forward import Peers
 from .runtime import Runtime
 from .store import StoredTask, StoreError
 
@@ -61,8 +65,13 @@ class Service:
         max_wait_s: float,
         request_timeout_s: float,
         max_list: int,
+        shards: ShardMap | None = None,
+        peers: Peers | None = None,
     ) -> None:
         self._runtime: Runtime | None = None
+        # With [[shards]], ``pools`` are the whole cluster's and calls for other shards go to ``peers``.
+        self.shards = shards if shards is not None else ShardMap([])
+        self.peers = peers
         self.auth = auth
         self.spec_limits = spec_limits
         self.max_tasks_per_batch = max_tasks_per_batch
@@ -91,10 +100,13 @@ class Service:
 
     # ---------------------------------------------------------------------------------- callers
 
-    def authorize(self, authorization: str | None, role: Role) -> Principal:
+    def authorize(self, authorization: str | None, role: Role, forwarded: bool = False) -> Principal:
         """Authenticate, check the role, and refuse while the server is not serving (``/metrics``
-        excepted: a standby reports that it is one)."""
+        excepted: a standby reports that it is one). Where calls may be forwarded to other shards, the
+        principal keeps the caller's credential to present there."""
         principal = self.auth.require(authorization, role)
+        if self.peers is not None:
+            principal = replace(principal, credential=authorization or "", forwarded=forwarded)
         if role is not Role.METRICS and not self.runtime.accepting:
             raise Unavailable("server is shutting down; retry against the new leader")
         return principal
@@ -172,9 +184,60 @@ class Service:
             await runtime.sync()
             return [(s.id, s.duplicate) for s in submitted]
 
+    # ---------------------------------------------------------------------------------- shards
+
+    def _remote(self, shard: Shard | None) -> Shard | None:
+        """``shard`` when another shard owns the call (it must go there), None when this one does."""
+        return None if self.shards.is_local(shard) else shard
+
+    def _pool_owner(self, pool: str) -> Shard | None:
+        return self._remote(self.shards.by_pool(pool or self.default_pool))
+
+    async def _forward(
+        self, shard: Shard, method: str, req: Any, caller: Principal, wait: float = 0.0
+    ) -> Any:
+        assert self.peers is not None  # set whenever [[shards]] are configured
+        response, output_type = await self.peers.call(shard, "tasks", method, req, caller, wait=wait)
+        if output_type is not None and method in ("Submit", "Wait"):
+            result = response.result if method == "Submit" else response
+            if result.output_available:  # kept as if local, so that HTTP renders it by its type
+                self.runtime.outputs.put(result.id, result.output, output_type)
+        return response
+
+    async def _ref_owner(self, caller: Principal, field: str, ref: pb.TaskRef) -> Shard | None:
+        """The other shard that holds the task ``ref`` names, or None when it is (or would be) ours: by
+        the shard number in an id, or for a key not known here, by asking the other shards."""
+        if not self.shards.sharded:
+            return None
+        if ref.WhichOneof("target") == "id":
+            shard = self.shards.by_id(ref.id)
+            if shard is None:
+                raise NotFound(f"{field}: no task {ref.id!r} (no shard has number {ref.id >> 56})")
+            return self._remote(shard)
+        if (
+            caller.forwarded
+            or not ref.key
+            or self.runtime.engine.get(ref.key) is not None
+            or self.peers is None
+        ):
+            return None
+        others = [s for s in self.shards if not self.shards.is_local(s)]
+        answers = await self.peers.fan_out(
+            others, "tasks", "Get", [pb.GetRequest(task=ref)] * len(others), caller
+        )
+        for shard, answer in zip(others, answers, strict=True):
+            if isinstance(answer, pb.TaskInfo):
+                return shard
+        return None
+
     async def submit(self, caller: Principal, req: pb.SubmitRequest) -> pb.SubmitResponse:
         if req.HasField("wait_timeout_s") and not req.wait:
             raise InvalidArgument("wait_timeout_s: only meaningful with wait = true")
+        remote = self._pool_owner(req.task.pool)
+        if remote is not None:
+            return await self._forward(
+                remote, "Submit", req, caller, wait=self.max_wait_s if req.wait else 0.0
+            )
         spec = self._spec(caller, "task", req.task)
         [(task_id, duplicate)] = await self._admit([spec], "task")
         response = pb.SubmitResponse(id=task_id, duplicate=duplicate)
@@ -192,6 +255,17 @@ class Service:
             raise InvalidArgument(
                 f"tasks: {len(req.tasks)} tasks exceed limits.max_tasks_per_batch ({self.max_tasks_per_batch})"
             )
+        if self.shards.sharded:
+            owners = [self.shards.by_pool(msg.pool or self.default_pool) for msg in req.tasks]
+            for i, owner in enumerate(owners):
+                if owner is not owners[0] and owner is not None and owners[0] is not None:
+                    raise InvalidArgument(
+                        f"tasks[{i}].pool: pool '{req.tasks[i].pool or self.default_pool}' is served by shard "
+                        f"'{owner.name}', tasks[0]'s by shard '{owners[0].name}': a batch goes to one shard"
+                    )
+            remote = self._remote(owners[0])
+            if remote is not None:
+                return await self._forward(remote, "SubmitBatch", req, caller)
         specs = [self._spec(caller, f"tasks[{i}]", msg) for i, msg in enumerate(req.tasks)]
         results = await self._admit(specs, "tasks")
         return pb.SubmitBatchResponse(tasks=[pb.SubmitResponse(id=i, duplicate=d) for i, d in results])
@@ -199,6 +273,9 @@ class Service:
     # ------------------------------------------------------------------------------ lookups
 
     async def cancel(self, caller: Principal, req: pb.CancelRequest) -> pb.CancelResponse:
+        remote = await self._ref_owner(caller, "task", req.task)
+        if remote is not None:
+            return await self._forward(remote, "Cancel", req, caller)
         found = await self._task(caller, "task", req.task)
         if isinstance(found, StoredTask):  # the engine holds every live task: this one has finished
             return pb.CancelResponse(cancelled=False)
@@ -209,12 +286,74 @@ class Service:
         return pb.CancelResponse(cancelled=cancelled)
 
     async def get(self, caller: Principal, req: pb.GetRequest) -> pb.TaskInfo:
+        remote = await self._ref_owner(caller, "task", req.task)
+        if remote is not None:
+            return await self._forward(remote, "Get", req, caller)
         found = await self._task(caller, "task", req.task)
         if isinstance(found, StoredTask):
             return task_info(found.task, found.output is not None)
         return task_info(found, self.runtime.output_available(found))
 
-    def list_tasks(self, caller: Principal, req: pb.ListTasksRequest) -> pb.ListTasksResponse:
+    async def list_tasks(self, caller: Principal, req: pb.ListTasksRequest) -> pb.ListTasksResponse:
+        """One page in id order; with [[shards]], every shard's page merged (the requested pools split by
+        shard), and shards that did not answer named in ``unavailable_shards``."""
+        if not self.shards.sharded or caller.forwarded:
+            return self._list_local(caller, req)
+        parts: list[tuple[Shard, pb.ListTasksRequest]] = []
+        for pool in req.pools:
+            if self.shards.by_pool(pool) is None:
+                raise NotFound(f"pools: unknown pool '{pool}'")
+        for shard in self.shards:
+            part = pb.ListTasksRequest()
+            part.CopyFrom(req)
+            if req.pools:
+                del part.pools[:]
+                part.pools.extend(p for p in req.pools if p in shard.pools)
+                if not part.pools:
+                    continue
+            parts.append((shard, part))
+        answers = await self._fan_out(caller, "tasks", "ListTasks", parts, self._list_local)
+        limit = min(req.limit or 100, self.max_list)
+        merged: list[pb.TaskInfo] = []
+        more = False
+        unavailable: list[str] = []
+        for (shard, _), answer in zip(parts, answers, strict=True):
+            if isinstance(answer, ApiError):
+                unavailable.append(shard.name)
+                continue
+            merged.extend(answer.tasks)
+            more = more or answer.next_after != 0
+        merged.sort(key=lambda info: info.id)
+        more = more or len(merged) > limit
+        page = merged[:limit]
+        return pb.ListTasksResponse(
+            tasks=page, next_after=page[-1].id if more and page else 0, unavailable_shards=unavailable
+        )
+
+    async def _fan_out(
+        self, caller: Principal, service: str, method: str, parts: list[tuple[Shard, Any]], local: Any
+    ) -> list[Any]:
+        """Ask every shard in ``parts``: this one by calling ``local(caller, request)``, the others over
+        the network; a shard that fails (unreachable, standby) gives its ApiError."""
+        assert self.peers is not None
+        remote = [(shard, part) for shard, part in parts if not self.shards.is_local(shard)]
+        answers = iter(
+            await self.peers.fan_out([s for s, _ in remote], service, method, [r for _, r in remote], caller)
+        )
+        results: list[Any] = []
+        for shard, part in parts:
+            if self.shards.is_local(shard):
+                try:
+                    results.append(local(caller, part))
+                except ApiError as err:
+                    if not isinstance(err, Unavailable):
+                        raise
+                    results.append(err)
+            else:
+                results.append(next(answers))
+        return results
+
+    def _list_local(self, caller: Principal, req: pb.ListTasksRequest) -> pb.ListTasksResponse:
         engine = self.runtime.engine
         for pool in req.pools:
             if not engine.has_pool(pool):
@@ -261,6 +400,9 @@ class Service:
         return await self.result(task)
 
     async def wait(self, caller: Principal, req: pb.WaitRequest) -> pb.TaskResult:
+        remote = await self._ref_owner(caller, "task", req.task)
+        if remote is not None:
+            return await self._forward(remote, "Wait", req, caller, wait=self.max_wait_s)
         found = await self._task(caller, "task", req.task)
         timeout = self._wait_limit("timeout_s", req.timeout_s if req.HasField("timeout_s") else None)
         if isinstance(found, StoredTask):
@@ -299,10 +441,52 @@ class Service:
 
     # -------------------------------------------------------------------------------- admin
 
-    def snapshot(self) -> pb.SnapshotResponse:
+    async def snapshot(self, caller: Principal) -> pb.SnapshotResponse:
+        """This shard's snapshot; with [[shards]], every shard's pools and counts added up."""
+        if not self.shards.sharded or caller.forwarded:
+            return self._snapshot_local(caller, pb.Empty())
+        parts = [(shard, pb.Empty()) for shard in self.shards]
+        answers = await self._fan_out(caller, "admin", "Snapshot", parts, self._snapshot_local)
+        merged = pb.SnapshotResponse()
+        for (shard, _), answer in zip(parts, answers, strict=True):
+            if isinstance(answer, ApiError):
+                merged.unavailable_shards.append(shard.name)
+                continue
+            merged.pools.extend(answer.pools)
+            merged.live_tasks += answer.live_tasks
+            merged.running += answer.running
+            merged.pending += answer.pending
+            merged.workers_connected += answer.workers_connected
+            for field in pb.Totals.DESCRIPTOR.fields:
+                setattr(
+                    merged.totals,
+                    field.name,
+                    getattr(merged.totals, field.name) + getattr(answer.totals, field.name),
+                )
+        return merged
+
+    def _snapshot_local(self, caller: Principal, req: pb.Empty) -> pb.SnapshotResponse:
         return snapshot_to_wire(self.runtime.engine.snapshot(self.runtime.clock()))
 
-    def list_workers(self, connected: dict[int, tuple[str, int]]) -> pb.ListWorkersResponse:
+    async def list_workers(
+        self, caller: Principal, connected: dict[int, tuple[str, int]]
+    ) -> pb.ListWorkersResponse:
+        """Connected workers; with [[shards]], every shard's."""
+        if not self.shards.sharded or caller.forwarded:
+            return self._workers_local(connected)
+        parts = [(shard, pb.Empty()) for shard in self.shards]
+        answers = await self._fan_out(
+            caller, "admin", "ListWorkers", parts, lambda _c, _r: self._workers_local(connected)
+        )
+        merged = pb.ListWorkersResponse()
+        for (shard, _), answer in zip(parts, answers, strict=True):
+            if isinstance(answer, ApiError):
+                merged.unavailable_shards.append(shard.name)
+            else:
+                merged.workers.extend(answer.workers)
+        return merged
+
+    def _workers_local(self, connected: dict[int, tuple[str, int]]) -> pb.ListWorkersResponse:
         """``connected`` maps worker id to (name, connected Unix ns), kept by the worker streams."""
         workers = []
         for view in self.runtime.engine.workers():

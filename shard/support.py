@@ -26,8 +26,6 @@ def unsupported(config: Config) -> list[str]:
         problems.append(
             "auth.certs: client-certificate identities are not supported by this server version yet"
         )
-    if config.shards:
-        problems.append("shards: sharding is not supported by this server version yet")
     if config.resources:
         problems.append("resources: resources are not supported by this server version yet")
     for i, pool in enumerate(config.pools):
@@ -39,3 +37,13 @@ def unsupported(config: Config) -> list[str]:
             key = "fair_share" if pool.fair_share else "tenant_weights"
             problems.append(f"pools[{i}].{key}: fair sharing is not supported by this server version yet")
     return problems
+
+
+def server_problems(config: Config) -> list[str]:
+    """What a valid configuration still lacks to run a *server* (the router reads the same file)."""
+    if config.shards and not config.server.shard:
+        return [
+            "server.shard: required with [[shards]]: name the shard this server serves "
+            "(or pass --shard, or set CRONOQ_SHARD)"
+        ]
+    return []

@@ -19,9 +19,11 @@ from cronoq.auth import Principal
 from cronoq.engine.model import Abort, Dispatch
 from cronoq.errors import ApiError, FailedPrecondition, InvalidArgument, NotFound, PermissionDenied
 from cronoq.logs import get_logger
+from cronoq.shards import ShardMap
 from cronoq.v1 import cronoq_pb2 as pb
 
 from .convert import MAX_WORKER_MESSAGE, NS, SpecLimits, check_map, check_text, priority_to_wire
+from .forward import WrongShard
 from .runtime import Runtime
 
 PROTOCOL_VERSION = 3
@@ -59,7 +61,9 @@ class WorkerStream:
         spec_limits: SpecLimits,
         max_message_bytes: int,
         connected: dict[int, tuple[str, int]],
+        shards: ShardMap | None = None,
     ) -> None:
+        self.shards = shards if shards is not None else ShardMap([])
         self.runtime = runtime
         self.context = context
         self.caller = caller
@@ -149,6 +153,10 @@ class WorkerStream:
         check_text("register.pool", reg.pool, 64)
         check_text("register.worker_name", reg.worker_name, MAX_WORKER_NAME)
         labels = check_map("register.labels", reg.labels, self.spec_limits)
+        owner = self.shards.by_pool(reg.pool)
+        if not self.shards.is_local(owner):
+            assert owner is not None
+            raise WrongShard(owner, f"register.pool: pool '{reg.pool}' is served by another shard")
         if not self.runtime.engine.has_pool(reg.pool):
             raise NotFound(f"register.pool: unknown pool '{reg.pool}'")
         if not self.caller.may_use_pool(reg.pool):

@@ -12,7 +12,7 @@ import enum
 import hashlib
 import hmac
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from cronoq.errors import PermissionDenied, Unauthenticated
 
@@ -33,6 +33,11 @@ class Principal:
     labels: Mapping[str, str] | None = None  # worker labels it may claim; None: any
     tenant: str | None = None
     name: str = "anonymous"
+    # Per call, set only where calls may be forwarded to another shard: the caller's own
+    # ``authorization`` value, presented again to the shard that owns the call (never logged), and
+    # whether this call was itself forwarded (it is then answered here or refused, never forwarded on).
+    credential: str = field(default="", repr=False, compare=False)
+    forwarded: bool = False
 
     def may(self, needed: Role) -> bool:
         return self.role is Role.ADMIN or self.role is needed

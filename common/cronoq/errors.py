@@ -24,6 +24,8 @@ class ApiError(CronoqError):
     code: ClassVar[str] = "unknown"
     http_status: ClassVar[int] = 500
     retryable: ClassVar[bool] = False
+    # Sent with the status (gRPC trailing metadata, HTTP headers): e.g. where a shard's pool is served.
+    metadata: tuple[tuple[str, str], ...] = ()
 
     def __init__(self, message: str = "", code: str | None = None) -> None:
         super().__init__(message)

@@ -6,11 +6,21 @@ The SDK does the reverse (``cronoq.client._connect.api_error``).
 
 from __future__ import annotations
 
+import ipaddress
+
 import grpc
 
 from cronoq.errors import ApiError
 
 _STATUS_BY_CODE: dict[str, grpc.StatusCode] = {s.name.lower(): s for s in grpc.StatusCode}
+
+# Metadata of shard-to-shard calls and of refusals naming the shard that serves a call (SPEC §9).
+FORWARDED_KEY = "cronoq-forwarded"
+SHARD_KEY = "cronoq-shard"
+SHARD_ENDPOINT_KEY = "cronoq-shard-endpoint"
+# Trailing metadata of Submit(wait)/Wait answers that carry an output: its content type, which the wire
+# TaskResult has no field for, so that a forwarding server's HTTP gateway can render it.
+OUTPUT_TYPE_KEY = "cronoq-output-content-type"
 
 
 def grpc_status(err: ApiError) -> grpc.StatusCode:
@@ -19,9 +29,29 @@ def grpc_status(err: ApiError) -> grpc.StatusCode:
 
 def bearer(metadata: object) -> str | None:
     """The ``authorization`` value from gRPC invocation metadata (a sequence of key/value pairs)."""
+    return metadata_value(metadata, "authorization")
+
+
+def forwarded(metadata: object) -> bool:
+    """Whether a call came from another shard (or a router) forwarding it."""
+    return metadata_value(metadata, FORWARDED_KEY) is not None
+
+
+def metadata_value(metadata: object, wanted: str) -> str | None:
     if metadata is None:
         return None
     for key, value in metadata:  # type: ignore[attr-defined]
-        if key == "authorization":
+        if key == wanted:
             return value if isinstance(value, str) else bytes(value).decode("latin-1")
     return None
+
+
+def is_loopback_name(host: str) -> bool:
+    """``localhost`` or a loopback IP address (no port, no brackets): a host whose traffic never leaves
+    this machine, so a token sent to it in the clear is not exposed."""
+    if host.lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False

@@ -19,15 +19,6 @@ from typing import Protocol
 
 from cronoq.engine.model import Task
 
-# Task ids carry the leader epoch above this bit, so ids issued by different leaders never collide
-# (reference: first id of epoch 1 is 2**48 + 1; without a durable store, ids start at 1).
-EPOCH_SHIFT = 48
-
-
-def first_id(epoch: int, max_id: int) -> int:
-    """The first task id a leader of ``epoch`` issues, above every id issued before (``max_id``)."""
-    return max((epoch << EPOCH_SHIFT) + 1, max_id + 1)
-
 
 class StoreError(Exception):
     """The store cannot be used: a bad URL, a schema from a newer version, a broken file. Fatal."""

@@ -213,6 +213,17 @@ def test_settings_this_version_cannot_honour_are_refused(tmp_path: Path, body: s
         assert f"  - {key}:" in out.stderr and "not supported by this server version" in out.stderr
 
 
+def test_a_sharded_server_must_know_its_shard(tmp_path: Path) -> None:
+    cfg = tmp_path / "sharded.toml"
+    cfg.write_text(
+        '[[pools]]\nname = "a1"\n'
+        '[[shards]]\nname = "a"\nnumber = 1\nendpoint = "http://127.0.0.1:7070"\npools = ["a1"]\n'
+    )
+    out = run_server_cli("--config", str(cfg), "--check")
+    assert out.returncode == 1 and "  - server.shard: required with [[shards]]" in out.stderr
+    assert run_server_cli("--config", str(cfg), "--check", "--shard", "a").returncode == 0
+
+
 def test_non_loopback_without_credentials_is_refused(tmp_path: Path) -> None:
     cfg = tmp_path / "open.toml"
     cfg.write_text('[server]\ngrpc_addr = "0.0.0.0:7070"\n')

@@ -137,7 +137,10 @@ async def test_terminating_the_lock_session_hands_leadership_to_the_standby(
 
         async with (
             Client(both(leader, standby), options=ROUND_ROBIN) as client,
-            worker(both(leader, standby), handler, options=ROUND_ROBIN, backoff=(5.0, 5.0)) as w,
+            # Round robin may offer the standby first, and then the 5 s backoff applies once or twice.
+            worker(
+                both(leader, standby), handler, options=ROUND_ROBIN, backoff=(5.0, 5.0), registered_within=30
+            ) as w,
         ):
             before = await submit_until_acknowledged(client, "before", time.monotonic() + 10)
             assert await wait_until_succeeded(client, ["before"], 10) == {"before": "succeeded"}

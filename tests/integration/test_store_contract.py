@@ -28,8 +28,8 @@ import pytest
 from psycopg import sql
 
 from cronoq.engine.model import Priority, RetryPolicy, Status, Task, TaskSpec
+from cronoq.shards import ShardMap
 from shard.store import Batch, Fenced, Leadership, SchemaTooNew, Store
-from shard.store.base import first_id
 from shard.store.memory import MemoryDatabase, MemoryStore
 from shard.store.postgres import PostgresStore, lock_key
 from shard.store.rows import COLUMNS
@@ -266,7 +266,7 @@ async def test_close_is_idempotent_and_safe_before_open(backend: Backend) -> Non
 def full_task() -> tuple[Task, Task]:
     """A task with every field set, NUL in every string that may hold one, and what comes back."""
     sent = Task(
-        id=first_id(1, 0),
+        id=ShardMap([]).first_id(1, 0),
         spec=TaskSpec(
             pool="default",
             payload=b"\x00\x01binary\xff",

@@ -109,7 +109,7 @@ class Api:
         runtime.flush()
 
     def submitted(self) -> int:
-        return int(self.service.snapshot().totals.submitted)
+        return int(self.runtime.engine.snapshot(self.runtime.clock()).totals.submitted)
 
 
 @contextlib.asynccontextmanager

@@ -6,7 +6,6 @@
 
 from __future__ import annotations
 
-import ipaddress
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -15,11 +14,11 @@ from urllib.parse import urlsplit
 import grpc
 
 from cronoq.errors import ApiError, FailedPrecondition, error_for
+from cronoq.transport import SHARD_ENDPOINT_KEY, is_loopback_name
 
 ChannelOptions = Sequence[tuple[str, Any]]
 Metadata = tuple[tuple[str, str], ...]
 
-SHARD_ENDPOINT_KEY = "cronoq-shard-endpoint"
 # Options naming the configured server; they would break TLS host checks against another shard.
 HOST_BOUND_OPTIONS = frozenset({"grpc.ssl_target_name_override", "grpc.default_authority"})
 
@@ -86,7 +85,7 @@ def follow_redirect(current: Endpoint, url: str, *, sends_token: bool, allow_htt
     secure = parts.scheme == "https"
     if current.secure and not secure:
         raise _refused(url, "it would downgrade the connection from TLS to plain http")
-    if not secure and sends_token and not allow_http and not _is_loopback(parts.hostname):
+    if not secure and sends_token and not allow_http and not is_loopback_name(parts.hostname or ""):
         raise _refused(
             url,
             "it would send the token over plain http to another host "
@@ -97,12 +96,3 @@ def follow_redirect(current: Endpoint, url: str, *, sends_token: bool, allow_htt
 
 def _refused(url: str, why: str) -> ApiError:
     return FailedPrecondition(f"refusing shard redirect to {url!r}: {why}")
-
-
-def _is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False

@@ -1,0 +1,81 @@
+"""The static shard map of a cluster (``[[shards]]``): which shard owns a pool, and a task id.
+
+Every process of a cluster reads the same map, so any of them (a shard server or a router) can tell
+where a call belongs without asking anyone: by the pool it names, or by the shard number carried in
+the top 8 bits of a task id (SPEC §9).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+
+from .config import Config
+
+SHARD_SHIFT = 56  # task ids: shard number in bits 56-63 ...
+EPOCH_SHIFT = 48  # ... and the leader epoch below it (the whole top 16 bits when unsharded)
+
+
+@dataclass(frozen=True, slots=True)
+class Shard:
+    """One leader group: its name, the number in its task ids, its gRPC endpoint (an http(s) URL) and
+    the members a router may probe to find its leader."""
+
+    name: str
+    number: int
+    endpoint: str
+    pools: frozenset[str]
+    members: tuple[str, ...] = ()
+
+
+class ShardMap:
+    """Who owns what. ``local`` is the shard this process serves (None for a router, or when the
+    cluster is not sharded, in which case every lookup answers None: everything is local)."""
+
+    __slots__ = ("_by_name", "_by_number", "_by_pool", "local")
+
+    def __init__(self, shards: Iterable[Shard], local: str | None = None) -> None:
+        self._by_name = {s.name: s for s in shards}
+        self._by_number = {s.number: s for s in self._by_name.values()}
+        self._by_pool = {pool: s for s in self._by_name.values() for pool in s.pools}
+        self.local = self._by_name[local] if local is not None and self._by_name else None
+
+    @classmethod
+    def from_config(cls, config: Config, local: str | None = None) -> ShardMap:
+        shards = (
+            Shard(s.name, s.number, s.endpoint, frozenset(s.pools), tuple(s.members)) for s in config.shards
+        )
+        return cls(shards, local)
+
+    @property
+    def sharded(self) -> bool:
+        return bool(self._by_name)
+
+    def __iter__(self) -> Iterator[Shard]:
+        return iter(self._by_name.values())
+
+    def __len__(self) -> int:
+        return len(self._by_name)
+
+    def get(self, name: str) -> Shard | None:
+        return self._by_name.get(name)
+
+    def by_pool(self, pool: str) -> Shard | None:
+        return self._by_pool.get(pool)
+
+    def by_id(self, task_id: int) -> Shard | None:
+        return self._by_number.get(task_id >> SHARD_SHIFT)
+
+    def is_local(self, shard: Shard | None) -> bool:
+        """Whether ``shard`` (as returned by a lookup) is served by this process."""
+        return shard is None or shard is self.local
+
+    def first_id(self, epoch: int, max_id: int) -> int:
+        """The first task id a leader of ``epoch`` issues: above every id issued before (``max_id``),
+        in the local shard's range when sharded (8 bits of epoch below the 8 bits of shard number;
+        a counter that outgrows its epoch carries into the epoch bits, never the shard bits)."""
+        if self.local is None:
+            base = epoch << EPOCH_SHIFT
+        else:
+            base = (self.local.number << SHARD_SHIFT) | ((epoch & 0xFF) << EPOCH_SHIFT)
+        return max(base + 1, max_id + 1)

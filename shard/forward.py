@@ -1,0 +1,141 @@
+"""Calls to other shards: forwarding a caller's request to the shard that owns it, and fan-outs.
+
+A forwarded call carries the caller's own ``authorization`` and the ``cronoq-forwarded`` marker; the
+target authenticates it again, and never forwards it on (no loops). Forwarding is refused, with the
+owning shard's name and endpoint in the error's metadata so that the caller can go there itself, when
+the call was already forwarded, or when it would send the caller's token in the clear to another host
+(a plain ``http://`` endpoint that is not loopback, unless ``server.insecure_peer_http``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Sequence
+from typing import Any
+from urllib.parse import urlsplit
+
+import grpc
+
+from cronoq.auth import Principal
+from cronoq.client._connect import Endpoint, api_error, open_channel
+from cronoq.errors import ApiError, FailedPrecondition, Unavailable
+from cronoq.shards import Shard, ShardMap
+from cronoq.transport import (
+    FORWARDED_KEY,
+    OUTPUT_TYPE_KEY,
+    SHARD_ENDPOINT_KEY,
+    SHARD_KEY,
+    is_loopback_name,
+    metadata_value,
+)
+from cronoq.v1 import cronoq_pb2_grpc as pbg
+
+
+class WrongShard(FailedPrecondition):
+    """The call belongs to another shard and this server will not forward it: go there instead."""
+
+    def __init__(self, shard: Shard, why: str) -> None:
+        super().__init__(f"{why}; shard '{shard.name}' serves it at {shard.endpoint}")
+        self.metadata = ((SHARD_KEY, shard.name), (SHARD_ENDPOINT_KEY, shard.endpoint))
+
+
+def _error(err: grpc.aio.AioRpcError, shard: Shard) -> ApiError:
+    """The peer's answer as our error, keeping a redirect's metadata; an unreachable peer says which."""
+    error = api_error(err)
+    if isinstance(error, Unavailable) and not err.details():
+        error = Unavailable(f"shard '{shard.name}' is unavailable")
+    keep = tuple(
+        (key, value if isinstance(value, str) else bytes(value).decode())
+        for key, value in (err.trailing_metadata() or ())
+        if key in (SHARD_KEY, SHARD_ENDPOINT_KEY)
+    )
+    if keep:
+        error.metadata = keep
+    return error
+
+
+class Peers:
+    """Channels to the other shards' endpoints, opened on first use and kept."""
+
+    def __init__(self, shards: ShardMap, *, insecure_peer_http: bool, timeout: float) -> None:
+        self.shards = shards
+        self.insecure_peer_http = insecure_peer_http
+        self.timeout = timeout
+        self._stubs: dict[str, tuple[Any, Any, Any]] = {}  # shard -> (channel, Tasks, Admin)
+
+    def check(self, shard: Shard, caller: Principal) -> None:
+        """Refuse (WrongShard) when this call may not be forwarded to ``shard``."""
+        if caller.forwarded:
+            raise WrongShard(shard, "this call was forwarded here already and is not forwarded again")
+        parts = urlsplit(shard.endpoint)
+        if (
+            parts.scheme == "http"
+            and not self.insecure_peer_http
+            and not is_loopback_name(parts.hostname or "")
+        ):
+            raise WrongShard(
+                shard,
+                "forwarding would send the call (and its credential) over plain http to another host "
+                "(server.insecure_peer_http allows it)",
+            )
+
+    def _stub(self, shard: Shard) -> tuple[Any, Any, Any]:
+        stubs = self._stubs.get(shard.name)
+        if stubs is None:
+            channel = open_channel(Endpoint.parse(shard.endpoint, secure=False), None, ())
+            stubs = self._stubs[shard.name] = (channel, pbg.TasksStub(channel), pbg.AdminStub(channel))
+        return stubs
+
+    @staticmethod
+    def _metadata(caller: Principal) -> tuple[tuple[str, str], ...]:
+        if caller.credential:
+            return (("authorization", caller.credential), (FORWARDED_KEY, "1"))
+        return ((FORWARDED_KEY, "1"),)
+
+    async def call(
+        self, shard: Shard, service: str, method: str, request: Any, caller: Principal, *, wait: float = 0.0
+    ) -> tuple[Any, str | None]:
+        """Forward one unary call (``service`` "tasks" or "admin"); ``wait`` extends the deadline of
+        calls that wait for a task. Returns the answer and the content type of the output it carries,
+        if the owner said (the wire result has no field for it; HTTP needs it)."""
+        self.check(shard, caller)
+        _, tasks, admin = self._stub(shard)
+        call = getattr(tasks if service == "tasks" else admin, method)(
+            request, metadata=self._metadata(caller), timeout=self.timeout + wait
+        )
+        try:
+            response = await call
+            return response, metadata_value(await call.trailing_metadata(), OUTPUT_TYPE_KEY)
+        except grpc.aio.AioRpcError as err:
+            raise _error(err, shard) from None
+
+    async def fan_out(
+        self, shards: Sequence[Shard], service: str, method: str, requests: Sequence[Any], caller: Principal
+    ) -> list[Any | ApiError]:
+        """The same call on several shards at once: each answer, or the error it failed with."""
+
+        async def one(shard: Shard, request: Any) -> Any:
+            try:
+                return (await self.call(shard, service, method, request, caller))[0]
+            except ApiError as err:
+                return err
+
+        return list(await asyncio.gather(*(one(s, r) for s, r in zip(shards, requests, strict=True))))
+
+    async def stream(self, shard: Shard, method: str, request: Any, caller: Principal) -> AsyncIterator[Any]:
+        """Forward a server-streaming Tasks call (Watch)."""
+        self.check(shard, caller)
+        _, tasks, _ = self._stub(shard)
+        call = getattr(tasks, method)(request, metadata=self._metadata(caller))
+        try:
+            async for message in call:
+                yield message
+        except grpc.aio.AioRpcError as err:
+            raise _error(err, shard) from None
+        finally:
+            call.cancel()
+
+    async def close(self) -> None:
+        channels = [stubs[0] for stubs in self._stubs.values()]
+        self._stubs.clear()
+        await asyncio.gather(*(channel.close() for channel in channels), return_exceptions=True)

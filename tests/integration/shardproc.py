@@ -1,0 +1,116 @@
+"""Start a sharded cluster of real ``cronoq-server`` processes on loopback, one process per shard.
+
+Every process of a cluster reads the same ``[[pools]]`` and ``[[shards]]`` (each shard's endpoint is
+the gRPC address of the process serving it), so all ports are allocated before any file is written.
+Each process then gets its own file: the shared tables, its own ``[server]`` (listeners and
+``shard = "..."``) and whatever per-process extras a test needs (tokens that differ between shards,
+an endpoint that points elsewhere).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from .serverproc import ServerProcess, free_port, write_config
+
+
+@dataclass(frozen=True, slots=True)
+class ShardSpec:
+    """One ``[[shards]]`` entry; ``number`` ends up in the top 8 bits of the shard's task ids."""
+
+    name: str
+    number: int
+    pools: tuple[str, ...]
+
+
+def cluster_tables(shards: Sequence[ShardSpec], endpoints: Mapping[str, str]) -> str:
+    """The ``[[pools]]`` and ``[[shards]]`` tables every process of the cluster shares."""
+    lines: list[str] = []
+    for spec in shards:
+        for pool in spec.pools:
+            lines += ["[[pools]]", f'name = "{pool}"', ""]
+    for spec in shards:
+        pools = ", ".join(f'"{pool}"' for pool in spec.pools)
+        lines += [
+            "[[shards]]",
+            f'name = "{spec.name}"',
+            f"number = {spec.number}",
+            f'endpoint = "{endpoints[spec.name]}"',
+            f"pools = [{pools}]",
+            "",
+        ]
+    return "\n".join(lines)
+
+
+def new_cluster(
+    directory: Path,
+    shards: Sequence[ShardSpec],
+    *,
+    extra: Mapping[str, str] | None = None,
+    endpoints: Mapping[str, Mapping[str, str]] | None = None,
+    env: dict[str, str] | None = None,
+    via_env: Iterable[str] = (),
+) -> dict[str, ServerProcess]:
+    """One server process (not started) per shard, keyed by shard name, each in ``directory/<name>``.
+
+    ``extra[name]`` is appended to that process's file (a ``[server]`` table in it is merged with the
+    generated one). ``endpoints[name][other]`` overrides the endpoint of shard ``other`` as process
+    ``name`` sees it, e.g. to make a peer look like it lives on another host. Shards named in
+    ``via_env`` are told their shard by ``CRONOQ_SHARD`` instead of ``server.shard``.
+    """
+    told_by_env = set(via_env)
+    ports = {spec.name: (free_port(), free_port()) for spec in shards}
+    actual = {name: f"http://127.0.0.1:{grpc_port}" for name, (grpc_port, _) in ports.items()}
+    procs: dict[str, ServerProcess] = {}
+    for spec in shards:
+        seen = {**actual, **(endpoints or {}).get(spec.name, {})}
+        own = (extra or {}).get(spec.name, "")
+        by_env = spec.name in told_by_env
+        server = "[server]\n" if by_env else f'[server]\nshard = "{spec.name}"\n'
+        # write_config inserts the listener addresses right after the first "[server]" header.
+        body = own.replace("[server]\n", server, 1) if "[server]\n" in own else server + own
+        body = f"{body}\n{cluster_tables(shards, seen)}"
+        folder = directory / spec.name
+        folder.mkdir(parents=True, exist_ok=True)
+        grpc_port, http_port = ports[spec.name]
+        procs[spec.name] = ServerProcess(
+            write_config(folder, body, grpc_port, http_port),
+            folder / "server.log",
+            env={**(env or {}), **({"CRONOQ_SHARD": spec.name} if by_env else {})},
+            grpc_port=grpc_port,
+            http_port=http_port,
+        )
+    return procs
+
+
+@contextlib.contextmanager
+def running_cluster(
+    directory: Path,
+    shards: Sequence[ShardSpec],
+    *,
+    extra: Mapping[str, str] | None = None,
+    endpoints: Mapping[str, Mapping[str, str]] | None = None,
+    env: dict[str, str] | None = None,
+    via_env: Iterable[str] = (),
+    start: Iterable[str] | None = None,
+) -> Iterator[dict[str, ServerProcess]]:
+    """The processes of :func:`new_cluster`, those named in ``start`` (default: all) started and ready.
+
+    On a failure inside the block every process's log is printed, so pytest shows what the servers
+    said next to the assertion.
+    """
+    procs = new_cluster(directory, shards, extra=extra, endpoints=endpoints, env=env, via_env=via_env)
+    try:
+        for name in procs if start is None else start:
+            procs[name].start()
+        yield procs
+    except BaseException:
+        for name, proc in procs.items():
+            print(f"----- log of shard {name} ({proc.target}) -----\n{proc.logs()}")
+        raise
+    finally:
+        for proc in procs.values():
+            proc.stop()

@@ -1,0 +1,536 @@
+"""Sharding (SPEC §9) against real ``cronoq-server`` processes, one per shard, on loopback.
+
+Shard ``a`` (number 1) owns pools ``a1`` and ``a2``, shard ``b`` (number 2) owns ``b1``. Any server
+answers for every shard: task calls for the other shard are forwarded over gRPC with the caller's own
+credential and a ``cronoq-forwarded`` marker; workers are redirected instead; list and admin views fan
+out and name the shards that did not answer. Each test asks one server about the other shard's tasks
+and then checks with the owning server that the work really happened there, not on the server asked.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ipaddress
+import re
+import socket
+import time
+from collections.abc import AsyncIterator, Awaitable, Iterator
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import grpc
+import pytest
+
+from cronoq.client import Client, Lease, task
+from cronoq.errors import (
+    FailedPrecondition,
+    InvalidArgument,
+    NotFound,
+    PermissionDenied,
+    Unauthenticated,
+    Unavailable,
+)
+from cronoq.v1 import cronoq_pb2 as pb
+from cronoq.v1 import cronoq_pb2_grpc as pbg
+
+from .helpers import worker
+from .serverproc import ServerProcess
+from .shardproc import ShardSpec, running_cluster
+
+pytestmark = pytest.mark.asyncio
+
+SHARDS = (ShardSpec("a", 1, ("a1", "a2")), ShardSpec("b", 2, ("b1",)))
+SHARD_SHIFT = 56  # task ids carry the shard number in their top 8 bits
+FORWARDED = (("cronoq-forwarded", "1"),)
+# A refusal to forward must come before any connection attempt, which to an unroutable peer would
+# hang until the call's deadline.
+PROMPT_S = 3.0
+
+ADMIN = "admin-token-0123456789abcdef"
+ONLY_A1 = "only-a1-token-0123456789abcdef"
+WIDER_ON_A = "wider-on-a-token-0123456789abcdef"  # a allows it b1; b does not
+UNKNOWN_TO_B = "unknown-to-b-token-0123456789abcdef"
+
+
+def token(value: str, role: str, pools: tuple[str, ...] | None = None) -> str:
+    """One ``[[auth.tokens]]`` entry (``pools`` None: every pool)."""
+    allowed = "" if pools is None else "pools = [" + ", ".join(f'"{p}"' for p in pools) + "]\n"
+    return f'[[auth.tokens]]\ntoken = "{value}"\nrole = "{role}"\n{allowed}\n'
+
+
+@pytest.fixture
+def cluster(tmp_path: Path) -> Iterator[dict[str, ServerProcess]]:
+    with running_cluster(tmp_path, SHARDS) as procs:
+        yield procs
+
+
+@pytest.fixture
+async def channel_a(cluster: dict[str, ServerProcess]) -> AsyncIterator[Any]:
+    """A raw gRPC channel to shard a, for what the SDK hides: metadata sent and trailers received."""
+    async with grpc.aio.insecure_channel(cluster["a"].target) as channel:
+        yield channel
+
+
+def shard_number(task_id: int) -> int:
+    return task_id >> SHARD_SHIFT
+
+
+def endpoint(proc: ServerProcess) -> str:
+    """The ``[[shards]]`` endpoint that shardproc writes for the shard ``proc`` serves."""
+    return f"http://{proc.target}"
+
+
+async def rpc_error(call: Awaitable[object], timeout: float = 10.0) -> Any:
+    """The ``AioRpcError`` a raw call ends with (fails if it succeeds)."""
+    with pytest.raises(grpc.aio.AioRpcError) as failed:
+        await asyncio.wait_for(call, timeout)
+    return failed.value
+
+
+def trailers(err: Any) -> dict[str, str]:
+    return {key: value for key, value in err.trailing_metadata() or () if isinstance(value, str)}
+
+
+def assert_redirect(err: Any, shard: str, url: str) -> None:
+    """FAILED_PRECONDITION naming the owning shard and its endpoint, as workers and routers expect."""
+    assert err.code() == grpc.StatusCode.FAILED_PRECONDITION, (err.code(), err.details())
+    meta = trailers(err)
+    assert (meta.get("cronoq-shard"), meta.get("cronoq-shard-endpoint")) == (shard, url), meta
+
+
+def non_loopback_address() -> str | None:
+    """An address of this machine that is not loopback (a UDP connect sends nothing), if it has one."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        try:
+            probe.connect(("10.255.255.1", 9))
+        except OSError:
+            return None
+        host = str(probe.getsockname()[0])
+    return None if ipaddress.ip_address(host).is_loopback else host
+
+
+@contextlib.asynccontextmanager
+async def peer_trap() -> AsyncIterator[tuple[str, list[str]]]:
+    """A plain-http "other host" endpoint and the connections it receives.
+
+    When this machine has a non-loopback address, the endpoint is a listener of ours on it, so a
+    connection attempt is seen rather than inferred from timing; otherwise it is an unroutable
+    address, and only promptness shows that nothing was attempted."""
+    connections: list[str] = []
+    host = non_loopback_address()
+    if host is None:
+        yield "http://10.255.255.1:7070", connections
+        return
+
+    async def accepted(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        connections.append(str(writer.get_extra_info("peername")))
+        writer.close()
+
+    server = await asyncio.start_server(accepted, host, 0)
+    try:
+        yield f"http://{host}:{server.sockets[0].getsockname()[1]}", connections
+    finally:
+        server.close()
+        await server.wait_closed()
+
+
+async def echo(lease: Lease) -> str:
+    """Says which pool ran the task, so a result proves where the worker served."""
+    return f"{lease.pool}:{lease.text()}"
+
+
+async def json_echo(lease: Lease) -> dict[str, Any]:
+    """As :func:`echo`, with a JSON output (content type application/json)."""
+    return {"pool": lease.pool, "payload": lease.json()}
+
+
+async def register_raw(channel: Any, pool: str) -> Any:
+    """Opens a Work stream registering for ``pool`` and returns how it ended (it must fail)."""
+
+    async def messages() -> AsyncIterator[Any]:
+        yield pb.WorkerMessage(
+            register=pb.Register(pool=pool, slots=1, worker_name="raw", protocol_version=3)
+        )
+        await asyncio.Event().wait()  # keep the stream open: the server must be the one to end it
+
+    call = pbg.WorkersStub(channel).Work(messages())
+
+    async def drain() -> None:
+        async for message in call:
+            raise AssertionError(f"registration for {pool!r} was answered: {message}")
+
+    return await rpc_error(drain())
+
+
+# ------------------------------------------------------------------------------------------ routing
+
+
+async def test_task_calls_for_the_other_shard_are_forwarded_to_it(cluster: dict[str, ServerProcess]) -> None:
+    """Submit, SubmitBatch, Get, Cancel and Wait, by id and by key, all work through the server that
+    does not own the pool, and the owning shard is the one that holds the task (its id carries the
+    owner's number and the owner answers for it directly)."""
+    a, b = cluster["a"], cluster["b"]
+    async with Client(a.target) as via_a, Client(b.target) as via_b:
+        local = await via_a.submit(b"x", pool="a1", key="on-a")
+        remote = await via_a.submit(b"y", pool="b1", key="on-b")
+        other = await via_b.submit(b"z", pool="a2", key="on-a-via-b")
+        assert [shard_number(s.id) for s in (local, remote, other)] == [1, 2, 1]
+
+        owned = await via_b.get(remote.id)  # b holds what a accepted for b1
+        assert (owned.pool, owned.key, owned.status) == ("b1", "on-b", "ready")
+        assert (await via_a.get(other.id)).pool == "a2"
+        assert (await via_a.get(remote.id)).id == remote.id  # by id: routed by the top 8 bits
+        assert (await via_a.get("on-b")).id == remote.id  # by key: every shard is asked
+        assert (await via_b.get("on-a")).id == local.id
+        again = await via_a.submit(b"y", pool="b1", key="on-b")  # b's key index, reached via a
+        assert (again.id, again.duplicate) == (remote.id, True)
+        with pytest.raises(NotFound):
+            await via_a.get("on-no-shard")
+        with pytest.raises(NotFound):
+            await via_a.get((7 << SHARD_SHIFT) | 1)  # no shard has number 7
+
+        batch = await via_a.submit_batch(
+            [task(b"1", pool="b1", key="batch-1"), task(b"2", pool="b1", key="batch-2")]
+        )
+        assert [shard_number(s.id) for s in batch] == [2, 2]
+        assert [(await via_b.get(s.id)).key for s in batch] == ["batch-1", "batch-2"]
+
+        assert await via_a.cancel(batch[1].id)  # by id, owned by b
+        assert await via_b.cancel("on-a")  # by key, owned by a
+        assert (await via_b.get(batch[1].id)).status == "cancelled"
+        assert (await via_a.get(local.id)).status == "cancelled"
+
+        async with worker(b.target, echo, pool="b1"):  # serves b's pool at b itself
+            done = await via_a.submit(b"hi", pool="b1", wait=True, wait_timeout=10)
+            assert done.result is not None and done.result.text() == "b1:hi"
+            assert (await via_a.wait(remote.id, timeout=10)).text() == "b1:y"
+            assert (await via_a.wait("batch-1", timeout=10)).text() == "b1:1"
+
+
+async def test_a_batch_spanning_shards_is_refused_naming_the_field(
+    cluster: dict[str, ServerProcess],
+) -> None:
+    """A batch is atomic, and one shard cannot commit for another, so a batch whose tasks belong to
+    two shards is refused as a whole, naming the task that does not fit; pools of one shard mix."""
+    a, b = cluster["a"], cluster["b"]
+    async with Client(a.target) as via_a, Client(b.target) as via_b:
+        for client, batch in (
+            (via_a, [task(b"0", pool="a1", key="span-0"), task(b"1", pool="b1", key="span-1")]),
+            (via_b, [task(b"0", pool="b1", key="span-0"), task(b"1", pool="a2", key="span-1")]),
+        ):
+            with pytest.raises(InvalidArgument) as refused:
+                await client.submit_batch(batch)
+            assert "tasks[1].pool" in refused.value.message, refused.value.message
+        with pytest.raises(InvalidArgument) as refused:
+            await via_a.submit_batch([task(b"0", pool="b1", key="span-0"), task(b"1", pool="a1")])
+        assert re.search(r"tasks\[[01]\]\.pool", refused.value.message), refused.value.message
+        for client in (via_a, via_b):
+            for key in ("span-0", "span-1"):
+                with pytest.raises(NotFound):
+                    await client.get(key)  # nothing of a refused batch was kept anywhere
+
+        mixed = await via_b.submit_batch([task(b"0", pool="a1"), task(b"1", pool="a2")])
+        assert [shard_number(s.id) for s in mixed] == [1, 1]
+
+
+async def test_a_forwarded_call_is_refused_with_the_owner_instead_of_forwarded_again(
+    cluster: dict[str, ServerProcess], channel_a: Any
+) -> None:
+    """A call carrying the forwarded marker is answered where it arrived or refused with the owning
+    shard's name and endpoint, never forwarded a second time: with a stale or inconsistent shard map
+    two servers would otherwise bounce a call between them forever."""
+    b = cluster["b"]
+    async with Client(b.target) as via_b:
+        on_b = await via_b.submit(b"x", pool="b1", key="owned-by-b")
+    tasks = pbg.TasksStub(channel_a)
+    ref = pb.TaskRef(id=on_b.id)
+    for call in (
+        tasks.Submit(pb.SubmitRequest(task=task(b"x", pool="b1")), metadata=FORWARDED),
+        tasks.SubmitBatch(pb.SubmitBatchRequest(tasks=[task(b"x", pool="b1")]), metadata=FORWARDED),
+        tasks.Get(pb.GetRequest(task=ref), metadata=FORWARDED),
+        tasks.Cancel(pb.CancelRequest(task=ref), metadata=FORWARDED),
+        tasks.Wait(pb.WaitRequest(task=ref, timeout_s=1), metadata=FORWARDED),
+    ):
+        assert_redirect(await rpc_error(call), "b", endpoint(b))
+
+    # What belongs here is served: the marker only stops further forwarding.
+    accepted = await tasks.Submit(pb.SubmitRequest(task=task(b"x", pool="a1")), metadata=FORWARDED)
+    assert shard_number(accepted.id) == 1
+    async with Client(b.target) as via_b:
+        assert (await via_b.get(on_b.id)).status == "ready"  # the refused Cancel did not reach b
+
+
+@pytest.mark.parametrize("authenticated", [False, True], ids=["no-auth", "token"])
+async def test_forwarding_over_plain_http_to_another_host_is_refused_promptly(
+    tmp_path: Path, authenticated: bool
+) -> None:
+    """Plain http to another host would carry the caller's token (and payloads) in the clear to a
+    peer that cannot prove who it is, so unless ``server.insecure_peer_http`` allows it the call
+    fails at once with the owner's endpoint (the caller can go there itself) instead of connecting.
+    SPEC §9 makes no exception for a cluster without authentication, hence both variants."""
+    extra = {"a": token(ADMIN, "admin")} if authenticated else None
+    metadata = (("authorization", f"Bearer {ADMIN}"),) if authenticated else ()
+    async with peer_trap() as (remote, connections):
+        with running_cluster(
+            tmp_path, SHARDS, extra=extra, endpoints={"a": {"b": remote}}, start=["a"]
+        ) as procs:
+            await refused_without_connecting(procs["a"], remote, metadata, authenticated)
+        assert connections == [], "the server connected to the peer it must not forward to"
+
+
+async def refused_without_connecting(
+    a: ServerProcess, remote: str, metadata: tuple[tuple[str, str], ...], authenticated: bool
+) -> None:
+    """Shard a, which sees shard b at ``remote``, refuses gRPC and HTTP calls for b promptly."""
+    async with grpc.aio.insecure_channel(a.target) as channel:
+        tasks = pbg.TasksStub(channel)
+        for call in (
+            tasks.Submit(pb.SubmitRequest(task=task(b"x", pool="b1")), metadata=metadata, timeout=10),
+            tasks.Get(
+                pb.GetRequest(task=pb.TaskRef(id=(2 << SHARD_SHIFT) | 1)), metadata=metadata, timeout=10
+            ),
+        ):
+            began = time.monotonic()
+            err = await rpc_error(call)
+            assert time.monotonic() - began < PROMPT_S, "the server tried to reach the peer"
+            assert_redirect(err, "b", remote)
+    async with Client(a.target, token=ADMIN if authenticated else None) as via_a:
+        with pytest.raises(FailedPrecondition):
+            await via_a.submit(b"x", pool="b1", call_timeout=10)
+        assert shard_number((await via_a.submit(b"x", pool="a1")).id) == 1
+    async with (
+        aiohttp.ClientSession(base_url=a.http, headers=dict(metadata)) as http,
+        http.post("/v1/tasks", json={"pool": "b1", "payload": 1}) as resp,
+    ):
+        assert resp.status == 409, await resp.text()
+        assert (await resp.json())["code"] == "failed_precondition"
+
+
+async def test_the_http_gateway_forwards_like_grpc(cluster: dict[str, ServerProcess]) -> None:
+    """The HTTP/JSON routes run the same request logic as gRPC, forwarding included."""
+    a, b = cluster["a"], cluster["b"]
+    async with (
+        aiohttp.ClientSession(base_url=a.http) as http_a,
+        aiohttp.ClientSession(base_url=b.http) as http_b,
+    ):
+        async with http_a.post("/v1/tasks", json={"pool": "b1", "payload": 1, "key": "http-b"}) as resp:
+            assert resp.status == 200, await resp.text()
+            task_id = (await resp.json())["id"]
+        assert shard_number(int(task_id)) == 2
+        for path in (f"/v1/tasks/{task_id}", "/v1/tasks/http-b"):
+            async with http_a.get(path) as resp:
+                info = await resp.json()
+            assert (resp.status, info["id"], info["pool"]) == (200, task_id, "b1"), info
+        async with http_a.post(f"/v1/tasks/{task_id}:cancel") as resp:
+            assert (resp.status, await resp.json()) == (200, {"cancelled": True})
+        async with http_b.get(f"/v1/tasks/{task_id}") as resp:
+            assert (await resp.json())["status"] == "cancelled"
+
+        spanning = {"tasks": [{"pool": "a1", "payload": 1}, {"pool": "b1", "payload": 2}]}
+        async with http_a.post("/v1/tasks:batch", json=spanning) as resp:
+            body = await resp.json()
+            assert (resp.status, body["code"]) == (400, "invalid_argument"), body
+            assert "tasks[1].pool" in body["error"], body
+
+        async with worker(b.target, json_echo, pool="b1"):
+            async with http_a.post("/v1/tasks", json={"pool": "b1", "payload": 2, "wait": True}) as resp:
+                submitted = await resp.json()
+            assert (resp.status, submitted["result"]["status"]) == (200, "succeeded"), submitted
+            async with http_a.post("/v1/tasks", json={"pool": "b1", "payload": 3}) as resp:
+                later = (await resp.json())["id"]
+            async with http_a.get(f"/v1/tasks/{later}/result", params={"timeout_s": "10"}) as resp:
+                result = await resp.json()
+            assert (resp.status, result["id"], result["status"]) == (200, later, "succeeded"), result
+
+
+async def test_http_results_of_forwarded_tasks_keep_their_json_output(
+    cluster: dict[str, ServerProcess],
+) -> None:
+    """A result is rendered by the server asked, from what the owner stored: a JSON output (content
+    type application/json) must come back as ``output``, exactly as the owner's own gateway renders
+    it, not as opaque ``output_base64`` because the asking server never saw the output."""
+    a, b = cluster["a"], cluster["b"]
+    async with (
+        aiohttp.ClientSession(base_url=a.http) as http_a,
+        aiohttp.ClientSession(base_url=b.http) as http_b,
+        worker(b.target, json_echo, pool="b1"),
+    ):
+        async with http_a.post("/v1/tasks", json={"pool": "b1", "payload": 2, "wait": True}) as resp:
+            submitted = await resp.json()
+        async with http_b.get(f"/v1/tasks/{submitted['id']}/result") as resp:
+            at_owner = await resp.json()
+        assert at_owner["output"] == {"pool": "b1", "payload": 2}, at_owner
+        assert submitted["result"] == at_owner, (submitted, at_owner)
+        async with http_a.get(f"/v1/tasks/{submitted['id']}/result") as resp:
+            assert (await resp.json()) == at_owner
+
+
+# ------------------------------------------------------------------------------------------ workers
+
+
+async def test_a_worker_is_redirected_to_the_shard_owning_its_pool(
+    cluster: dict[str, ServerProcess], channel_a: Any
+) -> None:
+    """Work streams are never forwarded (a lease lives on one stream): registering for another
+    shard's pool fails with the owner's endpoint, and the SDK worker follows it and serves there."""
+    a, b = cluster["a"], cluster["b"]
+    assert_redirect(await register_raw(channel_a, "b1"), "b", endpoint(b))
+    async with (
+        worker(a.target, echo, pool="b1") as on_b,
+        worker(b.target, echo, pool="a2") as on_a,
+        Client(a.target) as via_a,
+        Client(b.target) as via_b,
+    ):
+        assert (on_b.connections, on_a.connections) == (1, 1)  # redirects are not registrations
+        done = await via_a.submit(b"b-work", pool="b1", wait=True, wait_timeout=10)
+        assert done.result is not None and done.result.text() == "b1:b-work"
+        done = await via_b.submit(b"a-work", pool="a2", wait=True, wait_timeout=10)
+        assert done.result is not None and done.result.text() == "a2:a-work"
+        # Only b issues b1 leases (and only a a2 leases), so these results prove where each worker
+        # registered; the listing fans out, so either server shows both.
+        assert sorted(w.pool for w in await via_a.list_workers()) == ["a2", "b1"]
+
+
+# ------------------------------------------------------------------------------------------ fan-out
+
+
+async def list_all(client: Client, **kw: Any) -> tuple[list[int], list[list[int]]]:
+    """Every task id, paging with ``limit=2``; also the pages, to check each one's size and cursor."""
+    ids: list[int] = []
+    pages: list[list[int]] = []
+    after = 0
+    for _ in range(20):
+        page = await client.list_tasks(after=after, limit=2, **kw)
+        assert page.unavailable_shards == []
+        pages.append([t.id for t in page.tasks])
+        ids += pages[-1]
+        if not page.next_after:
+            return ids, pages
+        assert page.tasks and page.next_after == page.tasks[-1].id, page
+        after = page.next_after
+    raise AssertionError(f"no last page after 20 pages: {pages}")
+
+
+async def test_lists_and_admin_views_fan_out_to_every_shard(cluster: dict[str, ServerProcess]) -> None:
+    """ListTasks without pools merges all shards in id order, and its cursor pages across the shard
+    boundary without loss or repeats; Snapshot and ListWorkers cover every shard's pools and workers,
+    from whichever server is asked."""
+    a, b = cluster["a"], cluster["b"]
+    async with Client(a.target) as via_a, Client(b.target) as via_b:
+        submitted = [
+            await via_a.submit(b"", pool="a1"),
+            await via_b.submit(b"", pool="b1"),
+            await via_b.submit(b"", pool="a2"),
+            await via_a.submit(b"", pool="b1"),
+            await via_a.submit(b"", pool="a1"),
+            await via_b.submit(b"", pool="b1"),
+        ]
+        expected = sorted(s.id for s in submitted)
+        on_b = sorted(s.id for s in submitted if shard_number(s.id) == 2)
+        for client in (via_a, via_b):
+            ids, pages = await list_all(client)
+            assert ids == expected, pages  # ascending, each once: a's ids (1 << 56 ...) before b's
+            assert all(len(page) <= 2 for page in pages), pages
+            assert [t.id async for t in client.iter_tasks()] == expected
+            assert (await list_all(client, pools=["b1"]))[0] == on_b
+
+        async with (
+            aiohttp.ClientSession(base_url=a.http) as http,
+            http.get("/v1/tasks", params={"limit": "100"}) as resp,
+        ):
+            page = await resp.json()
+        assert [int(t["id"]) for t in page["tasks"]] == expected, page
+        assert (page["next_after"], page["unavailable_shards"]) == ("0", []), page
+
+        async with worker(a.target, echo, pool="a1"), worker(b.target, echo, pool="b1"):
+            for client in (via_a, via_b):
+                snapshot = await client.snapshot()
+                assert sorted(p.name for p in snapshot.pools) == ["a1", "a2", "b1"]
+                assert snapshot.unavailable_shards == []
+                assert sorted(w.pool for w in await client.list_workers()) == ["a1", "b1"]
+
+
+async def test_a_down_shard_is_named_and_the_rest_still_answers(cluster: dict[str, ServerProcess]) -> None:
+    """Views that fan out degrade to what is reachable and say which shard is missing, instead of
+    failing outright; calls that need the missing shard fail UNAVAILABLE (retryable)."""
+    a, b = cluster["a"], cluster["b"]
+    async with Client(a.target) as via_a:
+        on_a = [(await via_a.submit(b"", pool=pool, key=f"a-{pool}")).id for pool in ("a1", "a2")]
+        on_b = (await via_a.submit(b"", pool="b1", key="b-b1")).id
+        async with worker(a.target, echo, pool="a2", reconnect=False):
+            b.kill()
+
+            page = await asyncio.wait_for(via_a.list_tasks(), 10)
+            assert ([t.id for t in page.tasks], page.unavailable_shards) == (on_a, ["b"])
+            snapshot = await asyncio.wait_for(via_a.snapshot(), 10)
+            assert {"a1", "a2"} <= {p.name for p in snapshot.pools}
+            assert snapshot.unavailable_shards == ["b"]
+            async with grpc.aio.insecure_channel(a.target) as channel:
+                listed = await pbg.AdminStub(channel).ListWorkers(pb.Empty(), timeout=10)
+            assert ([w.pool for w in listed.workers], list(listed.unavailable_shards)) == (["a2"], ["b"])
+
+            with pytest.raises(Unavailable):
+                await via_a.submit(b"", pool="b1", call_timeout=10)
+            with pytest.raises(Unavailable):
+                await asyncio.wait_for(via_a.get(on_b), 10)
+            with pytest.raises(Unavailable):
+                await asyncio.wait_for(via_a.cancel(on_b), 10)
+            assert (await asyncio.wait_for(via_a.get("a-a1"), 10)).id == on_a[0]  # found on a
+            done = await via_a.submit(b"still", pool="a2", wait=True, wait_timeout=10)
+            assert done.result is not None and done.result.text() == "a2:still"
+
+
+# ------------------------------------------------------------------------------------------ auth
+
+
+async def test_the_owning_shard_authenticates_a_forwarded_call_again(tmp_path: Path) -> None:
+    """Forwarding presents the caller's own token to the owner, which decides by its own
+    configuration: a server cannot widen what a token may do on another shard, and the forwarded
+    marker grants nothing by itself."""
+    shared = token(ADMIN, "admin") + token(ONLY_A1, "client", ("a1",))
+    extra = {
+        "a": shared + token(WIDER_ON_A, "client", ("a1", "b1")) + token(UNKNOWN_TO_B, "client"),
+        "b": shared + token(WIDER_ON_A, "client", ("a1",)),
+    }
+    # b learns its shard from CRONOQ_SHARD (the file names none), as one shared file would be run.
+    with running_cluster(tmp_path, SHARDS, extra=extra, via_env=["b"]) as procs:
+        a, b = procs["a"], procs["b"]
+        async with Client(a.target, token=ADMIN) as admin:
+            on_b = await admin.submit(b"", pool="b1", key="for-b")
+            assert shard_number(on_b.id) == 2
+            assert (await admin.get("for-b")).id == on_b.id
+
+        async with Client(a.target, token=ONLY_A1) as narrow:
+            with pytest.raises(PermissionDenied):  # refused by a already
+                await narrow.submit(b"", pool="b1")
+            assert shard_number((await narrow.submit(b"", pool="a1")).id) == 1
+        async with Client(a.target, token=WIDER_ON_A) as wider:
+            with pytest.raises(PermissionDenied):  # a lets it through; b refuses
+                await wider.submit(b"", pool="b1")
+            with pytest.raises(NotFound):  # as on one server: a pool not allowed hides its tasks
+                await wider.get(on_b.id)
+            assert shard_number((await wider.submit(b"", pool="a1")).id) == 1
+        async with Client(a.target, token=UNKNOWN_TO_B) as stranger:
+            with pytest.raises(Unauthenticated):  # b has never heard of it
+                await stranger.submit(b"", pool="b1")
+            assert shard_number((await stranger.submit(b"", pool="a1")).id) == 1
+
+        async with grpc.aio.insecure_channel(b.target) as channel:
+            err = await rpc_error(
+                pbg.TasksStub(channel).Submit(pb.SubmitRequest(task=task(b"", pool="b1")), metadata=FORWARDED)
+            )
+            assert err.code() == grpc.StatusCode.UNAUTHENTICATED, err.details()
+
+        # A worker's redirect to a loopback http endpoint may carry its token.
+        async with (
+            worker(a.target, echo, pool="b1", token=ADMIN),
+            Client(a.target, token=ADMIN) as admin,
+        ):
+            done = await admin.submit(b"authed", pool="b1", wait=True, wait_timeout=10)
+            assert done.result is not None and done.result.text() == "b1:authed"
+
+        for proc in (a, b):
+            logs = proc.logs()
+            assert all(secret not in logs for secret in (ADMIN, ONLY_A1, WIDER_ON_A, UNKNOWN_TO_B))
