@@ -1,143 +1,20 @@
-"""gRPC adapters: thin servicers over :class:`~shard.service.Service` and the worker streams.
-
-Each method authenticates from the call's metadata, calls the shared request logic and renders an
-:class:`~cronoq.errors.ApiError` as a gRPC status. Nothing else lives here.
-"""
+"""The gRPC ``Workers`` servicer: one :class:`~shard.workers.WorkerStream` per Work call (the Tasks and
+Admin servicers are shared with the router, in :mod:`cronoq.api.grpc_api`)."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Any, TypeVar
+from collections.abc import Callable
 
+from cronoq.api.grpc_api import Ctx, authorize, call
 from cronoq.auth import Principal, Role
 from cronoq.errors import ApiError
 from cronoq.logs import get_logger
-from cronoq.transport import OUTPUT_TYPE_KEY, bearer, forwarded, grpc_status
-from cronoq.v1 import cronoq_pb2 as pb
 from cronoq.v1 import cronoq_pb2_grpc as pbg
 
 from .service import Service
 from .workers import WorkerStream
 
-Ctx = Any  # grpc.aio.ServicerContext; grpc ships no type information
-T = TypeVar("T")
 log = get_logger("cronoq.grpc")
-
-
-def _authorize(service: Service, context: Ctx, role: Role) -> Principal:
-    metadata = context.invocation_metadata()
-    return service.authorize(bearer(metadata), role, forwarded(metadata))
-
-
-async def _call(context: Ctx, fn: Callable[[], Awaitable[T]]) -> T:
-    try:
-        return await fn()
-    except ApiError as err:
-        await context.abort(grpc_status(err), err.message, err.metadata)
-        raise  # unreachable: abort raises
-
-
-class TasksServicer(pbg.TasksServicer):  # type: ignore[misc]
-    def __init__(self, service: Service) -> None:
-        self.service = service
-
-    def _output_type(self, context: Ctx, result: pb.TaskResult) -> None:
-        """Tell a forwarding server the output's content type (see OUTPUT_TYPE_KEY)."""
-        if result.output_available:
-            cached = self.service.runtime.outputs.get(result.id)
-            if cached is not None and cached[1]:
-                context.set_trailing_metadata(((OUTPUT_TYPE_KEY, cached[1]),))
-
-    def _caller(self, context: Ctx) -> Principal:
-        return _authorize(self.service, context, Role.CLIENT)
-
-    async def Submit(self, request: pb.SubmitRequest, context: Ctx) -> pb.SubmitResponse:
-        async def run() -> pb.SubmitResponse:
-            response = await self.service.submit(self._caller(context), request)
-            self._output_type(context, response.result)
-            return response
-
-        return await _call(context, run)
-
-    async def SubmitBatch(self, request: pb.SubmitBatchRequest, context: Ctx) -> pb.SubmitBatchResponse:
-        async def run() -> pb.SubmitBatchResponse:
-            return await self.service.submit_batch(self._caller(context), request)
-
-        return await _call(context, run)
-
-    async def Cancel(self, request: pb.CancelRequest, context: Ctx) -> pb.CancelResponse:
-        async def run() -> pb.CancelResponse:
-            return await self.service.cancel(self._caller(context), request)
-
-        return await _call(context, run)
-
-    async def Get(self, request: pb.GetRequest, context: Ctx) -> pb.TaskInfo:
-        async def run() -> pb.TaskInfo:
-            return await self.service.get(self._caller(context), request)
-
-        return await _call(context, run)
-
-    async def ListTasks(self, request: pb.ListTasksRequest, context: Ctx) -> pb.ListTasksResponse:
-        async def run() -> pb.ListTasksResponse:
-            return await self.service.list_tasks(self._caller(context), request)
-
-        return await _call(context, run)
-
-    async def Wait(self, request: pb.WaitRequest, context: Ctx) -> pb.TaskResult:
-        async def run() -> pb.TaskResult:
-            response = await self.service.wait(self._caller(context), request)
-            self._output_type(context, response)
-            return response
-
-        return await _call(context, run)
-
-    async def Watch(self, request: pb.WatchRequest, context: Ctx) -> AsyncIterator[pb.StatusEvent]:
-        try:
-            async for event in self.service.watch(self._caller(context), request):
-                yield event
-        except ApiError as err:
-            await context.abort(grpc_status(err), err.message)
-
-
-class AdminServicer(pbg.AdminServicer):  # type: ignore[misc]
-    def __init__(self, service: Service, connected: dict[int, tuple[str, int]]) -> None:
-        self.service = service
-        self.connected = connected
-
-    async def Snapshot(self, request: pb.Empty, context: Ctx) -> pb.SnapshotResponse:
-        async def run() -> pb.SnapshotResponse:
-            return await self.service.snapshot(_authorize(self.service, context, Role.METRICS))
-
-        return await _call(context, run)
-
-    async def ListWorkers(self, request: pb.Empty, context: Ctx) -> pb.ListWorkersResponse:
-        async def run() -> pb.ListWorkersResponse:
-            caller = _authorize(self.service, context, Role.METRICS)
-            return await self.service.list_workers(caller, self.connected)
-
-        return await _call(context, run)
-
-    async def _unsupported(self, context: Ctx, role: Role) -> Any:
-        async def run() -> Any:
-            _authorize(self.service, context, role)
-            raise self.service.recurring_unsupported()
-
-        return await _call(context, run)
-
-    async def AddRecurring(self, request: pb.RecurringRequest, context: Ctx) -> pb.Empty:
-        return await self._unsupported(context, Role.ADMIN)
-
-    async def RemoveRecurring(
-        self, request: pb.RemoveRecurringRequest, context: Ctx
-    ) -> pb.RemoveRecurringResponse:
-        return await self._unsupported(context, Role.ADMIN)
-
-    async def ListRecurring(self, request: pb.Empty, context: Ctx) -> pb.ListRecurringResponse:
-        async def run() -> pb.ListRecurringResponse:
-            _authorize(self.service, context, Role.METRICS)
-            return pb.ListRecurringResponse()
-
-        return await _call(context, run)
 
 
 class WorkersServicer(pbg.WorkersServicer):  # type: ignore[misc]
@@ -148,7 +25,7 @@ class WorkersServicer(pbg.WorkersServicer):  # type: ignore[misc]
 
     async def Work(self, request_iterator: object, context: Ctx) -> None:
         async def run() -> None:
-            caller = _authorize(self.service, context, Role.WORKER)
+            caller = authorize(self.service, context, Role.WORKER)
             stream = self.make_stream(context, caller)
             self.streams.add(stream)
             try:
@@ -161,4 +38,4 @@ class WorkersServicer(pbg.WorkersServicer):  # type: ignore[misc]
             finally:
                 self.streams.discard(stream)
 
-        await _call(context, run)
+        await call(context, run)

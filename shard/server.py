@@ -23,19 +23,20 @@ from aiohttp import web
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
+from cronoq.api.grpc_api import AdminServicer, TasksServicer
+from cronoq.api.http_api import build_http_app, build_metrics_app
 from cronoq.auth import Authenticator, Principal
 from cronoq.config import Config
 from cronoq.engine import Engine
 from cronoq.errors import Unavailable
+from cronoq.forward import Peers
 from cronoq.logs import get_logger
 from cronoq.shards import ShardMap
 from cronoq.v1 import cronoq_pb2_grpc as pbg
 
 from . import metrics
 from .convert import SpecLimits
-from .forward import Peers
-from .grpc_api import AdminServicer, TasksServicer, WorkersServicer
-from .http_api import build_http_app, build_metrics_app
+from .grpc_api import WorkersServicer
 from .outputs import OutputCache
 from .runtime import Runtime
 from .service import Service
@@ -97,7 +98,7 @@ class ShardServer:
             shards=self.shards,
             peers=self.peers,
         )
-        self.connected: dict[int, tuple[str, int]] = {}
+        self.connected = self.service.connected
         self.workers = WorkersServicer(self.service, self._make_stream)
         self.health = health.aio.HealthServicer()
         self.grpc_server: grpc.aio.Server | None = None
@@ -267,7 +268,7 @@ class ShardServer:
         )
         pbg.add_TasksServicer_to_server(TasksServicer(self.service), server)
         pbg.add_WorkersServicer_to_server(self.workers, server)
-        pbg.add_AdminServicer_to_server(AdminServicer(self.service, self.connected), server)
+        pbg.add_AdminServicer_to_server(AdminServicer(self.service), server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
         reflection.enable_server_reflection(
             [
@@ -298,7 +299,6 @@ class ShardServer:
             self.service,
             max_body_bytes=limits.max_http_body_bytes,
             loopback_only_guard=not self.auth.enabled,
-            workers_connected=lambda: self.connected,
             metrics=self.render_metrics,
             require_client_cert=tls is not None and tls.client_certs_required,
         )

@@ -13,6 +13,7 @@ from collections.abc import AsyncIterator, Sequence
 from dataclasses import replace
 from typing import Any
 
+from cronoq import fanout
 from cronoq.auth import Authenticator, Principal, Role
 from cronoq.engine.model import PoolConfig, RetryPolicy, Status, SubmitError, Task, TaskSpec
 from cronoq.engine.snapshot import Snapshot
@@ -27,11 +28,11 @@ from cronoq.errors import (
     Unavailable,
     Unimplemented,
 )
+from cronoq.forward import Peers
 from cronoq.shards import Shard, ShardMap
 from cronoq.v1 import cronoq_pb2 as pb
 
 from .convert import NS, SpecLimits, check_duration, spec_from_wire, status_from_wire, task_info
-from .forward import Peers
 from .runtime import Runtime
 from .store import StoredTask, StoreError
 
@@ -72,6 +73,8 @@ class Service:
         # With [[shards]], ``pools`` are the whole cluster's and calls for other shards go to ``peers``.
         self.shards = shards if shards is not None else ShardMap([])
         self.peers = peers
+        # Worker id -> (name, connected Unix ns), kept by the worker streams, for ListWorkers.
+        self.connected: dict[int, tuple[str, int]] = {}
         self.auth = auth
         self.spec_limits = spec_limits
         self.max_tasks_per_batch = max_tasks_per_batch
@@ -93,6 +96,11 @@ class Service:
     @property
     def ready(self) -> bool:
         return self._runtime is not None and self._runtime.accepting
+
+    def output_type(self, task_id: int) -> str:
+        runtime = self._runtime
+        cached = runtime.outputs.get(task_id) if runtime is not None else None
+        return cached[1] if cached is not None else ""
 
     def serve(self, runtime: Runtime | None) -> None:
         """Start serving requests from ``runtime`` (None: stand by)."""
@@ -299,40 +307,13 @@ class Service:
         shard), and shards that did not answer named in ``unavailable_shards``."""
         if not self.shards.sharded or caller.forwarded:
             return self._list_local(caller, req)
-        parts: list[tuple[Shard, pb.ListTasksRequest]] = []
-        for pool in req.pools:
-            if self.shards.by_pool(pool) is None:
-                raise NotFound(f"pools: unknown pool '{pool}'")
-        for shard in self.shards:
-            part = pb.ListTasksRequest()
-            part.CopyFrom(req)
-            if req.pools:
-                del part.pools[:]
-                part.pools.extend(p for p in req.pools if p in shard.pools)
-                if not part.pools:
-                    continue
-            parts.append((shard, part))
+        parts = fanout.split_list(self.shards, req)
         answers = await self._fan_out(caller, "tasks", "ListTasks", parts, self._list_local)
-        limit = min(req.limit or 100, self.max_list)
-        merged: list[pb.TaskInfo] = []
-        more = False
-        unavailable: list[str] = []
-        for (shard, _), answer in zip(parts, answers, strict=True):
-            if isinstance(answer, ApiError):
-                unavailable.append(shard.name)
-                continue
-            merged.extend(answer.tasks)
-            more = more or answer.next_after != 0
-        merged.sort(key=lambda info: info.id)
-        more = more or len(merged) > limit
-        page = merged[:limit]
-        return pb.ListTasksResponse(
-            tasks=page, next_after=page[-1].id if more and page else 0, unavailable_shards=unavailable
-        )
+        return fanout.merge_pages(answers, min(req.limit or 100, self.max_list))
 
     async def _fan_out(
         self, caller: Principal, service: str, method: str, parts: list[tuple[Shard, Any]], local: Any
-    ) -> list[Any]:
+    ) -> list[tuple[Shard, Any]]:
         """Ask every shard in ``parts``: this one by calling ``local(caller, request)``, the others over
         the network; a shard that fails (unreachable, standby) gives its ApiError."""
         assert self.peers is not None
@@ -340,17 +321,15 @@ class Service:
         answers = iter(
             await self.peers.fan_out([s for s, _ in remote], service, method, [r for _, r in remote], caller)
         )
-        results: list[Any] = []
+        results: list[tuple[Shard, Any]] = []
         for shard, part in parts:
             if self.shards.is_local(shard):
                 try:
-                    results.append(local(caller, part))
-                except ApiError as err:
-                    if not isinstance(err, Unavailable):
-                        raise
-                    results.append(err)
+                    results.append((shard, local(caller, part)))
+                except Unavailable as err:
+                    results.append((shard, err))
             else:
-                results.append(next(answers))
+                results.append((shard, next(answers)))
         return results
 
     def _list_local(self, caller: Principal, req: pb.ListTasksRequest) -> pb.ListTasksResponse:
@@ -446,48 +425,24 @@ class Service:
         if not self.shards.sharded or caller.forwarded:
             return self._snapshot_local(caller, pb.Empty())
         parts = [(shard, pb.Empty()) for shard in self.shards]
-        answers = await self._fan_out(caller, "admin", "Snapshot", parts, self._snapshot_local)
-        merged = pb.SnapshotResponse()
-        for (shard, _), answer in zip(parts, answers, strict=True):
-            if isinstance(answer, ApiError):
-                merged.unavailable_shards.append(shard.name)
-                continue
-            merged.pools.extend(answer.pools)
-            merged.live_tasks += answer.live_tasks
-            merged.running += answer.running
-            merged.pending += answer.pending
-            merged.workers_connected += answer.workers_connected
-            for field in pb.Totals.DESCRIPTOR.fields:
-                setattr(
-                    merged.totals,
-                    field.name,
-                    getattr(merged.totals, field.name) + getattr(answer.totals, field.name),
-                )
-        return merged
+        return fanout.merge_snapshots(
+            await self._fan_out(caller, "admin", "Snapshot", parts, self._snapshot_local)
+        )
 
     def _snapshot_local(self, caller: Principal, req: pb.Empty) -> pb.SnapshotResponse:
         return snapshot_to_wire(self.runtime.engine.snapshot(self.runtime.clock()))
 
-    async def list_workers(
-        self, caller: Principal, connected: dict[int, tuple[str, int]]
-    ) -> pb.ListWorkersResponse:
+    async def list_workers(self, caller: Principal) -> pb.ListWorkersResponse:
         """Connected workers; with [[shards]], every shard's."""
         if not self.shards.sharded or caller.forwarded:
-            return self._workers_local(connected)
+            return self._workers_local(caller, pb.Empty())
         parts = [(shard, pb.Empty()) for shard in self.shards]
-        answers = await self._fan_out(
-            caller, "admin", "ListWorkers", parts, lambda _c, _r: self._workers_local(connected)
+        return fanout.merge_workers(
+            await self._fan_out(caller, "admin", "ListWorkers", parts, self._workers_local)
         )
-        merged = pb.ListWorkersResponse()
-        for (shard, _), answer in zip(parts, answers, strict=True):
-            if isinstance(answer, ApiError):
-                merged.unavailable_shards.append(shard.name)
-            else:
-                merged.workers.extend(answer.workers)
-        return merged
 
-    def _workers_local(self, connected: dict[int, tuple[str, int]]) -> pb.ListWorkersResponse:
-        """``connected`` maps worker id to (name, connected Unix ns), kept by the worker streams."""
+    def _workers_local(self, caller: Principal, req: pb.Empty) -> pb.ListWorkersResponse:
+        connected = self.connected
         workers = []
         for view in self.runtime.engine.workers():
             name, since = connected.get(view.id, ("", 0))

@@ -18,12 +18,12 @@ import grpc
 from cronoq.auth import Principal
 from cronoq.engine.model import Abort, Dispatch
 from cronoq.errors import ApiError, FailedPrecondition, InvalidArgument, NotFound, PermissionDenied
+from cronoq.forward import WrongShard
 from cronoq.logs import get_logger
 from cronoq.shards import ShardMap
 from cronoq.v1 import cronoq_pb2 as pb
 
 from .convert import MAX_WORKER_MESSAGE, NS, SpecLimits, check_map, check_text, priority_to_wire
-from .forward import WrongShard
 from .runtime import Runtime
 
 PROTOCOL_VERSION = 3

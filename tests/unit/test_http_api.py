@@ -22,13 +22,13 @@ from aiohttp.test_utils import TestClient, TestServer
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
+from cronoq.api.http_api import PROMETHEUS_TYPE, build_http_app
+from cronoq.api.openapi import OPENAPI
 from cronoq.auth import Authenticator, Role, TokenEntry
 from cronoq.engine import Engine
 from cronoq.engine.model import Abort, Dispatch, Overflow, PoolConfig, RetryPolicy
 from cronoq.errors import Unavailable
 from shard.convert import SpecLimits
-from shard.http_api import PROMETHEUS_TYPE, build_http_app
-from shard.openapi import OPENAPI
 from shard.outputs import OutputCache
 from shard.runtime import Runtime
 from shard.service import Service
@@ -136,17 +136,11 @@ async def serve(*, auth: bool = True, metrics: Callable[[], str] | None = None) 
         max_list=50,
     )
     service.serve(runtime)
-    connected: dict[int, tuple[str, int]] = {}
     app = build_http_app(
-        service,
-        max_body_bytes=MAX_BODY,
-        loopback_only_guard=not auth,
-        metrics=metrics,
-        workers_connected=lambda: connected,
-        sse_keepalive_s=0.05,
+        service, max_body_bytes=MAX_BODY, loopback_only_guard=not auth, metrics=metrics, sse_keepalive_s=0.05
     )
     async with TestClient(TestServer(app, host="127.0.0.1")) as client:
-        yield Api(client, service, runtime, connected)
+        yield Api(client, service, runtime, service.connected)
     runtime.cancel_timer()
 
 

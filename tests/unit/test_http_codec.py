@@ -11,10 +11,10 @@ from collections.abc import Callable, Iterator
 import pytest
 from multidict import MultiDict
 
+from cronoq.api import http_codec as codec
+from cronoq.api.http_api import is_loopback_host
 from cronoq.errors import InvalidArgument
 from cronoq.v1 import cronoq_pb2 as pb
-from shard import http_codec as codec
-from shard.http_api import is_loopback_host
 
 
 @contextlib.contextmanager

@@ -9,10 +9,10 @@ from typing import Any
 
 import pytest
 
+from cronoq.api import http_codec as codec
+from cronoq.api.openapi import OPENAPI
 from cronoq.errors import InvalidArgument
 from cronoq.v1 import cronoq_pb2 as pb
-from shard import http_codec as codec
-from shard.openapi import OPENAPI
 
 METHODS = {"get", "post", "put", "delete", "patch", "head", "options"}
 

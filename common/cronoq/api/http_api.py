@@ -1,8 +1,8 @@
-"""The HTTP/JSON gateway (SPEC §6): aiohttp routes as thin adapters over :class:`~shard.service.Service`.
+"""The HTTP/JSON gateway (SPEC §6): aiohttp routes as thin adapters over :class:`~cronoq.api.handler.RequestHandler`.
 
 Every API route does the same four steps, written once in :func:`_authorized`: authenticate the
 ``authorization`` header for the route's role (before any body byte is read), translate the request into
-the wire message (:mod:`shard.http_codec`), call the very Service method the gRPC servicer calls, and
+the wire message (:mod:`cronoq.api.http_codec`), call the very Service method the gRPC servicer calls, and
 render the answer as JSON. An :class:`~cronoq.errors.ApiError` raised anywhere becomes
 ``{"error", "code"}`` with its HTTP status in one middleware, which also turns aiohttp's own 404/405 into
 that shape and, when authentication is off, refuses non-loopback ``Host`` headers (DNS rebinding).
@@ -34,8 +34,8 @@ from cronoq.transport import FORWARDED_KEY
 from cronoq.v1 import cronoq_pb2 as pb
 
 from . import http_codec as codec
+from .handler import RequestHandler
 from .openapi import OPENAPI
-from .service import Service
 
 PROMETHEUS_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 SSE_KEEPALIVE_S = 15.0
@@ -45,7 +45,6 @@ log = get_logger("cronoq.http")
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 Endpoint = Callable[[Principal, web.Request], Awaitable[codec.JsonObject | web.StreamResponse]]
-Connected = Callable[[], dict[int, tuple[str, int]]]
 
 
 class BodyTooLarge(ApiError):
@@ -152,17 +151,15 @@ class _Gateway:
 
     def __init__(
         self,
-        service: Service,
+        service: RequestHandler,
         *,
         max_body_bytes: int,
         metrics: Callable[[], str] | None,
-        workers_connected: Connected,
         sse_keepalive_s: float,
     ) -> None:
         self.service = service
         self.max_body_bytes = max_body_bytes
         self.metrics_text = metrics
-        self.workers_connected = workers_connected
         self.sse_keepalive_s = sse_keepalive_s
 
     def _authorized(self, role: Role, endpoint: Endpoint) -> Handler:
@@ -198,8 +195,7 @@ class _Gateway:
 
     def _content_type(self, task_id: int) -> str:
         """The stored content type of a task's output (the wire TaskResult carries none)."""
-        cached = self.service.runtime.outputs.get(task_id)
-        return cached[1] if cached is not None else ""
+        return self.service.output_type(task_id)
 
     # ------------------------------------------------------------------------------------ tasks
 
@@ -270,7 +266,7 @@ class _Gateway:
         return codec.snapshot(await self.service.snapshot(caller))
 
     async def workers(self, caller: Principal, request: web.Request) -> codec.JsonObject:
-        return codec.workers(await self.service.list_workers(caller, self.workers_connected()))
+        return codec.workers(await self.service.list_workers(caller))
 
     async def list_recurring(self, caller: Principal, request: web.Request) -> codec.JsonObject:
         return {"schedules": [], "unavailable_shards": []}
@@ -366,28 +362,25 @@ class _EventReader:
 
 
 def build_http_app(
-    service: Service,
+    service: RequestHandler,
     *,
     max_body_bytes: int,
     loopback_only_guard: bool,
     metrics: Callable[[], str] | None = None,
-    workers_connected: Connected | None = None,
     sse_keepalive_s: float = SSE_KEEPALIVE_S,
     require_client_cert: bool = False,
 ) -> web.Application:
-    """The HTTP/JSON application of one shard server.
+    """The HTTP/JSON application of a shard server or a router.
 
     ``loopback_only_guard`` (set when no credential is configured) refuses requests whose ``Host`` is not
     a loopback name, except the probes. ``metrics`` renders the Prometheus text for ``/metrics`` (the
-    route is absent without it). ``workers_connected`` maps worker id to (name, connected Unix ns) for
-    ``/v1/workers``. ``require_client_cert`` (mTLS) refuses every route but the probes to a caller
+    route is absent without it). ``require_client_cert`` (mTLS) refuses every route but the probes to a caller
     without a verified client certificate.
     """
     gateway = _Gateway(
         service,
         max_body_bytes=max_body_bytes,
         metrics=metrics,
-        workers_connected=workers_connected or dict,
         sse_keepalive_s=sse_keepalive_s,
     )
     app = web.Application(middlewares=[_middleware(loopback_only_guard, require_client_cert)])
@@ -395,13 +388,11 @@ def build_http_app(
     return app
 
 
-def build_metrics_app(service: Service, metrics: Callable[[], str]) -> web.Application:
+def build_metrics_app(service: RequestHandler, metrics: Callable[[], str]) -> web.Application:
     """The ``server.metrics_addr`` listener: ``/metrics`` without credentials, for a Prometheus on an
     internal network, plus the probes. Nothing else is served there, so binding it internally exposes
     counters and nothing that changes state."""
-    gateway = _Gateway(
-        service, max_body_bytes=0, metrics=metrics, workers_connected=dict, sse_keepalive_s=SSE_KEEPALIVE_S
-    )
+    gateway = _Gateway(service, max_body_bytes=0, metrics=metrics, sse_keepalive_s=SSE_KEEPALIVE_S)
 
     async def open_metrics(request: web.Request) -> web.StreamResponse:
         return _prometheus(metrics)

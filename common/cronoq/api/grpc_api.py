@@ -1,0 +1,138 @@
+"""gRPC adapters: thin Tasks and Admin servicers over a :class:`.handler.RequestHandler`.
+
+Each method authenticates from the call's metadata, calls the shared request logic and renders an
+:class:`~cronoq.errors.ApiError` as a gRPC status (with its metadata). Nothing else lives here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any, TypeVar
+
+from cronoq.auth import Principal, Role
+from cronoq.errors import ApiError
+from cronoq.logs import get_logger
+from cronoq.transport import OUTPUT_TYPE_KEY, bearer, forwarded, grpc_status
+from cronoq.v1 import cronoq_pb2 as pb
+from cronoq.v1 import cronoq_pb2_grpc as pbg
+
+from .handler import RequestHandler
+
+Ctx = Any  # grpc.aio.ServicerContext; grpc ships no type information
+T = TypeVar("T")
+log = get_logger("cronoq.grpc")
+
+
+def authorize(service: RequestHandler, context: Ctx, role: Role) -> Principal:
+    metadata = context.invocation_metadata()
+    return service.authorize(bearer(metadata), role, forwarded(metadata))
+
+
+async def call(context: Ctx, fn: Callable[[], Awaitable[T]]) -> T:
+    try:
+        return await fn()
+    except ApiError as err:
+        await context.abort(grpc_status(err), err.message, err.metadata)
+        raise  # unreachable: abort raises
+
+
+class TasksServicer(pbg.TasksServicer):  # type: ignore[misc]
+    def __init__(self, service: RequestHandler) -> None:
+        self.service = service
+
+    def _output_type(self, context: Ctx, result: pb.TaskResult) -> None:
+        """Tell a forwarding server the output's content type (see OUTPUT_TYPE_KEY)."""
+        if result.output_available:
+            output_type = self.service.output_type(result.id)
+            if output_type:
+                context.set_trailing_metadata(((OUTPUT_TYPE_KEY, output_type),))
+
+    def _caller(self, context: Ctx) -> Principal:
+        return authorize(self.service, context, Role.CLIENT)
+
+    async def Submit(self, request: pb.SubmitRequest, context: Ctx) -> pb.SubmitResponse:
+        async def run() -> pb.SubmitResponse:
+            response = await self.service.submit(self._caller(context), request)
+            self._output_type(context, response.result)
+            return response
+
+        return await call(context, run)
+
+    async def SubmitBatch(self, request: pb.SubmitBatchRequest, context: Ctx) -> pb.SubmitBatchResponse:
+        async def run() -> pb.SubmitBatchResponse:
+            return await self.service.submit_batch(self._caller(context), request)
+
+        return await call(context, run)
+
+    async def Cancel(self, request: pb.CancelRequest, context: Ctx) -> pb.CancelResponse:
+        async def run() -> pb.CancelResponse:
+            return await self.service.cancel(self._caller(context), request)
+
+        return await call(context, run)
+
+    async def Get(self, request: pb.GetRequest, context: Ctx) -> pb.TaskInfo:
+        async def run() -> pb.TaskInfo:
+            return await self.service.get(self._caller(context), request)
+
+        return await call(context, run)
+
+    async def ListTasks(self, request: pb.ListTasksRequest, context: Ctx) -> pb.ListTasksResponse:
+        async def run() -> pb.ListTasksResponse:
+            return await self.service.list_tasks(self._caller(context), request)
+
+        return await call(context, run)
+
+    async def Wait(self, request: pb.WaitRequest, context: Ctx) -> pb.TaskResult:
+        async def run() -> pb.TaskResult:
+            response = await self.service.wait(self._caller(context), request)
+            self._output_type(context, response)
+            return response
+
+        return await call(context, run)
+
+    async def Watch(self, request: pb.WatchRequest, context: Ctx) -> AsyncIterator[pb.StatusEvent]:
+        try:
+            async for event in self.service.watch(self._caller(context), request):
+                yield event
+        except ApiError as err:
+            await context.abort(grpc_status(err), err.message)
+
+
+class AdminServicer(pbg.AdminServicer):  # type: ignore[misc]
+    def __init__(self, service: RequestHandler) -> None:
+        self.service = service
+
+    async def Snapshot(self, request: pb.Empty, context: Ctx) -> pb.SnapshotResponse:
+        async def run() -> pb.SnapshotResponse:
+            return await self.service.snapshot(authorize(self.service, context, Role.METRICS))
+
+        return await call(context, run)
+
+    async def ListWorkers(self, request: pb.Empty, context: Ctx) -> pb.ListWorkersResponse:
+        async def run() -> pb.ListWorkersResponse:
+            caller = authorize(self.service, context, Role.METRICS)
+            return await self.service.list_workers(caller)
+
+        return await call(context, run)
+
+    async def _unsupported(self, context: Ctx, role: Role) -> Any:
+        async def run() -> Any:
+            authorize(self.service, context, role)
+            raise self.service.recurring_unsupported()
+
+        return await call(context, run)
+
+    async def AddRecurring(self, request: pb.RecurringRequest, context: Ctx) -> pb.Empty:
+        return await self._unsupported(context, Role.ADMIN)
+
+    async def RemoveRecurring(
+        self, request: pb.RemoveRecurringRequest, context: Ctx
+    ) -> pb.RemoveRecurringResponse:
+        return await self._unsupported(context, Role.ADMIN)
+
+    async def ListRecurring(self, request: pb.Empty, context: Ctx) -> pb.ListRecurringResponse:
+        async def run() -> pb.ListRecurringResponse:
+            authorize(self.service, context, Role.METRICS)
+            return pb.ListRecurringResponse()
+
+        return await call(context, run)

@@ -1,0 +1,46 @@
+"""What the transports need from the request logic behind them (a shard's Service, or the router)."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Protocol
+
+from cronoq.auth import Principal, Role
+from cronoq.errors import ApiError
+from cronoq.v1 import cronoq_pb2 as pb
+
+
+class RequestHandler(Protocol):
+    """Every Tasks and Admin operation, taking and returning wire messages; errors are ApiErrors."""
+
+    @property
+    def ready(self) -> bool:
+        """Serving (``/readyz`` 200): a leader not shutting down, or a router."""
+        ...
+
+    def authorize(self, authorization: str | None, role: Role, forwarded: bool = False) -> Principal: ...
+
+    def output_type(self, task_id: int) -> str:
+        """The content type of a task's output when known here ("" otherwise); the wire TaskResult has
+        no field for it, and HTTP renders JSON outputs as JSON."""
+        ...
+
+    async def submit(self, caller: Principal, req: pb.SubmitRequest) -> pb.SubmitResponse: ...
+
+    async def submit_batch(self, caller: Principal, req: pb.SubmitBatchRequest) -> pb.SubmitBatchResponse: ...
+
+    async def cancel(self, caller: Principal, req: pb.CancelRequest) -> pb.CancelResponse: ...
+
+    async def get(self, caller: Principal, req: pb.GetRequest) -> pb.TaskInfo: ...
+
+    async def list_tasks(self, caller: Principal, req: pb.ListTasksRequest) -> pb.ListTasksResponse: ...
+
+    async def wait(self, caller: Principal, req: pb.WaitRequest) -> pb.TaskResult: ...
+
+    def watch(self, caller: Principal, req: pb.WatchRequest) -> AsyncIterator[pb.StatusEvent]: ...
+
+    async def snapshot(self, caller: Principal) -> pb.SnapshotResponse: ...
+
+    async def list_workers(self, caller: Principal) -> pb.ListWorkersResponse: ...
+
+    def recurring_unsupported(self) -> ApiError: ...

@@ -1,0 +1,82 @@
+"""Fan-out reads across shards (ListTasks, Snapshot, ListWorkers): splitting the request, merging the
+answers. Pure functions over wire messages, shared by shard servers and the router; a shard that failed
+to answer (its ApiError in place of an answer) is named in ``unavailable_shards`` (SPEC §9)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from .errors import ApiError, NotFound
+from .shards import Shard, ShardMap
+from .v1 import cronoq_pb2 as pb
+
+Answers = Sequence[tuple[Shard, Any]]  # each shard and its answer, or the ApiError it failed with
+
+
+def split_list(shards: ShardMap, req: pb.ListTasksRequest) -> list[tuple[Shard, pb.ListTasksRequest]]:
+    """One request per shard that can hold matching tasks: all shards, or those owning the pools asked
+    for, each asked only for its own pools."""
+    for pool in req.pools:
+        if shards.by_pool(pool) is None:
+            raise NotFound(f"pools: unknown pool '{pool}'")
+    parts: list[tuple[Shard, pb.ListTasksRequest]] = []
+    for shard in shards:
+        part = pb.ListTasksRequest()
+        part.CopyFrom(req)
+        if req.pools:
+            del part.pools[:]
+            part.pools.extend(p for p in req.pools if p in shard.pools)
+            if not part.pools:
+                continue
+        parts.append((shard, part))
+    return parts
+
+
+def merge_pages(answers: Answers, limit: int) -> pb.ListTasksResponse:
+    """The first ``limit`` tasks of all pages in id order. Each shard returned its lowest ids after the
+    cursor, so no task left out has an id below the last one kept: that id is the next cursor whenever
+    anything was left out here or by a shard."""
+    merged: list[pb.TaskInfo] = []
+    more = False
+    unavailable: list[str] = []
+    for shard, answer in answers:
+        if isinstance(answer, ApiError):
+            unavailable.append(shard.name)
+            continue
+        merged.extend(answer.tasks)
+        more = more or answer.next_after != 0
+    merged.sort(key=lambda info: info.id)
+    more = more or len(merged) > limit
+    page = merged[:limit]
+    return pb.ListTasksResponse(
+        tasks=page, next_after=page[-1].id if more and page else 0, unavailable_shards=unavailable
+    )
+
+
+def merge_snapshots(answers: Answers) -> pb.SnapshotResponse:
+    """Every shard's pools side by side; counts and totals added up."""
+    merged = pb.SnapshotResponse()
+    for shard, answer in answers:
+        if isinstance(answer, ApiError):
+            merged.unavailable_shards.append(shard.name)
+            continue
+        merged.pools.extend(answer.pools)
+        merged.live_tasks += answer.live_tasks
+        merged.running += answer.running
+        merged.pending += answer.pending
+        merged.workers_connected += answer.workers_connected
+        for field in pb.Totals.DESCRIPTOR.fields:
+            name = field.name
+            setattr(merged.totals, name, getattr(merged.totals, name) + getattr(answer.totals, name))
+    return merged
+
+
+def merge_workers(answers: Answers) -> pb.ListWorkersResponse:
+    merged = pb.ListWorkersResponse()
+    for shard, answer in answers:
+        if isinstance(answer, ApiError):
+            merged.unavailable_shards.append(shard.name)
+        else:
+            merged.workers.extend(answer.workers)
+    return merged
