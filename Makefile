@@ -31,7 +31,7 @@ test: $(STAMP)
 lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
-	$(BIN)/mypy common shard bench tests
+	$(BIN)/mypy common shard router bench tests
 
 bench: $(STAMP)
 	$(BIN)/python -m bench

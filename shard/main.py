@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
-import signal
 import sys
 from collections.abc import Iterable
 from importlib import resources
@@ -13,6 +12,7 @@ from importlib import resources
 from cronoq import __version__
 from cronoq.config import Config, ConfigError, default_config, load_config, validate_config
 from cronoq.logs import configure, get_logger
+from cronoq.process import serve_until_signalled
 
 from .support import server_problems, unsupported
 
@@ -73,13 +73,7 @@ async def serve(config: Config) -> None:
     from .server import ShardServer
 
     server = ShardServer(config)
-    await server.start()
-    loop = asyncio.get_running_loop()
-    stop = asyncio.Event()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
-    await stop.wait()
-    await server.shutdown("server shutting down")
+    await serve_until_signalled(server.start, server.shutdown)
 
 
 def _refuse(header: str, problems: Iterable[object]) -> int:

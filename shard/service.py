@@ -11,9 +11,7 @@ import contextlib
 import math
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import replace
-from typing import Any
 
-from cronoq import fanout
 from cronoq.auth import Authenticator, Principal, Role
 from cronoq.engine.model import PoolConfig, RetryPolicy, Status, SubmitError, Task, TaskSpec
 from cronoq.engine.snapshot import Snapshot
@@ -29,6 +27,7 @@ from cronoq.errors import (
     Unimplemented,
 )
 from cronoq.forward import Peers
+from cronoq.routing import Routing, check_batch
 from cronoq.shards import Shard, ShardMap
 from cronoq.v1 import cronoq_pb2 as pb
 
@@ -84,6 +83,23 @@ class Service:
         names = [p.name for p in pools]
         self.default_pool = "default" if "default" in names else names[0]
         self.retry_defaults: dict[str, RetryPolicy] = {p.name: p.retry for p in pools}
+        self.routing = (
+            Routing(
+                self.shards,
+                peers,
+                self.default_pool,
+                max_wait_s=max_wait_s,
+                max_list=max_list,
+                on_output=self._keep_output,
+            )
+            if peers is not None and self.shards.sharded
+            else None
+        )
+
+    def _keep_output(self, task_id: int, output: bytes, content_type: str) -> None:
+        """A forwarded call's output, kept as if local so that HTTP renders it by its content type."""
+        if self._runtime is not None:
+            self._runtime.outputs.put(task_id, output, content_type)
 
     @property
     def runtime(self) -> Runtime:
@@ -194,58 +210,21 @@ class Service:
 
     # ---------------------------------------------------------------------------------- shards
 
-    def _remote(self, shard: Shard | None) -> Shard | None:
-        """``shard`` when another shard owns the call (it must go there), None when this one does."""
-        return None if self.shards.is_local(shard) else shard
-
-    def _pool_owner(self, pool: str) -> Shard | None:
-        return self._remote(self.shards.by_pool(pool or self.default_pool))
-
-    async def _forward(
-        self, shard: Shard, method: str, req: Any, caller: Principal, wait: float = 0.0
-    ) -> Any:
-        assert self.peers is not None  # set whenever [[shards]] are configured
-        response, output_type = await self.peers.call(shard, "tasks", method, req, caller, wait=wait)
-        if output_type is not None and method in ("Submit", "Wait"):
-            result = response.result if method == "Submit" else response
-            if result.output_available:  # kept as if local, so that HTTP renders it by its type
-                self.runtime.outputs.put(result.id, result.output, output_type)
-        return response
+    def _known_here(self, key: str) -> bool:
+        return self.runtime.engine.get(key) is not None
 
     async def _ref_owner(self, caller: Principal, field: str, ref: pb.TaskRef) -> Shard | None:
-        """The other shard that holds the task ``ref`` names, or None when it is (or would be) ours: by
-        the shard number in an id, or for a key not known here, by asking the other shards."""
-        if not self.shards.sharded:
+        if self.routing is None:
             return None
-        if ref.WhichOneof("target") == "id":
-            shard = self.shards.by_id(ref.id)
-            if shard is None:
-                raise NotFound(f"{field}: no task {ref.id!r} (no shard has number {ref.id >> 56})")
-            return self._remote(shard)
-        if (
-            caller.forwarded
-            or not ref.key
-            or self.runtime.engine.get(ref.key) is not None
-            or self.peers is None
-        ):
-            return None
-        others = [s for s in self.shards if not self.shards.is_local(s)]
-        answers = await self.peers.fan_out(
-            others, "tasks", "Get", [pb.GetRequest(task=ref)] * len(others), caller
-        )
-        for shard, answer in zip(others, answers, strict=True):
-            if isinstance(answer, pb.TaskInfo):
-                return shard
-        return None
+        return await self.routing.ref_owner(caller, field, ref, self._known_here)
 
     async def submit(self, caller: Principal, req: pb.SubmitRequest) -> pb.SubmitResponse:
         if req.HasField("wait_timeout_s") and not req.wait:
             raise InvalidArgument("wait_timeout_s: only meaningful with wait = true")
-        remote = self._pool_owner(req.task.pool)
+        remote = self.routing.pool_owner(req.task.pool) if self.routing is not None else None
         if remote is not None:
-            return await self._forward(
-                remote, "Submit", req, caller, wait=self.max_wait_s if req.wait else 0.0
-            )
+            assert self.routing is not None
+            return await self.routing.forward(remote, "Submit", req, caller)
         spec = self._spec(caller, "task", req.task)
         [(task_id, duplicate)] = await self._admit([spec], "task")
         response = pb.SubmitResponse(id=task_id, duplicate=duplicate)
@@ -257,23 +236,11 @@ class Service:
         return response
 
     async def submit_batch(self, caller: Principal, req: pb.SubmitBatchRequest) -> pb.SubmitBatchResponse:
-        if not req.tasks:
-            raise InvalidArgument("tasks: at least one task is required")
-        if len(req.tasks) > self.max_tasks_per_batch:
-            raise InvalidArgument(
-                f"tasks: {len(req.tasks)} tasks exceed limits.max_tasks_per_batch ({self.max_tasks_per_batch})"
-            )
-        if self.shards.sharded:
-            owners = [self.shards.by_pool(msg.pool or self.default_pool) for msg in req.tasks]
-            for i, owner in enumerate(owners):
-                if owner is not owners[0] and owner is not None and owners[0] is not None:
-                    raise InvalidArgument(
-                        f"tasks[{i}].pool: pool '{req.tasks[i].pool or self.default_pool}' is served by shard "
-                        f"'{owner.name}', tasks[0]'s by shard '{owners[0].name}': a batch goes to one shard"
-                    )
-            remote = self._remote(owners[0])
+        check_batch(req, self.max_tasks_per_batch)
+        if self.routing is not None:
+            remote = self.routing.batch_owner(req)
             if remote is not None:
-                return await self._forward(remote, "SubmitBatch", req, caller)
+                return await self.routing.forward(remote, "SubmitBatch", req, caller)
         specs = [self._spec(caller, f"tasks[{i}]", msg) for i, msg in enumerate(req.tasks)]
         results = await self._admit(specs, "tasks")
         return pb.SubmitBatchResponse(tasks=[pb.SubmitResponse(id=i, duplicate=d) for i, d in results])
@@ -283,7 +250,8 @@ class Service:
     async def cancel(self, caller: Principal, req: pb.CancelRequest) -> pb.CancelResponse:
         remote = await self._ref_owner(caller, "task", req.task)
         if remote is not None:
-            return await self._forward(remote, "Cancel", req, caller)
+            assert self.routing is not None
+            return await self.routing.forward(remote, "Cancel", req, caller)
         found = await self._task(caller, "task", req.task)
         if isinstance(found, StoredTask):  # the engine holds every live task: this one has finished
             return pb.CancelResponse(cancelled=False)
@@ -296,7 +264,8 @@ class Service:
     async def get(self, caller: Principal, req: pb.GetRequest) -> pb.TaskInfo:
         remote = await self._ref_owner(caller, "task", req.task)
         if remote is not None:
-            return await self._forward(remote, "Get", req, caller)
+            assert self.routing is not None
+            return await self.routing.forward(remote, "Get", req, caller)
         found = await self._task(caller, "task", req.task)
         if isinstance(found, StoredTask):
             return task_info(found.task, found.output is not None)
@@ -305,32 +274,9 @@ class Service:
     async def list_tasks(self, caller: Principal, req: pb.ListTasksRequest) -> pb.ListTasksResponse:
         """One page in id order; with [[shards]], every shard's page merged (the requested pools split by
         shard), and shards that did not answer named in ``unavailable_shards``."""
-        if not self.shards.sharded or caller.forwarded:
+        if self.routing is None or caller.forwarded:
             return self._list_local(caller, req)
-        parts = fanout.split_list(self.shards, req)
-        answers = await self._fan_out(caller, "tasks", "ListTasks", parts, self._list_local)
-        return fanout.merge_pages(answers, min(req.limit or 100, self.max_list))
-
-    async def _fan_out(
-        self, caller: Principal, service: str, method: str, parts: list[tuple[Shard, Any]], local: Any
-    ) -> list[tuple[Shard, Any]]:
-        """Ask every shard in ``parts``: this one by calling ``local(caller, request)``, the others over
-        the network; a shard that fails (unreachable, standby) gives its ApiError."""
-        assert self.peers is not None
-        remote = [(shard, part) for shard, part in parts if not self.shards.is_local(shard)]
-        answers = iter(
-            await self.peers.fan_out([s for s, _ in remote], service, method, [r for _, r in remote], caller)
-        )
-        results: list[tuple[Shard, Any]] = []
-        for shard, part in parts:
-            if self.shards.is_local(shard):
-                try:
-                    results.append((shard, local(caller, part)))
-                except Unavailable as err:
-                    results.append((shard, err))
-            else:
-                results.append((shard, next(answers)))
-        return results
+        return await self.routing.list_tasks(caller, req, self._list_local)
 
     def _list_local(self, caller: Principal, req: pb.ListTasksRequest) -> pb.ListTasksResponse:
         engine = self.runtime.engine
@@ -381,7 +327,8 @@ class Service:
     async def wait(self, caller: Principal, req: pb.WaitRequest) -> pb.TaskResult:
         remote = await self._ref_owner(caller, "task", req.task)
         if remote is not None:
-            return await self._forward(remote, "Wait", req, caller, wait=self.max_wait_s)
+            assert self.routing is not None
+            return await self.routing.forward(remote, "Wait", req, caller)
         found = await self._task(caller, "task", req.task)
         timeout = self._wait_limit("timeout_s", req.timeout_s if req.HasField("timeout_s") else None)
         if isinstance(found, StoredTask):
@@ -422,24 +369,18 @@ class Service:
 
     async def snapshot(self, caller: Principal) -> pb.SnapshotResponse:
         """This shard's snapshot; with [[shards]], every shard's pools and counts added up."""
-        if not self.shards.sharded or caller.forwarded:
+        if self.routing is None or caller.forwarded:
             return self._snapshot_local(caller, pb.Empty())
-        parts = [(shard, pb.Empty()) for shard in self.shards]
-        return fanout.merge_snapshots(
-            await self._fan_out(caller, "admin", "Snapshot", parts, self._snapshot_local)
-        )
+        return await self.routing.snapshot(caller, self._snapshot_local)
 
     def _snapshot_local(self, caller: Principal, req: pb.Empty) -> pb.SnapshotResponse:
         return snapshot_to_wire(self.runtime.engine.snapshot(self.runtime.clock()))
 
     async def list_workers(self, caller: Principal) -> pb.ListWorkersResponse:
         """Connected workers; with [[shards]], every shard's."""
-        if not self.shards.sharded or caller.forwarded:
+        if self.routing is None or caller.forwarded:
             return self._workers_local(caller, pb.Empty())
-        parts = [(shard, pb.Empty()) for shard in self.shards]
-        return fanout.merge_workers(
-            await self._fan_out(caller, "admin", "ListWorkers", parts, self._workers_local)
-        )
+        return await self.routing.list_workers(caller, self._workers_local)
 
     def _workers_local(self, caller: Principal, req: pb.Empty) -> pb.ListWorkersResponse:
         connected = self.connected

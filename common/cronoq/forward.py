@@ -10,7 +10,7 @@ the call was already forwarded, or when it would send the caller's token in the 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -34,9 +34,10 @@ from cronoq.v1 import cronoq_pb2_grpc as pbg
 class WrongShard(FailedPrecondition):
     """The call belongs to another shard and this server will not forward it: go there instead."""
 
-    def __init__(self, shard: Shard, why: str) -> None:
-        super().__init__(f"{why}; shard '{shard.name}' serves it at {shard.endpoint}")
-        self.metadata = ((SHARD_KEY, shard.name), (SHARD_ENDPOINT_KEY, shard.endpoint))
+    def __init__(self, shard: Shard, why: str, url: str | None = None) -> None:
+        url = url or shard.endpoint
+        super().__init__(f"{why}; shard '{shard.name}' serves it at {url}")
+        self.metadata = ((SHARD_KEY, shard.name), (SHARD_ENDPOINT_KEY, url))
 
 
 def _error(err: grpc.aio.AioRpcError, shard: Shard) -> ApiError:
@@ -54,20 +55,58 @@ def _error(err: grpc.aio.AioRpcError, shard: Shard) -> ApiError:
     return error
 
 
-class Peers:
-    """Channels to the other shards' endpoints, opened on first use and kept."""
+# Retried after UNAVAILABLE (the leader moved, or is between leaders) when a retry cannot run a call
+# twice: the call changes nothing, names its tasks by key, or provably never reached a leader.
+RETRY_DELAYS_S = (0.1, 0.25, 0.5, 1.0)
+_READ_ONLY = frozenset({"Get", "Wait", "ListTasks", "Snapshot", "ListWorkers", "ListRecurring", "Cancel"})
+_NOT_RECEIVED = ("standby", "failed to connect", "connection refused", "shutting down")
 
-    def __init__(self, shards: ShardMap, *, insecure_peer_http: bool, timeout: float) -> None:
+
+def _retry_safe(method: str, request: Any, err: ApiError) -> bool:
+    if method in _READ_ONLY:
+        return True
+    if method == "Submit" and request.task.key:
+        return True
+    if method == "SubmitBatch" and all(task.key for task in request.tasks):
+        return True
+    message = err.message.lower()
+    return any(sign in message for sign in _NOT_RECEIVED)
+
+
+class Peers:
+    """Channels to the other shards, opened on first use and kept (one per endpoint URL).
+
+    ``resolve`` gives the URL to use for a shard now (the router's leader discovery; default: its
+    configured endpoint); ``suspect(shard, url)`` hears of a call there that failed UNAVAILABLE, and
+    ``retries`` bounds how often such a call is tried again (only when that cannot run it twice).
+    """
+
+    def __init__(
+        self,
+        shards: ShardMap,
+        *,
+        insecure_peer_http: bool,
+        timeout: float,
+        resolve: Callable[[Shard], str] | None = None,
+        suspect: Callable[[Shard, str], None] | None = None,
+        retries: int = 0,
+    ) -> None:
         self.shards = shards
         self.insecure_peer_http = insecure_peer_http
         self.timeout = timeout
-        self._stubs: dict[str, tuple[Any, Any, Any]] = {}  # shard -> (channel, Tasks, Admin)
+        self._resolve = resolve
+        self._suspect = suspect
+        self.retries = min(retries, len(RETRY_DELAYS_S))
+        self._stubs: dict[str, tuple[Any, Any, Any]] = {}  # endpoint URL -> (channel, Tasks, Admin)
 
-    def check(self, shard: Shard, caller: Principal) -> None:
-        """Refuse (WrongShard) when this call may not be forwarded to ``shard``."""
+    def url(self, shard: Shard) -> str:
+        return self._resolve(shard) if self._resolve is not None else shard.endpoint
+
+    def check(self, shard: Shard, caller: Principal, url: str) -> None:
+        """Refuse (WrongShard) when this call may not be forwarded to ``shard`` at ``url``."""
         if caller.forwarded:
             raise WrongShard(shard, "this call was forwarded here already and is not forwarded again")
-        parts = urlsplit(shard.endpoint)
+        parts = urlsplit(url)
         if (
             parts.scheme == "http"
             and not self.insecure_peer_http
@@ -79,11 +118,11 @@ class Peers:
                 "(server.insecure_peer_http allows it)",
             )
 
-    def _stub(self, shard: Shard) -> tuple[Any, Any, Any]:
-        stubs = self._stubs.get(shard.name)
+    def _stub(self, url: str) -> tuple[Any, Any, Any]:
+        stubs = self._stubs.get(url)
         if stubs is None:
-            channel = open_channel(Endpoint.parse(shard.endpoint, secure=False), None, ())
-            stubs = self._stubs[shard.name] = (channel, pbg.TasksStub(channel), pbg.AdminStub(channel))
+            channel = open_channel(Endpoint.parse(url, secure=False), None, ())
+            stubs = self._stubs[url] = (channel, pbg.TasksStub(channel), pbg.AdminStub(channel))
         return stubs
 
     @staticmethod
@@ -98,16 +137,27 @@ class Peers:
         """Forward one unary call (``service`` "tasks" or "admin"); ``wait`` extends the deadline of
         calls that wait for a task. Returns the answer and the content type of the output it carries,
         if the owner said (the wire result has no field for it; HTTP needs it)."""
-        self.check(shard, caller)
-        _, tasks, admin = self._stub(shard)
-        call = getattr(tasks if service == "tasks" else admin, method)(
-            request, metadata=self._metadata(caller), timeout=self.timeout + wait
-        )
-        try:
-            response = await call
-            return response, metadata_value(await call.trailing_metadata(), OUTPUT_TYPE_KEY)
-        except grpc.aio.AioRpcError as err:
-            raise _error(err, shard) from None
+        attempt = 0
+        while True:
+            url = self.url(shard)
+            self.check(shard, caller, url)
+            _, tasks, admin = self._stub(url)
+            call = getattr(tasks if service == "tasks" else admin, method)(
+                request, metadata=self._metadata(caller), timeout=self.timeout + wait
+            )
+            try:
+                response = await call
+                return response, metadata_value(await call.trailing_metadata(), OUTPUT_TYPE_KEY)
+            except grpc.aio.AioRpcError as err:
+                error = _error(err, shard)
+            if not isinstance(error, Unavailable):
+                raise error
+            if self._suspect is not None:
+                self._suspect(shard, url)
+            if attempt >= self.retries or not _retry_safe(method, request, error):
+                raise error
+            await asyncio.sleep(RETRY_DELAYS_S[attempt])
+            attempt += 1
 
     async def fan_out(
         self, shards: Sequence[Shard], service: str, method: str, requests: Sequence[Any], caller: Principal
@@ -124,8 +174,9 @@ class Peers:
 
     async def stream(self, shard: Shard, method: str, request: Any, caller: Principal) -> AsyncIterator[Any]:
         """Forward a server-streaming Tasks call (Watch)."""
-        self.check(shard, caller)
-        _, tasks, _ = self._stub(shard)
+        url = self.url(shard)
+        self.check(shard, caller, url)
+        _, tasks, _ = self._stub(url)
         call = getattr(tasks, method)(request, metadata=self._metadata(caller))
         try:
             async for message in call:

@@ -34,6 +34,7 @@ class ServerProcess:
     grpc_port: int = 0
     http_port: int = 0
     ssl_context: ssl.SSLContext | None = None  # set when the server serves HTTPS ([server.tls])
+    module: str = "cronoq.shard.main"  # or "cronoq.router.main"
 
     @property
     def target(self) -> str:
@@ -50,7 +51,7 @@ class ServerProcess:
         probe = "readyz" if ready else "healthz"
         log = self.log_path.open("ab")
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "cronoq.shard.main", "--config", str(self.config_path)],
+            [sys.executable, "-m", self.module, "--config", str(self.config_path)],
             stdout=log,
             stderr=subprocess.STDOUT,
             env={**os.environ, "CRONOQ_LOG": "info", **self.env},

@@ -56,8 +56,9 @@ def validate_config(
     return checked
 
 
-def check_config(config: Config, env: Mapping[str, str], problems: Problems) -> Config:
-    """Add every problem of ``config`` to ``problems``; return it with secrets resolved."""
+def check_config(config: Config, env: Mapping[str, str], problems: Problems, *, store: bool = True) -> Config:
+    """Add every problem of ``config`` to ``problems``; return it with secrets resolved. ``store=False``
+    (the router, which keeps nothing) leaves ``[store]`` and its URL alone."""
     _check_rules(config, "", problems)
     _check_listeners(config, problems)
     _check_pools(config, problems)
@@ -66,7 +67,7 @@ def check_config(config: Config, env: Mapping[str, str], problems: Problems) -> 
     return replace(
         config,
         auth=_resolve_auth(config, env, problems),
-        store=_resolve_store(config, env, problems),
+        store=_resolve_store(config, env, problems) if store else config.store,
         pools=tuple(_resolve_scaler(i, pool, env, problems) for i, pool in enumerate(config.pools)),
     )
 

@@ -1,0 +1,175 @@
+"""Which member of each shard leads it now, so that the router forwards straight to the leader.
+
+A shard's ``endpoint`` is usually a load-balanced Service address, and a balancer may hand a call to a
+standby, which answers UNAVAILABLE. When the shard map names a shard's ``members``, the router finds the
+leader itself: a member's gRPC health service answers SERVING only while that process is the serving
+leader, so asking every member every ``interval`` follows failovers without a restart. A forwarded call
+that fails UNAVAILABLE need not wait for the next round: :meth:`LeaderFinder.suspect` stops using that
+member at once and checks again now.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from dataclasses import dataclass
+from typing import Any
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from cronoq.client._connect import Endpoint, open_channel
+from cronoq.logs import get_logger
+from cronoq.shards import Shard, ShardMap
+
+log = get_logger("cronoq.router")
+
+# gRPC's reconnect backoff grows to two minutes by default; a member that was down and comes back as
+# the new leader must be reachable again well within the 2 s in which the router has to find it.
+CHANNEL_OPTIONS = (
+    ("grpc.initial_reconnect_backoff_ms", 100),
+    ("grpc.max_reconnect_backoff_ms", 500),
+)
+
+SERVING = health_pb2.HealthCheckResponse.SERVING
+
+
+@dataclass(slots=True)
+class _Member:
+    """One process of a shard, with its own kept-open channel, as last checked."""
+
+    url: str
+    channel: Any
+    health: Any  # a HealthStub on ``channel``
+    serving_since: float | None = None  # when the check that first found it serving (this time) began
+    suspected_at: float | None = None  # a call to it failed then: checks begun earlier prove nothing
+
+
+class LeaderFinder:
+    """Tracks the serving leader of every shard that has ``members`` by polling their gRPC health.
+
+    Shards without members are never polled: their ``endpoint`` is all there is to know. Channels are
+    plain or TLS by each member URL's scheme; ``credentials`` (``grpc.ssl_channel_credentials``, for a
+    private CA or mTLS) are used for the ``https://`` ones.
+    """
+
+    def __init__(
+        self, shards: ShardMap, *, interval: float = 0.5, timeout: float = 1.0, credentials: Any = None
+    ) -> None:
+        self._shards = {s.name: s for s in shards if s.members}
+        self._interval = interval
+        self._timeout = timeout
+        self._credentials = credentials
+        self._members: dict[str, list[_Member]] = {}
+        # shard name -> the member URL chosen, or None once a round found none serving (absent: not yet)
+        self._leaders: dict[str, str | None] = {}
+        self._found = {name: asyncio.Event() for name in self._shards}  # set while a leader is known
+        self._wake = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+
+    def endpoint(self, shard: Shard) -> str:
+        """Where to send ``shard``'s calls now: its member last seen serving, else its ``endpoint``."""
+        return self._leaders.get(shard.name) or shard.endpoint
+
+    async def wait_leader(self, shard: Shard, timeout: float) -> str | None:
+        """The URL of a member of ``shard`` known to serve, waiting up to ``timeout`` seconds for one
+        (None if none turned up). A shard without members answers its ``endpoint`` at once: there is
+        nothing to wait for."""
+        found = self._found.get(shard.name)
+        if found is None:
+            return shard.endpoint
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(timeout):
+                await found.wait()
+        return self._leaders.get(shard.name)
+
+    def suspect(self, shard: Shard, url: str) -> None:
+        """A call forwarded to ``url`` failed UNAVAILABLE: do not send there again until a check begun
+        after this says it serves, and check now rather than at the next round."""
+        now = asyncio.get_running_loop().time()
+        for member in self._members.get(shard.name, ()):
+            if member.url == url and member.suspected_at is None:
+                member.suspected_at = now
+                if self._leaders.get(shard.name) == url:
+                    log.info("shard_leader_suspected", shard=shard.name, endpoint=url)
+                    self._settle(shard.name)
+        self._wake.set()
+
+    async def start(self) -> None:
+        """Open one channel per member (bound to the running loop) and start polling in the background."""
+        for name, shard in self._shards.items():
+            self._members[name] = [self._open(url) for url in shard.members]
+        self._task = asyncio.get_running_loop().create_task(self._poll_forever())
+
+    async def close(self) -> None:
+        """Stop polling and close the channels."""
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.wait([self._task])  # not ``await task``: that would also swallow our own cancel
+            self._task = None
+        channels = [m.channel for members in self._members.values() for m in members]
+        self._members.clear()
+        await asyncio.gather(*(channel.close() for channel in channels))
+
+    def _open(self, url: str) -> _Member:
+        channel = open_channel(Endpoint.parse(url, secure=False), self._credentials, CHANNEL_OPTIONS)
+        return _Member(url, channel, health_pb2_grpc.HealthStub(channel))
+
+    async def _poll_forever(self) -> None:
+        """A round checks every member at once; the next begins ``interval`` after it ends, or as soon as
+        a member is suspected. A round lasts at most ``timeout``, so a new leader is seen within
+        ``interval + timeout`` of turning SERVING, however many members are unreachable."""
+        while True:
+            self._wake.clear()
+            await asyncio.gather(*(self._check(name) for name in self._members))
+            # asyncio.timeout, not wait_for: on 3.11 wait_for swallows a cancel (close()) that arrives
+            # together with a wake-up, and the loop would run on.
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(self._interval):
+                    await self._wake.wait()
+
+    async def _check(self, name: str) -> None:
+        """Ask every member of one shard, then choose its leader from all the answers together (so a
+        handover seen half-way through a round is not reported as a shard without leader)."""
+        members = self._members[name]
+        answers = await asyncio.gather(*(self._serving(m) for m in members))
+        for member, (began, serving) in zip(members, answers, strict=True):
+            if member.suspected_at is not None and began <= member.suspected_at:
+                continue  # asked before the failure that made it suspect
+            member.suspected_at = None
+            if not serving:
+                member.serving_since = None
+            elif member.serving_since is None:
+                member.serving_since = began
+        self._settle(name)
+
+    async def _serving(self, member: _Member) -> tuple[float, bool]:
+        """When the check began and whether the member said SERVING (an error means it is not the leader)."""
+        began = asyncio.get_running_loop().time()
+        request = health_pb2.HealthCheckRequest(service="")
+        try:
+            answer = await member.health.Check(request, timeout=self._timeout)
+        except grpc.aio.AioRpcError:
+            return began, False
+        return began, answer.status == SERVING
+
+    def _settle(self, name: str) -> None:
+        """Choose the shard's leader from what its members last said, and log a change."""
+        current = self._leaders.get(name)
+        serving = [m for m in self._members[name] if m.serving_since is not None and m.suspected_at is None]
+        # Two members serving is a brief overlap during a failover: the one that switched last is the new
+        # leader (the old one is about to step down, and its commits are fenced anyway). A tie keeps the
+        # current leader.
+        newest = max(serving, key=lambda m: (m.serving_since or 0.0, m.url == current), default=None)
+        leader = newest.url if newest is not None else None
+        if leader is None:
+            self._found[name].clear()
+        else:
+            self._found[name].set()
+        if name in self._leaders and leader == current:
+            return
+        self._leaders[name] = leader
+        if leader is None:
+            log.warning("shard_no_leader", shard=name, members=[m.url for m in self._members[name]])
+        else:
+            log.info("shard_leader", shard=name, endpoint=leader, previous=current)

@@ -1,0 +1,93 @@
+"""``cronoq-router``: the stateless front door of a sharded cluster (SPEC §2, §9)."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import sys
+
+from cronoq import __version__
+from cronoq.config import Config, ConfigError, load_config
+from cronoq.logs import configure, get_logger
+from cronoq.process import serve_until_signalled
+from cronoq.transport import is_loopback_name
+
+log = get_logger("cronoq.router")
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="cronoq-router",
+        description="Run a cronoq router: the same gRPC and HTTP API as a server, forwarding each call to "
+        "the leader of the shard that owns it and fanning listings out to every shard. It keeps no state: "
+        "run as many replicas as you like behind one address.",
+    )
+    p.add_argument("--version", action="version", version=f"cronoq-router {__version__}")
+    p.add_argument(
+        "-c",
+        "--config",
+        metavar="PATH",
+        default=os.environ.get("CRONOQ_CONFIG"),
+        help="the cluster's TOML configuration, with its [[shards]] (env CRONOQ_CONFIG); "
+        "the router listens on [router] grpc_addr and http_addr",
+    )
+    p.add_argument("--check", action="store_true", help="validate the configuration and exit")
+    return p
+
+
+def problems(config: Config) -> list[str]:
+    """What a valid configuration still lacks to run a router."""
+    found: list[str] = []
+    if not config.shards:
+        found.append("shards: a router needs the [[shards]] it routes to")
+    if not config.auth.tokens and not config.server.insecure_no_auth:
+        for key, addr in (
+            ("router.grpc_addr", config.router.grpc_addr),
+            ("router.http_addr", config.router.http_addr),
+        ):
+            host = addr.rpartition(":")[0].strip("[]")
+            if not is_loopback_name(host):
+                found.append(f"{key}: {addr} is not loopback and no [[auth.tokens]] are configured")
+    return found
+
+
+async def serve(config: Config) -> None:
+    from .server import RouterServer
+
+    router = RouterServer(config)
+    await serve_until_signalled(router.start, router.shutdown)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    configure()
+    if not args.config:
+        print(
+            "cronoq-router: --config (or CRONOQ_CONFIG) is required: the router needs the shard map",
+            file=sys.stderr,
+        )
+        return 1
+    try:
+        config = load_config(args.config, store=False)
+        missing = problems(config)
+    except ConfigError as err:
+        missing = [str(problem) for problem in err.problems]
+    if missing:
+        print(f"cronoq-router: invalid configuration {args.config}:", file=sys.stderr)
+        for problem in missing:
+            print(f"  - {problem}", file=sys.stderr)
+        return 1
+    if args.check:
+        print(f"configuration ok: {len(config.shards)} shard(s): {', '.join(s.name for s in config.shards)}")
+        return 0
+    try:
+        asyncio.run(serve(config))
+    except OSError as err:
+        print(f"cronoq-router: cannot start: {err}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

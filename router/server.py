@@ -1,0 +1,147 @@
+"""One ``cronoq-router`` process: the public gRPC and HTTP API over the forwarding layer.
+
+The transports are the shard server's own (:mod:`cronoq.api`), over :class:`.service.RouterService`.
+Workers are never forwarded: a Work stream is read up to its ``register`` and refused with the owning
+shard's endpoint, which SDK workers follow.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import grpc
+from aiohttp import web
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+
+from cronoq.api.grpc_api import AdminServicer, Ctx, TasksServicer, authorize, call
+from cronoq.api.http_api import build_http_app
+from cronoq.auth import Authenticator, Role
+from cronoq.config import Config
+from cronoq.errors import InvalidArgument, NotFound, PermissionDenied
+from cronoq.forward import Peers, WrongShard
+from cronoq.logs import get_logger
+from cronoq.shards import ShardMap
+from cronoq.v1 import cronoq_pb2_grpc as pbg
+
+from .discovery import LeaderFinder
+from .service import RouterService
+
+DRAIN_S = 5.0
+RETRIES = 3  # forwarded calls tried again after UNAVAILABLE, when that cannot run them twice
+log = get_logger("cronoq.router")
+
+
+class RedirectWorkers(pbg.WorkersServicer):  # type: ignore[misc]
+    """Work streams are refused with the endpoint of the shard that serves their pool."""
+
+    def __init__(self, service: RouterService) -> None:
+        self.service = service
+
+    async def Work(self, request_iterator: object, context: Ctx) -> None:
+        async def run() -> None:
+            caller = authorize(self.service, context, Role.WORKER)
+            first = await context.read()
+            if first is grpc.aio.EOF or first.WhichOneof("msg") != "register":
+                raise InvalidArgument("register: the first message of a Work stream must be register")
+            pool = first.register.pool
+            shard = self.service.shards.by_pool(pool)
+            if shard is None:
+                raise NotFound(f"register.pool: unknown pool '{pool}'")
+            if not caller.may_use_pool(pool):
+                raise PermissionDenied(f"register.pool: this credential may not serve pool '{pool}'")
+            # The shard's leader as last seen, so that workers need not go through a balancer that may
+            # hand them to a standby; after a failover they come back here and are sent on again.
+            raise WrongShard(
+                shard,
+                "register.pool: workers connect to their shard, not to the router",
+                self.service.peers.url(shard),
+            )
+
+        await call(context, run)
+
+
+class RouterServer:
+    def __init__(self, config: Config) -> None:
+        self.config = config
+        limits = config.limits
+        shards = ShardMap.from_config(config)
+        self.finder = LeaderFinder(shards)
+        self.peers = Peers(
+            shards,
+            insecure_peer_http=config.server.insecure_peer_http,
+            timeout=limits.request_timeout_s,
+            resolve=self.finder.endpoint,
+            suspect=self.finder.suspect,
+            retries=RETRIES,
+        )
+        self.auth = Authenticator(config.auth.token_entries())
+        self.service = RouterService(
+            [p.name for p in config.pools],
+            self.auth,
+            shards,
+            self.peers,
+            max_tasks_per_batch=limits.max_tasks_per_batch,
+            max_wait_s=limits.max_wait_s,
+            max_list=limits.max_list,
+        )
+        self.grpc_server: Any = None
+        self.http_runner: web.AppRunner | None = None
+
+    async def start(self) -> None:
+        cfg = self.config
+        limits = cfg.limits
+        await self.finder.start()
+        server = grpc.aio.server(
+            options=[
+                ("grpc.max_receive_message_length", limits.max_message_bytes),
+                ("grpc.max_send_message_length", limits.max_message_bytes),
+                ("grpc.so_reuseport", 0),
+            ],
+            maximum_concurrent_rpcs=limits.max_concurrent_requests,
+        )
+        pbg.add_TasksServicer_to_server(TasksServicer(self.service), server)
+        pbg.add_AdminServicer_to_server(AdminServicer(self.service), server)
+        pbg.add_WorkersServicer_to_server(RedirectWorkers(self.service), server)
+        health_servicer = health.aio.HealthServicer()
+        health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+        try:
+            port = server.add_insecure_port(cfg.router.grpc_addr)
+        except RuntimeError:
+            port = 0
+        if port == 0:
+            raise OSError(
+                f"router.grpc_addr: cannot listen on {cfg.router.grpc_addr} (in use, or not an address here)"
+            )
+        await server.start()
+        self.grpc_server = server
+        await health_servicer.set("", health_pb2.HealthCheckResponse.SERVING)
+        app = build_http_app(
+            self.service, max_body_bytes=limits.max_http_body_bytes, loopback_only_guard=not self.auth.enabled
+        )
+        runner = web.AppRunner(app, access_log=None, shutdown_timeout=DRAIN_S)
+        await runner.setup()
+        host, _, http_port = cfg.router.http_addr.rpartition(":")
+        try:
+            await web.TCPSite(runner, host.strip("[]"), int(http_port)).start()
+        except OSError as err:
+            await runner.cleanup()
+            await server.stop(None)
+            raise OSError(
+                f"router.http_addr: cannot listen on {cfg.router.http_addr} ({err.strerror})"
+            ) from err
+        self.http_runner = runner
+        log.info(
+            "routing",
+            grpc_addr=cfg.router.grpc_addr,
+            http_addr=cfg.router.http_addr,
+            shards=[s.name for s in self.service.shards],
+        )
+
+    async def shutdown(self) -> None:
+        if self.grpc_server is not None:
+            await self.grpc_server.stop(DRAIN_S)
+        if self.http_runner is not None:
+            await self.http_runner.cleanup()
+        await asyncio.gather(self.finder.close(), self.peers.close())
+        log.info("stopped")

@@ -1,0 +1,158 @@
+"""The router's request logic: every call goes to the shard that owns it, reads fan out to all shards.
+
+The router owns no shard and keeps no state, so any number of replicas can stand behind one Service. It
+authenticates like a server (a bad token is refused here), then presents the caller's own token to the
+owning shard's leader, which authenticates it again and decides by its own configuration.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections import OrderedDict
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import replace
+from typing import Any
+
+from cronoq.auth import Authenticator, Principal, Role
+from cronoq.errors import ApiError, InvalidArgument, NotFound, Unimplemented
+from cronoq.forward import Peers
+from cronoq.routing import Routing, check_batch
+from cronoq.shards import Shard, ShardMap
+from cronoq.v1 import cronoq_pb2 as pb
+
+OUTPUT_TYPES_KEPT = 10_000  # content types of recently forwarded outputs, for HTTP rendering
+
+
+def _never_local(caller: Principal, request: Any) -> Any:
+    raise AssertionError("the router serves no shard of its own")
+
+
+class RouterService:
+    """Tasks and Admin operations of a router (a :class:`cronoq.api.handler.RequestHandler`)."""
+
+    def __init__(
+        self,
+        pools: Sequence[str],
+        auth: Authenticator,
+        shards: ShardMap,
+        peers: Peers,
+        *,
+        max_tasks_per_batch: int,
+        max_wait_s: float,
+        max_list: int,
+    ) -> None:
+        self.auth = auth
+        self.shards = shards
+        self.max_tasks_per_batch = max_tasks_per_batch
+        self.default_pool = "default" if "default" in pools else pools[0]
+        self._types: OrderedDict[int, str] = OrderedDict()
+        self.routing = Routing(
+            shards,
+            peers,
+            self.default_pool,
+            max_wait_s=max_wait_s,
+            max_list=max_list,
+            on_output=self._keep_type,
+        )
+        self.peers = peers
+
+    @property
+    def ready(self) -> bool:
+        return True
+
+    def authorize(self, authorization: str | None, role: Role, forwarded: bool = False) -> Principal:
+        principal = self.auth.require(authorization, role)
+        return replace(principal, credential=authorization or "", forwarded=forwarded)
+
+    def _keep_type(self, task_id: int, output: bytes, content_type: str) -> None:
+        self._types[task_id] = content_type
+        if len(self._types) > OUTPUT_TYPES_KEPT:
+            self._types.popitem(last=False)
+
+    def output_type(self, task_id: int) -> str:
+        return self._types.get(task_id, "")
+
+    def _owner(self, field: str, pool: str) -> Shard:
+        owner = self.routing.pool_owner(pool)
+        if owner is None:
+            raise NotFound(f"{field}: unknown pool '{pool or self.default_pool}'")
+        return owner
+
+    async def _ref_owner(self, caller: Principal, ref: pb.TaskRef) -> Shard:
+        if ref.WhichOneof("target") is None:
+            raise InvalidArgument("task: set either id or key")
+        if ref.WhichOneof("target") == "key" and not ref.key:
+            raise InvalidArgument("task.key: must not be empty")
+        owner = await self.routing.ref_owner(caller, "task", ref, lambda key: False)
+        if owner is None:
+            raise NotFound(f"task: no task {ref.key!r}")
+        return owner
+
+    # ------------------------------------------------------------------------------------ tasks
+
+    async def submit(self, caller: Principal, req: pb.SubmitRequest) -> pb.SubmitResponse:
+        return await self.routing.forward(self._owner("task.pool", req.task.pool), "Submit", req, caller)
+
+    async def submit_batch(self, caller: Principal, req: pb.SubmitBatchRequest) -> pb.SubmitBatchResponse:
+        check_batch(req, self.max_tasks_per_batch)
+        owner = self.routing.batch_owner(req)
+        if owner is None:
+            raise NotFound(f"tasks[0].pool: unknown pool '{req.tasks[0].pool or self.default_pool}'")
+        return await self.routing.forward(owner, "SubmitBatch", req, caller)
+
+    async def cancel(self, caller: Principal, req: pb.CancelRequest) -> pb.CancelResponse:
+        return await self.routing.forward(await self._ref_owner(caller, req.task), "Cancel", req, caller)
+
+    async def get(self, caller: Principal, req: pb.GetRequest) -> pb.TaskInfo:
+        return await self.routing.forward(await self._ref_owner(caller, req.task), "Get", req, caller)
+
+    async def wait(self, caller: Principal, req: pb.WaitRequest) -> pb.TaskResult:
+        return await self.routing.forward(await self._ref_owner(caller, req.task), "Wait", req, caller)
+
+    async def list_tasks(self, caller: Principal, req: pb.ListTasksRequest) -> pb.ListTasksResponse:
+        return await self.routing.list_tasks(caller, req, _never_local)
+
+    async def watch(self, caller: Principal, req: pb.WatchRequest) -> AsyncIterator[pb.StatusEvent]:
+        """Every relevant shard's events, interleaved as they come; the first shard to fail ends it."""
+        shards = [s for s in self.shards if not req.pools or any(p in s.pools for p in req.pools)]
+        for pool in req.pools:
+            if self.shards.by_pool(pool) is None:
+                raise NotFound(f"pools: unknown pool '{pool}'")
+        queue: asyncio.Queue[pb.StatusEvent | ApiError] = asyncio.Queue(maxsize=1024)
+
+        async def pump(shard: Shard) -> None:
+            part = pb.WatchRequest()
+            part.CopyFrom(req)
+            if req.pools:
+                del part.pools[:]
+                part.pools.extend(p for p in req.pools if p in shard.pools)
+            try:
+                async for event in self.peers.stream(shard, "Watch", part, caller):
+                    await queue.put(event)
+            except ApiError as err:
+                await queue.put(err)
+
+        pumps = [asyncio.get_running_loop().create_task(pump(shard)) for shard in shards]
+        try:
+            while True:
+                item = await queue.get()
+                if isinstance(item, ApiError):
+                    raise item
+                yield item
+        finally:
+            for task in pumps:
+                task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await asyncio.gather(*pumps, return_exceptions=True)
+
+    # ------------------------------------------------------------------------------------ admin
+
+    async def snapshot(self, caller: Principal) -> pb.SnapshotResponse:
+        return await self.routing.snapshot(caller, _never_local)
+
+    async def list_workers(self, caller: Principal) -> pb.ListWorkersResponse:
+        return await self.routing.list_workers(caller, _never_local)
+
+    def recurring_unsupported(self) -> ApiError:
+        return Unimplemented("recurring schedules are not supported by this version")
