@@ -16,8 +16,6 @@ import json
 import os
 import re
 import statistics
-import subprocess
-import sys
 import tempfile
 import time
 import urllib.request
@@ -27,7 +25,8 @@ from cronoq.client import Client, task
 from tests.integration.serverproc import ServerProcess, running_server
 from tests.postgres import running_postgres
 
-from . import engine_bench, failover, grpc_ceiling
+from . import engine_bench, failover, grpc_ceiling, sharding
+from .worker import start_worker
 
 POOL_CONFIG = """
 [limits]
@@ -45,29 +44,6 @@ lease_ttl_s = 30
 def percentile(values: list[float], q: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else float("nan")
-
-
-def start_worker(target: str, expect: int, slots: int) -> subprocess.Popen[str]:
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "bench.worker",
-            "--target",
-            target,
-            "--expect",
-            str(expect),
-            "--slots",
-            str(slots),
-        ],
-        stdout=subprocess.PIPE,
-        text=True,
-    )
-    assert proc.stdout is not None
-    line = proc.stdout.readline()
-    if "registered" not in line:
-        raise RuntimeError(f"bench worker failed to register: {line!r}")
-    return proc
 
 
 async def drain(target: str, n: int, slots: int) -> dict[str, float]:
@@ -156,13 +132,16 @@ def main() -> None:
     p.add_argument("--failovers", type=int, default=5, help="failover rounds on Postgres")
     p.add_argument(
         "--stores",
-        default="memory,sqlite,postgres",
-        help="comma-separated stores to drain with (memory also runs the latency and engine figures)",
+        default="memory,shards,sqlite,postgres",
+        help="comma-separated parts: memory (engine, transport, drain, latency), shards (two shards and a router), "
+        "sqlite and postgres (durable drains; postgres also failover)",
     )
     args = p.parse_args()
     stores = set(args.stores.split(","))
     if "memory" in stores:
         memory_figures(args)
+    if "shards" in stores:
+        sharding.run(args.tasks, args.slots)
     if "sqlite" in stores:
         durable_drain(
             "SQLite", '[store]\nkind = "sqlite"\npath = "{tmp}/cronoq.db"\n', args.tasks, args.slots, 4000, {}

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import subprocess
 import sys
 import time
 
@@ -40,6 +41,31 @@ async def main() -> None:
     await task
     print(json.dumps({"handled": count, "latencies": latencies}), flush=True)
     sys.exit(0)
+
+
+def start_worker(target: str, expect: int, slots: int, pool: str = "default") -> subprocess.Popen[str]:
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "bench.worker",
+            "--target",
+            target,
+            "--pool",
+            pool,
+            "--expect",
+            str(expect),
+            "--slots",
+            str(slots),
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert proc.stdout is not None
+    line = proc.stdout.readline()
+    if "registered" not in line:
+        raise RuntimeError(f"bench worker failed to register: {line!r}")
+    return proc
 
 
 if __name__ == "__main__":

@@ -22,6 +22,7 @@ from cronoq.errors import InvalidArgument, NotFound, PermissionDenied
 from cronoq.forward import Peers, WrongShard
 from cronoq.logs import get_logger
 from cronoq.shards import ShardMap
+from cronoq.tls import load_server_tls
 from cronoq.v1 import cronoq_pb2_grpc as pbg
 
 from .discovery import LeaderFinder
@@ -105,8 +106,12 @@ class RouterServer:
         pbg.add_WorkersServicer_to_server(RedirectWorkers(self.service), server)
         health_servicer = health.aio.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+        tls = load_server_tls(cfg.server.tls) if cfg.server.tls is not None else None
         try:
-            port = server.add_insecure_port(cfg.router.grpc_addr)
+            if tls is None:
+                port = server.add_insecure_port(cfg.router.grpc_addr)
+            else:
+                port = server.add_secure_port(cfg.router.grpc_addr, tls.grpc_credentials)
         except RuntimeError:
             port = 0
         if port == 0:
@@ -117,13 +122,21 @@ class RouterServer:
         self.grpc_server = server
         await health_servicer.set("", health_pb2.HealthCheckResponse.SERVING)
         app = build_http_app(
-            self.service, max_body_bytes=limits.max_http_body_bytes, loopback_only_guard=not self.auth.enabled
+            self.service,
+            max_body_bytes=limits.max_http_body_bytes,
+            loopback_only_guard=not self.auth.enabled,
+            require_client_cert=tls is not None and tls.client_certs_required,
         )
         runner = web.AppRunner(app, access_log=None, shutdown_timeout=DRAIN_S)
         await runner.setup()
         host, _, http_port = cfg.router.http_addr.rpartition(":")
         try:
-            await web.TCPSite(runner, host.strip("[]"), int(http_port)).start()
+            await web.TCPSite(
+                runner,
+                host.strip("[]"),
+                int(http_port),
+                ssl_context=tls.ssl_context if tls is not None else None,
+            ).start()
         except OSError as err:
             await runner.cleanup()
             await server.stop(None)

@@ -7,8 +7,6 @@ owning shard's leader, which authenticates it again and decides by its own confi
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import replace
@@ -113,38 +111,8 @@ class RouterService:
     async def list_tasks(self, caller: Principal, req: pb.ListTasksRequest) -> pb.ListTasksResponse:
         return await self.routing.list_tasks(caller, req, _never_local)
 
-    async def watch(self, caller: Principal, req: pb.WatchRequest) -> AsyncIterator[pb.StatusEvent]:
-        """Every relevant shard's events, interleaved as they come; the first shard to fail ends it."""
-        shards = [s for s in self.shards if not req.pools or any(p in s.pools for p in req.pools)]
-        for pool in req.pools:
-            if self.shards.by_pool(pool) is None:
-                raise NotFound(f"pools: unknown pool '{pool}'")
-        queue: asyncio.Queue[pb.StatusEvent | ApiError] = asyncio.Queue(maxsize=1024)
-
-        async def pump(shard: Shard) -> None:
-            part = pb.WatchRequest()
-            part.CopyFrom(req)
-            if req.pools:
-                del part.pools[:]
-                part.pools.extend(p for p in req.pools if p in shard.pools)
-            try:
-                async for event in self.peers.stream(shard, "Watch", part, caller):
-                    await queue.put(event)
-            except ApiError as err:
-                await queue.put(err)
-
-        pumps = [asyncio.get_running_loop().create_task(pump(shard)) for shard in shards]
-        try:
-            while True:
-                item = await queue.get()
-                if isinstance(item, ApiError):
-                    raise item
-                yield item
-        finally:
-            for task in pumps:
-                task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await asyncio.gather(*pumps, return_exceptions=True)
+    def watch(self, caller: Principal, req: pb.WatchRequest) -> AsyncIterator[pb.StatusEvent]:
+        return self.routing.watch(caller, req, None)
 
     # ------------------------------------------------------------------------------------ admin
 

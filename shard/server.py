@@ -32,6 +32,7 @@ from cronoq.errors import Unavailable
 from cronoq.forward import Peers
 from cronoq.logs import get_logger
 from cronoq.shards import ShardMap
+from cronoq.tls import load_server_tls
 from cronoq.v1 import cronoq_pb2_grpc as pbg
 
 from . import metrics
@@ -42,7 +43,6 @@ from .runtime import Runtime
 from .service import Service
 from .store import Leadership, StoreError
 from .store.factory import make_store
-from .tls import load_server_tls
 from .workers import WorkerStream
 
 DRAIN_S = 5.0

@@ -335,7 +335,13 @@ class Service:
             return await self.result(found.task)
         return await self._await_result(found.id, timeout)
 
-    async def watch(self, caller: Principal, req: pb.WatchRequest) -> AsyncIterator[pb.StatusEvent]:
+    def watch(self, caller: Principal, req: pb.WatchRequest) -> AsyncIterator[pb.StatusEvent]:
+        """Status events of this shard; with [[shards]], of every shard (unless forwarded here)."""
+        if self.routing is None or caller.forwarded:
+            return self._watch_local(caller, req)
+        return self.routing.watch(caller, req, self._watch_local)
+
+    async def _watch_local(self, caller: Principal, req: pb.WatchRequest) -> AsyncIterator[pb.StatusEvent]:
         engine = self.runtime.engine
         for pool in req.pools:
             if not engine.has_pool(pool):

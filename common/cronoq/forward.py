@@ -147,6 +147,8 @@ class Peers:
             )
             try:
                 response = await call
+                if not wait:  # only answers that waited for a task carry an output
+                    return response, None
                 return response, metadata_value(await call.trailing_metadata(), OUTPUT_TYPE_KEY)
             except grpc.aio.AioRpcError as err:
                 error = _error(err, shard)

@@ -8,17 +8,21 @@ out to every shard with :mod:`cronoq.fanout`.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from . import fanout
 from .auth import Principal
-from .errors import InvalidArgument, NotFound, Unavailable
+from .errors import ApiError, InvalidArgument, NotFound, Unavailable
 from .forward import Peers
 from .shards import SHARD_SHIFT, Shard, ShardMap
 from .v1 import cronoq_pb2 as pb
 
 Local = Callable[[Principal, Any], Any]  # answers one fan-out part on this process's own shard
+LocalWatch = Callable[[Principal, pb.WatchRequest], AsyncIterator[pb.StatusEvent]]
+WATCH_QUEUE = 1024  # events in flight from all shards to one watcher
 
 
 def check_batch(req: pb.SubmitBatchRequest, max_tasks_per_batch: int) -> None:
@@ -139,3 +143,44 @@ class Routing:
     async def list_workers(self, caller: Principal, local: Local) -> pb.ListWorkersResponse:
         parts = [(shard, pb.Empty()) for shard in self.shards]
         return fanout.merge_workers(await self.fan_out(caller, "admin", "ListWorkers", parts, local))
+
+    async def watch(
+        self, caller: Principal, req: pb.WatchRequest, local: LocalWatch | None
+    ) -> AsyncIterator[pb.StatusEvent]:
+        """Every relevant shard's events, interleaved as they come (this process's own from ``local``);
+        the first shard to fail ends the watch with its error, and the client watches again."""
+        for pool in req.pools:
+            if self.shards.by_pool(pool) is None:
+                raise NotFound(f"pools: unknown pool '{pool}'")
+        shards = [s for s in self.shards if not req.pools or any(p in s.pools for p in req.pools)]
+        queue: asyncio.Queue[pb.StatusEvent | ApiError] = asyncio.Queue(maxsize=WATCH_QUEUE)
+
+        async def pump(shard: Shard) -> None:
+            part = pb.WatchRequest()
+            part.CopyFrom(req)
+            if req.pools:
+                del part.pools[:]
+                part.pools.extend(p for p in req.pools if p in shard.pools)
+            if self.shards.is_local(shard):
+                assert local is not None
+                events = local(caller, part)
+            else:
+                events = self.peers.stream(shard, "Watch", part, caller)
+            try:
+                async for event in events:
+                    await queue.put(event)
+            except ApiError as err:
+                await queue.put(err)
+
+        pumps = [asyncio.get_running_loop().create_task(pump(shard)) for shard in shards]
+        try:
+            while True:
+                item = await queue.get()
+                if isinstance(item, ApiError):
+                    raise item
+                yield item
+        finally:
+            for task in pumps:
+                task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await asyncio.gather(*pumps, return_exceptions=True)

@@ -89,6 +89,15 @@ class ServerProcess:
                 )
             time.sleep(0.05)
 
+    def metric(self, name: str) -> float | None:
+        """The value of an unlabelled metric from ``/metrics`` (None when absent)."""
+        with urllib.request.urlopen(f"{self.http}/metrics", timeout=5, context=self.ssl_context) as r:
+            text = r.read().decode()
+        for line in text.splitlines():
+            if line.startswith(name + " "):
+                return float(line.split()[1])
+        return None
+
     def kill(self) -> None:
         """SIGKILL: no shutdown, nothing flushed, as in a crash."""
         assert self.proc is not None

@@ -182,3 +182,31 @@ async def test_the_router_follows_a_failover_and_names_a_shard_that_is_down(
             assert snapshot.unavailable_shards == ["b"] and [p.name for p in snapshot.pools] == ["a1"]
             with pytest.raises(Unavailable):
                 await client.submit(b"z", pool="b1")
+
+
+async def test_a_watch_through_the_router_sees_every_shard(
+    tmp_path: Path, postgres_url: str, pg_schema: str
+) -> None:
+    with cluster(tmp_path, postgres_url, pg_schema) as (router, shards):
+        async with Client(router.target) as client:
+            queued = {(await client.submit(b"w", pool=pool)).id for _, pool in SHARDS.values()}
+            seen: list[tuple[int, str]] = []
+
+            async def collect() -> None:
+                async for event in client.watch():
+                    seen.append((event.id, event.status))
+                    if len(seen) == len(queued):
+                        return
+
+            watching = asyncio.create_task(collect())
+            deadline = time.monotonic() + 10
+            leaders = [procs[0] for procs in shards.values()]
+            while [await asyncio.to_thread(leader.metric, "cronoq_watch_streams") for leader in leaders] != [
+                1,
+                1,
+            ]:
+                assert time.monotonic() < deadline, "the router did not subscribe to every shard"
+                await asyncio.sleep(0.05)
+            async with worker(router.target, echo, pool="a1"), worker(router.target, echo, pool="b1"):
+                await asyncio.wait_for(watching, 20)
+        assert sorted(seen) == sorted((task_id, "succeeded") for task_id in queued)

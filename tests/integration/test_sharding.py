@@ -534,3 +534,27 @@ async def test_the_owning_shard_authenticates_a_forwarded_call_again(tmp_path: P
         for proc in (a, b):
             logs = proc.logs()
             assert all(secret not in logs for secret in (ADMIN, ONLY_A1, WIDER_ON_A, UNKNOWN_TO_B))
+
+
+async def test_a_watch_on_one_shard_sees_every_shard(cluster: dict[str, ServerProcess]) -> None:
+    """A shard server answers Watch for the whole cluster: its own events and, through a forwarded
+    subscription, the other shards'."""
+    a, b = cluster["a"], cluster["b"]
+    async with Client(a.target) as client:
+        queued = {(await client.submit(b"w", pool=pool)).id for pool in ("a1", "b1")}
+        seen: list[tuple[int, str]] = []
+
+        async def collect() -> None:
+            async for event in client.watch():
+                seen.append((event.id, event.status))
+                if len(seen) == len(queued):
+                    return
+
+        watching = asyncio.create_task(collect())
+        deadline = time.monotonic() + 10
+        while [await asyncio.to_thread(s.metric, "cronoq_watch_streams") for s in (a, b)] != [1, 1]:
+            assert time.monotonic() < deadline, "the watch did not reach every shard"
+            await asyncio.sleep(0.05)
+        async with worker(a.target, echo, pool="a1"), worker(a.target, echo, pool="b1"):
+            await asyncio.wait_for(watching, 20)
+    assert sorted(seen) == sorted((task_id, "succeeded") for task_id in queued)

@@ -14,7 +14,7 @@ import pytest
 
 from cronoq.client import Client, ClientError
 
-from .serverproc import running_server
+from .serverproc import ServerProcess, free_port, running_server, write_config
 
 pytestmark = pytest.mark.asyncio
 
@@ -122,3 +122,46 @@ async def test_unreadable_certificate_is_a_startup_error(tmp_path: Path, pki: Pk
     with pytest.raises(RuntimeError) as err, running_server(tmp_path, body):
         pass
     assert "server.tls.cert_path: cannot read" in str(err.value)
+
+
+async def test_the_router_serves_tls_from_server_tls(tmp_path: Path, pki: Pki) -> None:
+    """The router reads ``[server.tls]`` like a server: TLS on its gRPC and HTTP listeners, plaintext
+    refused; here its one shard is a plain loopback server."""
+    shard_grpc, shard_http, router_grpc, router_http = (free_port() for _ in range(4))
+    cluster = (
+        '[[pools]]\nname = "default"\n'
+        f'[[shards]]\nname = "a"\nnumber = 1\nendpoint = "http://127.0.0.1:{shard_grpc}"\npools = ["default"]\n'
+        f'[router]\ngrpc_addr = "127.0.0.1:{router_grpc}"\nhttp_addr = "127.0.0.1:{router_http}"\n'
+    )
+    shard = ServerProcess(
+        write_config(tmp_path, f'[server]\nshard = "a"\n{cluster}', shard_grpc, shard_http),
+        tmp_path / "shard.log",
+        grpc_port=shard_grpc,
+        http_port=shard_http,
+    )
+    router_config = tmp_path / "router.toml"
+    router_config.write_text(_tls_config(pki, mtls=False) + cluster)
+    router = ServerProcess(
+        router_config,
+        tmp_path / "router.log",
+        grpc_port=router_grpc,
+        http_port=router_http,
+        ssl_context=_https(pki, False),
+        module="cronoq.router.main",
+    )
+    shard.start()
+    try:
+        router.start()
+        trusted = grpc.ssl_channel_credentials(root_certificates=pki.ca.read_bytes())
+        async with Client(f"https://{router.target}", credentials=trusted) as client:
+            sub = await client.submit(b"through a TLS router")
+            assert sub.id >> 56 == 1 and (await client.get(sub.id)).status == "ready"
+        async with Client(router.target) as plaintext:
+            with pytest.raises(ClientError) as err:
+                await plaintext.get(sub.id)
+            assert err.value.code == "unavailable"
+        assert _status(f"{router.http}/v1/tasks/{sub.id}", _https(pki, False)) == 200
+        assert _refused(f"http://127.0.0.1:{router_http}/healthz")
+    finally:
+        router.stop()
+        shard.stop()

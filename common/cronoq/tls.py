@@ -1,4 +1,4 @@
-"""TLS for the server's listeners, from ``[server.tls]``.
+"""TLS for the listeners of a server or a router, from ``[server.tls]``.
 
 gRPC and HTTP share one certificate. With ``client_ca_path`` (mTLS) gRPC refuses any connection without
 a certificate signed by that CA; HTTP asks for one and verifies what it gets, but cannot refuse at the

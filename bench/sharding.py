@@ -1,0 +1,128 @@
+"""Two shards behind a router on this machine: aggregate end-to-end throughput against one shard, and
+what the router adds to a Submit. Memory stores, so that the numbers are about routing, not disks.
+
+Issue #4's targets: aggregate throughput ≥ 1.6 times one shard's; router overhead per forwarded Submit
+≤ 1 ms p50.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+from cronoq.client import Client, task
+from tests.integration.serverproc import ServerProcess, free_port, write_config
+
+from .worker import start_worker
+
+POOLS = {"a": "a1", "b": "b1"}
+
+
+def cluster_body(ports: dict[str, int], router: tuple[int, int]) -> str:
+    lines = [
+        "[limits]",
+        "max_tasks_per_batch = 1000",
+        "max_pending_per_pool = 1000000",
+        "",
+        "[router]",
+        f'grpc_addr = "127.0.0.1:{router[0]}"',
+        f'http_addr = "127.0.0.1:{router[1]}"',
+        "",
+    ]
+    for number, (name, pool) in enumerate(POOLS.items(), start=1):
+        lines += [
+            f'[[pools]]\nname = "{pool}"\nmax = 1024\nlease_ttl_s = 30\n',
+            f'[[shards]]\nname = "{name}"\nnumber = {number}\nendpoint = "http://127.0.0.1:{ports[name]}"',
+            f'pools = ["{pool}"]\n',
+        ]
+    return "\n".join(lines)
+
+
+class Cluster:
+    """Shard servers a and b and a router, as processes in ``directory``."""
+
+    def __init__(self, directory: Path) -> None:
+        http = {name: free_port() for name in POOLS}
+        grpc = {name: free_port() for name in POOLS}
+        router_ports = (free_port(), free_port())
+        body = cluster_body(grpc, router_ports)
+        self.shards: dict[str, ServerProcess] = {}
+        for name in POOLS:
+            folder = directory / name
+            folder.mkdir()
+            config = write_config(folder, f'[server]\nshard = "{name}"\n{body}', grpc[name], http[name])
+            self.shards[name] = ServerProcess(
+                config, folder / "server.log", grpc_port=grpc[name], http_port=http[name]
+            )
+        folder = directory / "router"
+        folder.mkdir()
+        (folder / "cronoq.toml").write_text(body)
+        self.router = ServerProcess(
+            folder / "cronoq.toml",
+            folder / "router.log",
+            grpc_port=router_ports[0],
+            http_port=router_ports[1],
+            module="cronoq.router.main",
+        )
+
+    def __enter__(self) -> Cluster:
+        for proc in (*self.shards.values(), self.router):
+            proc.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for proc in (self.router, *self.shards.values()):
+            proc.stop()
+
+
+async def submit_latency(target: str, n: int) -> float:
+    """Median seconds of a sequential Submit to pool a1 through ``target``."""
+    async with Client(target) as client:
+        for _ in range(50):  # warm the channel and the code paths
+            await client.submit(None, pool="a1")
+        samples = []
+        for _ in range(n):
+            began = time.perf_counter()
+            await client.submit(None, pool="a1")
+            samples.append(time.perf_counter() - began)
+    return statistics.median(samples)
+
+
+async def drain(target: str, pools: list[str], n: int, slots: int) -> float:
+    """Tasks/s for ``n`` no-op tasks split over ``pools``, one worker per pool, all through ``target``."""
+    per_pool = n // len(pools)
+    workers = [start_worker(target, per_pool, slots, pool) for pool in pools]
+    async with Client(target) as client:
+        began = time.perf_counter()
+
+        async def submit(pool: str) -> None:
+            for i in range(0, per_pool, 1000):
+                await client.submit_batch([task(None, pool=pool) for _ in range(min(1000, per_pool - i))])
+
+        await asyncio.gather(*(submit(pool) for pool in pools))
+        outs = await asyncio.gather(*(asyncio.to_thread(w.communicate) for w in workers))
+        elapsed = time.perf_counter() - began
+    handled = sum(json.loads(out.strip().splitlines()[-1])["handled"] for out, _ in outs)
+    return float(handled) / elapsed
+
+
+def run(tasks: int, slots: int) -> None:
+    with tempfile.TemporaryDirectory() as tmp, Cluster(Path(tmp)) as cluster:
+        direct = asyncio.run(submit_latency(cluster.shards["a"].target, 1000))
+        routed = asyncio.run(submit_latency(cluster.router.target, 1000))
+        print(
+            f"router overhead per Submit: p50 {direct * 1e3:.2f} ms direct to the shard, "
+            f"{routed * 1e3:.2f} ms through the router: +{(routed - direct) * 1e3:.2f} ms   target <= 1 ms",
+            flush=True,
+        )
+        one = asyncio.run(drain(cluster.shards["a"].target, ["a1"], tasks // 2, slots))
+        two = asyncio.run(drain(cluster.router.target, ["a1", "b1"], tasks, slots))
+        print(
+            f"sharded drain: one shard {one:,.0f} tasks/s ({tasks // 2:,} tasks, direct); two shards through the "
+            f"router (workers redirected) {two:,.0f} tasks/s ({tasks:,} tasks): {two / one:.2f}x   target >= 1.6x",
+            flush=True,
+        )
