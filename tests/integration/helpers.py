@@ -8,10 +8,13 @@ import queue
 import subprocess
 import sys
 import threading
-from collections.abc import AsyncIterator, Awaitable, Callable
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any
 
-from cronoq.client import Lease, Worker
+from cronoq.client import Client, Lease, Worker
+
+from .serverproc import ServerProcess
 
 Handler = Callable[[Lease], Awaitable[Any]]
 
@@ -77,3 +80,35 @@ class SubprocessWorker:
         if self.proc.poll() is None:
             self.proc.kill()
         self.proc.wait(10)
+
+
+async def watch_while(
+    client: Client,
+    subscribed: Sequence[ServerProcess],
+    count: int,
+    during: Callable[[], contextlib.AbstractAsyncContextManager[Any]],
+) -> list[tuple[int, str]]:
+    """Watch through ``client`` (terminal events); once every server in ``subscribed`` counts one
+    Watch subscription (so no event can be missed), enter ``during()`` (e.g. workers that finish the
+    tasks) and return the first ``count`` events as (task id, status)."""
+    seen: list[tuple[int, str]] = []
+
+    async def collect() -> None:
+        async for event in client.watch():
+            seen.append((event.id, event.status))
+            if len(seen) == count:
+                return
+
+    watching = asyncio.create_task(collect())
+    try:
+        deadline = time.monotonic() + 10
+        while [await asyncio.to_thread(s.metric, "cronoq_watch_streams") for s in subscribed] != [1.0] * len(
+            subscribed
+        ):
+            assert time.monotonic() < deadline, "the watch did not subscribe to every shard"
+            await asyncio.sleep(0.05)
+        async with during():
+            await asyncio.wait_for(watching, 20)
+    finally:
+        watching.cancel()
+    return seen

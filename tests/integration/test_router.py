@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import aiohttp
@@ -17,7 +17,7 @@ from cronoq.client import Client, Lease, task
 from cronoq.errors import Unavailable
 from cronoq.shards import SHARD_SHIFT
 
-from .helpers import worker
+from .helpers import watch_while, worker
 from .serverproc import ServerProcess, free_port, write_config
 
 pytestmark = pytest.mark.asyncio
@@ -190,23 +190,12 @@ async def test_a_watch_through_the_router_sees_every_shard(
     with cluster(tmp_path, postgres_url, pg_schema) as (router, shards):
         async with Client(router.target) as client:
             queued = {(await client.submit(b"w", pool=pool)).id for _, pool in SHARDS.values()}
-            seen: list[tuple[int, str]] = []
-
-            async def collect() -> None:
-                async for event in client.watch():
-                    seen.append((event.id, event.status))
-                    if len(seen) == len(queued):
-                        return
-
-            watching = asyncio.create_task(collect())
-            deadline = time.monotonic() + 10
             leaders = [procs[0] for procs in shards.values()]
-            while [await asyncio.to_thread(leader.metric, "cronoq_watch_streams") for leader in leaders] != [
-                1,
-                1,
-            ]:
-                assert time.monotonic() < deadline, "the router did not subscribe to every shard"
-                await asyncio.sleep(0.05)
-            async with worker(router.target, echo, pool="a1"), worker(router.target, echo, pool="b1"):
-                await asyncio.wait_for(watching, 20)
+
+            @contextlib.asynccontextmanager
+            async def workers() -> AsyncIterator[None]:
+                async with worker(router.target, echo, pool="a1"), worker(router.target, echo, pool="b1"):
+                    yield
+
+            seen = await watch_while(client, leaders, len(queued), workers)
         assert sorted(seen) == sorted((task_id, "succeeded") for task_id in queued)

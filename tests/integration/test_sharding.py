@@ -35,7 +35,7 @@ from cronoq.errors import (
 from cronoq.v1 import cronoq_pb2 as pb
 from cronoq.v1 import cronoq_pb2_grpc as pbg
 
-from .helpers import worker
+from .helpers import watch_while, worker
 from .serverproc import ServerProcess
 from .shardproc import ShardSpec, running_cluster
 
@@ -542,19 +542,11 @@ async def test_a_watch_on_one_shard_sees_every_shard(cluster: dict[str, ServerPr
     a, b = cluster["a"], cluster["b"]
     async with Client(a.target) as client:
         queued = {(await client.submit(b"w", pool=pool)).id for pool in ("a1", "b1")}
-        seen: list[tuple[int, str]] = []
 
-        async def collect() -> None:
-            async for event in client.watch():
-                seen.append((event.id, event.status))
-                if len(seen) == len(queued):
-                    return
+        @contextlib.asynccontextmanager
+        async def workers() -> AsyncIterator[None]:
+            async with worker(a.target, echo, pool="a1"), worker(a.target, echo, pool="b1"):
+                yield
 
-        watching = asyncio.create_task(collect())
-        deadline = time.monotonic() + 10
-        while [await asyncio.to_thread(s.metric, "cronoq_watch_streams") for s in (a, b)] != [1, 1]:
-            assert time.monotonic() < deadline, "the watch did not reach every shard"
-            await asyncio.sleep(0.05)
-        async with worker(a.target, echo, pool="a1"), worker(a.target, echo, pool="b1"):
-            await asyncio.wait_for(watching, 20)
+        seen = await watch_while(client, [a, b], len(queued), workers)
     assert sorted(seen) == sorted((task_id, "succeeded") for task_id in queued)
