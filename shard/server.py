@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import random
 import ssl
 import time
@@ -75,7 +76,12 @@ class ShardServer:
             if self.shards.sharded
             else None
         )
-        self.engine_limits = limits.to_engine()
+        # The engine forgets finished tasks no later than the store prunes them, so that a pruned task is
+        # gone everywhere (its key no longer dedups, Get says NOT_FOUND).
+        engine_limits = limits.to_engine()
+        self.engine_limits = dataclasses.replace(
+            engine_limits, key_retention=min(engine_limits.key_retention, config.store.keep_finished_s)
+        )
         self.store = make_store(config)
         self.outputs = OutputCache(config.outputs.cache_entries, config.outputs.cache_bytes)
         self.runtime: Runtime | None = None

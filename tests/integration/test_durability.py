@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import signal
+import time
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -12,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from cronoq.client import Client, Lease, task
-from cronoq.errors import Unavailable
+from cronoq.errors import NotFound, Unavailable
 
 from .helpers import worker
 from .serverproc import ServerProcess, leader_and_standby, new_server
@@ -169,3 +170,31 @@ async def test_a_standby_takes_over_after_the_lease_of_a_killed_leader_runs_out(
         async with Client(standby.target) as client:
             assert (await client.get("k")).id == submitted.id
             assert (await client.submit(b"y")).id >> EPOCH_SHIFT == 2
+
+
+async def test_finished_tasks_are_pruned_after_keep_finished_s(tmp_path: Path) -> None:
+    body = sqlite_config(tmp_path / "cronoq.db").replace('path = "', 'keep_finished_s = 1\npath = "', 1)
+    server = new_server(tmp_path / "a", body)
+    server.start()
+    try:
+        async with Client(server.target) as client:
+            async with worker(server.target, lambda lease: asyncio.sleep(0, "done")):
+                done = await client.submit(b"x", key="old", wait=True, wait_timeout=10)
+            assert done.result is not None and done.result.status == "succeeded"
+            live = await client.submit(b"y", key="live")  # no worker now: stays queued, never pruned
+        server.stop()
+        await asyncio.sleep(1.1)  # let the finished task age past keep_finished_s (the bound, not a race)
+        server.start()  # the new leader prunes at once, and does not load what is past retention
+        async with Client(server.target) as client:
+            deadline = time.monotonic() + 10
+            while True:
+                try:
+                    await client.get(done.id)
+                except NotFound:
+                    break
+                assert time.monotonic() < deadline, "the finished task was not pruned"
+                await asyncio.sleep(0.05)
+            assert not (await client.submit(b"z", key="old")).duplicate  # its key is free again
+            assert (await client.get(live.id)).status == "ready"
+    finally:
+        server.stop()
