@@ -62,7 +62,8 @@ _READ_ONLY = frozenset({"Get", "Wait", "ListTasks", "Snapshot", "ListWorkers", "
 _NOT_RECEIVED = ("standby", "failed to connect", "connection refused", "shutting down")
 
 
-def _retry_safe(method: str, request: Any, err: ApiError) -> bool:
+def retry_safe(method: str, request: Any, err: ApiError) -> bool:
+    """Whether a call that failed with ``err`` (UNAVAILABLE) may be sent again without running twice."""
     if method in _READ_ONLY:
         return True
     if method == "Submit" and request.task.key:
@@ -156,7 +157,7 @@ class Peers:
                 raise error
             if self._suspect is not None:
                 self._suspect(shard, url)
-            if attempt >= self.retries or not _retry_safe(method, request, error):
+            if attempt >= self.retries or not retry_safe(method, request, error):
                 raise error
             await asyncio.sleep(RETRY_DELAYS_S[attempt])
             attempt += 1

@@ -1,0 +1,80 @@
+"""Merging fan-out answers (pure functions): paging across shards, snapshots, and which forwarded calls
+may be retried after UNAVAILABLE."""
+
+from __future__ import annotations
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from cronoq.errors import Unavailable
+from cronoq.fanout import merge_pages, merge_snapshots, split_list
+from cronoq.forward import retry_safe
+from cronoq.shards import Shard, ShardMap
+from cronoq.v1 import cronoq_pb2 as pb
+
+A = Shard("a", 1, "http://127.0.0.1:1", frozenset({"a1", "a2"}))
+B = Shard("b", 2, "http://127.0.0.1:2", frozenset({"b1"}))
+SHARDS = ShardMap([A, B])
+
+
+def page_of(ids: list[int], after: int, limit: int) -> pb.ListTasksResponse:
+    """What one shard answers: its lowest ids after the cursor, and whether more remain."""
+    rest = sorted(i for i in ids if i > after)
+    page = rest[:limit]
+    return pb.ListTasksResponse(
+        tasks=[pb.TaskInfo(id=i) for i in page], next_after=page[-1] if len(rest) > limit else 0
+    )
+
+
+@given(
+    st.lists(st.integers(1, 10_000), unique=True),
+    st.lists(st.integers(1, 10_000), unique=True),
+    st.integers(1, 7),
+)
+def test_paging_through_merged_pages_yields_every_task_once_in_order(
+    a_ids: list[int], b_ids: list[int], limit: int
+) -> None:
+    a_ids = [(1 << 56) | i for i in a_ids]
+    b_ids = [(2 << 56) | i for i in b_ids]
+    seen: list[int] = []
+    after = 0
+    for _ in range(len(a_ids) + len(b_ids) + 1):
+        merged = merge_pages([(A, page_of(a_ids, after, limit)), (B, page_of(b_ids, after, limit))], limit)
+        assert len(merged.tasks) <= limit
+        seen += [t.id for t in merged.tasks]
+        after = merged.next_after
+        if after == 0:
+            break
+    assert seen == sorted(a_ids + b_ids)
+
+
+def test_a_failed_shard_is_named_and_the_rest_kept() -> None:
+    merged = merge_pages([(A, page_of([(1 << 56) | 5], 0, 10)), (B, Unavailable("down"))], 10)
+    assert [t.id for t in merged.tasks] == [(1 << 56) | 5] and list(merged.unavailable_shards) == ["b"]
+    snap = pb.SnapshotResponse(
+        pools=[pb.PoolSnapshot(name="a1")], live_tasks=3, totals=pb.Totals(submitted=4, retries=1)
+    )
+    total = merge_snapshots([(A, snap), (B, snap)])
+    assert (total.live_tasks, total.totals.submitted, total.totals.retries) == (6, 8, 2)
+    assert [p.name for p in total.pools] == ["a1", "a1"]
+
+
+def test_a_listing_asks_only_the_shards_of_the_pools_named() -> None:
+    parts = split_list(SHARDS, pb.ListTasksRequest(pools=["b1", "a2"], limit=3))
+    assert [(shard.name, list(req.pools), req.limit) for shard, req in parts] == [
+        ("a", ["a2"], 3),
+        ("b", ["b1"], 3),
+    ]
+    assert [s.name for s, _ in split_list(SHARDS, pb.ListTasksRequest())] == ["a", "b"]
+
+
+def test_only_calls_that_cannot_run_twice_are_retried() -> None:
+    lost = Unavailable("connection reset mid-call")
+    keyed = pb.SubmitRequest(task=pb.TaskSpec(key="k"))
+    assert retry_safe("Get", pb.GetRequest(), lost) and retry_safe("Cancel", pb.CancelRequest(), lost)
+    assert retry_safe("Submit", keyed, lost)  # the key makes a second run a duplicate
+    assert not retry_safe("Submit", pb.SubmitRequest(), lost)
+    batch = pb.SubmitBatchRequest(tasks=[pb.TaskSpec(key="k"), pb.TaskSpec()])
+    assert not retry_safe("SubmitBatch", batch, lost)
+    standby = Unavailable("this server is a standby, not the leader; retry against the leader")
+    assert retry_safe("Submit", pb.SubmitRequest(), standby)  # refused before anything ran
