@@ -76,7 +76,7 @@ class RouterServer:
             suspect=self.finder.suspect,
             retries=RETRIES,
         )
-        self.auth = Authenticator(config.auth.token_entries())
+        self.auth = Authenticator(config.auth.token_entries(), config.auth.cert_entries())
         self.service = RouterService(
             [p.name for p in config.pools],
             self.auth,

@@ -59,8 +59,10 @@ class RouterService:
     def ready(self) -> bool:
         return True
 
-    def authorize(self, authorization: str | None, role: Role, forwarded: bool = False) -> Principal:
-        principal = self.auth.require(authorization, role)
+    def authorize(
+        self, authorization: str | None, role: Role, forwarded: bool = False, cert_names: Sequence[str] = ()
+    ) -> Principal:
+        principal = self.auth.require(authorization, role, cert_names)
         return replace(principal, credential=authorization or "", forwarded=forwarded)
 
     def _keep_type(self, task_id: int, output: bytes, content_type: str) -> None:

@@ -86,7 +86,7 @@ class ShardServer:
         self.outputs = OutputCache(config.outputs.cache_entries, config.outputs.cache_bytes)
         self.runtime: Runtime | None = None
         self.leadership: Leadership | None = None
-        self.auth = Authenticator(config.auth.token_entries())
+        self.auth = Authenticator(config.auth.token_entries(), config.auth.cert_entries())
         self.spec_limits = SpecLimits(
             max_key_len=limits.max_key_len,
             max_kind_len=limits.max_kind_len,

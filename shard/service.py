@@ -124,11 +124,13 @@ class Service:
 
     # ---------------------------------------------------------------------------------- callers
 
-    def authorize(self, authorization: str | None, role: Role, forwarded: bool = False) -> Principal:
+    def authorize(
+        self, authorization: str | None, role: Role, forwarded: bool = False, cert_names: Sequence[str] = ()
+    ) -> Principal:
         """Authenticate, check the role, and refuse while the server is not serving (``/metrics``
         excepted: a standby reports that it is one). Where calls may be forwarded to other shards, the
         principal keeps the caller's credential to present there."""
-        principal = self.auth.require(authorization, role)
+        principal = self.auth.require(authorization, role, cert_names)
         if self.peers is not None:
             principal = replace(principal, credential=authorization or "", forwarded=forwarded)
         if role is not Role.METRICS and not self.runtime.accepting:

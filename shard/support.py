@@ -22,10 +22,6 @@ def unsupported(config: Config) -> list[str]:
     ):
         if value is not None:
             problems.append(f"{key}: not supported by this server version yet")
-    if config.auth.certs:
-        problems.append(
-            "auth.certs: client-certificate identities are not supported by this server version yet"
-        )
     if config.resources:
         problems.append("resources: resources are not supported by this server version yet")
     for i, pool in enumerate(config.pools):

@@ -11,7 +11,7 @@ from __future__ import annotations
 import enum
 import hashlib
 import hmac
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from cronoq.errors import PermissionDenied, Unauthenticated
@@ -38,6 +38,9 @@ class Principal:
     # whether this call was itself forwarded (it is then answered here or refused, never forwarded on).
     credential: str = field(default="", repr=False, compare=False)
     forwarded: bool = False
+    # Authenticated by a client certificate ([[auth.certs]]): such a caller cannot be forwarded to
+    # another shard, because the certificate cannot travel with the call.
+    certificate: bool = False
 
     def may(self, needed: Role) -> bool:
         return self.role is Role.ADMIN or self.role is needed
@@ -61,24 +64,50 @@ class TokenEntry:
     name: str = ""
 
 
-class Authenticator:
-    """Maps an ``authorization`` header to a :class:`Principal`."""
+@dataclass(slots=True, frozen=True)
+class CertEntry:
+    """One configured client-certificate identity: the certificate's DNS SAN and what it may do."""
 
-    def __init__(self, entries: Iterable[TokenEntry]) -> None:
+    dns_name: str
+    role: Role
+    pools: frozenset[str] | None = None
+    labels: Mapping[str, str] | None = None
+    tenant: str | None = None
+    name: str = ""
+
+
+class Authenticator:
+    """Maps an ``authorization`` header, or else a verified client certificate's DNS names, to a
+    :class:`Principal`. A bearer token, when sent, decides alone."""
+
+    def __init__(self, entries: Iterable[TokenEntry], certs: Iterable[CertEntry] = ()) -> None:
         self._table: list[tuple[bytes, Principal]] = []
         for i, e in enumerate(entries):
             principal = Principal(e.role, e.pools, e.labels, e.tenant, name=e.name or f"token[{i}]")
             self._table.append((_digest(e.token), principal))
+        self._certs = {
+            c.dns_name.lower(): Principal(
+                c.role, c.pools, c.labels, c.tenant, name=c.name or f"cert[{i}]", certificate=True
+            )
+            for i, c in enumerate(certs)
+        }
 
     @property
     def enabled(self) -> bool:
-        return bool(self._table)
+        return bool(self._table or self._certs)
 
-    def authenticate(self, authorization: str | None) -> Principal:
-        """The caller's principal; raises Unauthenticated for a missing or unknown token."""
-        if not self._table:
+    def authenticate(self, authorization: str | None, cert_names: Sequence[str] = ()) -> Principal:
+        """The caller's principal; raises Unauthenticated for a missing or unknown credential.
+        ``cert_names`` are the DNS names of the caller's verified client certificate, if any."""
+        if not self.enabled:
             return ANONYMOUS_ADMIN
         if not authorization:
+            for dns_name in cert_names:
+                principal = self._certs.get(dns_name.lower())
+                if principal is not None:
+                    return principal
+            if cert_names:
+                raise Unauthenticated("this client certificate names no configured identity ([[auth.certs]])")
             raise Unauthenticated("missing credentials: send 'authorization: Bearer <token>'")
         scheme, _, token = authorization.strip().partition(" ")
         if scheme.lower() != "bearer" or not token.strip():
@@ -92,9 +121,9 @@ class Authenticator:
             raise Unauthenticated("unknown token")
         return found
 
-    def require(self, authorization: str | None, role: Role) -> Principal:
+    def require(self, authorization: str | None, role: Role, cert_names: Sequence[str] = ()) -> Principal:
         """Authenticate and check the role in one step (the common case for an RPC)."""
-        principal = self.authenticate(authorization)
+        principal = self.authenticate(authorization, cert_names)
         if not principal.may(role):
             raise PermissionDenied(
                 f"a {principal.role.value} credential may not call this; it needs {role.value}"

@@ -107,6 +107,10 @@ class Peers:
         """Refuse (WrongShard) when this call may not be forwarded to ``shard`` at ``url``."""
         if caller.forwarded:
             raise WrongShard(shard, "this call was forwarded here already and is not forwarded again")
+        if caller.certificate:
+            raise WrongShard(
+                shard, "a caller known by its client certificate cannot be forwarded (it cannot travel)"
+            )
         parts = urlsplit(url)
         if (
             parts.scheme == "http"

@@ -13,6 +13,7 @@ import grpc
 import pytest
 
 from cronoq.client import Client, ClientError
+from cronoq.errors import PermissionDenied
 
 from .serverproc import ServerProcess, free_port, running_server, write_config
 
@@ -115,6 +116,34 @@ async def test_mtls_requires_a_client_certificate(tmp_path: Path, pki: Pki) -> N
         assert _status(f"{server.http}/healthz", _https(pki, False)) == 200
         assert _status(f"{server.http}/v1/tasks/{sub.id}", _https(pki, False)) == 401
         assert _status(f"{server.http}/v1/tasks/{sub.id}", _https(pki, True)) == 200
+
+
+ADMIN_TOKEN = "admin-token-0123456789abcdef"
+
+
+async def test_a_client_certificate_is_an_identity_from_auth_certs(tmp_path: Path, pki: Pki) -> None:
+    """With mTLS, a verified certificate whose DNS SAN is an ``[[auth.certs]]`` entry is that identity
+    (role and pools); a bearer token, when sent, decides instead."""
+    body = _tls_config(pki, mtls=True) + (
+        '[[auth.certs]]\ndns_name = "worker-1.internal"\nrole = "client"\npools = ["default"]\n'
+        f'[[auth.tokens]]\ntoken = "{ADMIN_TOKEN}"\nrole = "admin"\n'
+        '[[pools]]\nname = "default"\n[[pools]]\nname = "other"\n'
+    )
+    with running_server(tmp_path, body, ssl_context=_https(pki, True)) as server:
+        target = f"https://{server.target}"
+        with_cert = grpc.ssl_channel_credentials(
+            pki.ca.read_bytes(), pki.client_key.read_bytes(), pki.client_cert.read_bytes()
+        )
+        async with Client(target, credentials=with_cert) as client:
+            sub = await client.submit(b"by certificate")  # no token: the certificate is the identity
+            with pytest.raises(PermissionDenied):
+                await client.submit(b"x", pool="other")  # its pools
+            with pytest.raises(PermissionDenied):
+                await client.snapshot()  # its role: client, not metrics
+        async with Client(target, credentials=with_cert, token=ADMIN_TOKEN) as admin:
+            assert (await admin.snapshot()).totals.submitted == 1  # the token decides
+        assert _status(f"{server.http}/v1/tasks/{sub.id}", _https(pki, True)) == 200
+        assert _status(f"{server.http}/v1/snapshot", _https(pki, True)) == 403
 
 
 async def test_unreadable_certificate_is_a_startup_error(tmp_path: Path, pki: Pki) -> None:

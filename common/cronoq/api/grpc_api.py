@@ -25,7 +25,14 @@ log = get_logger("cronoq.grpc")
 
 def authorize(service: RequestHandler, context: Ctx, role: Role) -> Principal:
     metadata = context.invocation_metadata()
-    return service.authorize(bearer(metadata), role, forwarded(metadata))
+    return service.authorize(bearer(metadata), role, forwarded(metadata), cert_dns_names(context))
+
+
+def cert_dns_names(context: Ctx) -> list[str]:
+    """The DNS names of the caller's client certificate. gRPC reports a peer certificate only after
+    verifying it against ``client_ca_path`` (mTLS), so these names can be trusted."""
+    names = context.auth_context().get("x509_subject_alternative_name", [])
+    return [n.decode() if isinstance(n, bytes) else str(n) for n in names]
 
 
 async def call(context: Ctx, fn: Callable[[], Awaitable[T]]) -> T:

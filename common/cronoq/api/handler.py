@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from typing import Protocol
 
 from cronoq.auth import Principal, Role
@@ -18,7 +18,11 @@ class RequestHandler(Protocol):
         """Serving (``/readyz`` 200): a leader not shutting down, or a router."""
         ...
 
-    def authorize(self, authorization: str | None, role: Role, forwarded: bool = False) -> Principal: ...
+    def authorize(
+        self, authorization: str | None, role: Role, forwarded: bool = False, cert_names: Sequence[str] = ()
+    ) -> Principal:
+        """The caller, from its bearer token or else the DNS names of its verified client certificate."""
+        ...
 
     def output_type(self, task_id: int) -> str:
         """The content type of a task's output when known here ("" otherwise); the wire TaskResult has

@@ -85,6 +85,16 @@ def error_response(err: ApiError) -> web.Response:
     return response
 
 
+def cert_dns_names(request: web.Request) -> list[str]:
+    """The DNS names of the caller's client certificate. The TLS layer hands over a certificate only
+    after verifying it against ``client_ca_path``, so these names can be trusted."""
+    transport = request.transport
+    cert = transport.get_extra_info("peercert") if transport is not None else None
+    if not cert:
+        return []
+    return [value for kind, value in cert.get("subjectAltName", ()) if kind == "DNS"]
+
+
 def _json(body: object, status: int = 200) -> web.Response:
     return web.Response(text=codec.dump_json(body), status=status, content_type=codec.JSON_TYPE)
 
@@ -167,7 +177,10 @@ class _Gateway:
 
         async def handle(request: web.Request) -> web.StreamResponse:
             caller = self.service.authorize(
-                request.headers.get(hdrs.AUTHORIZATION), role, FORWARDED_KEY in request.headers
+                request.headers.get(hdrs.AUTHORIZATION),
+                role,
+                FORWARDED_KEY in request.headers,
+                cert_dns_names(request),
             )
             answer = await endpoint(caller, request)
             return answer if isinstance(answer, web.StreamResponse) else _json(answer)

@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import ClassVar
 
-from cronoq.auth import Role, TokenEntry
+from cronoq.auth import CertEntry, Role, TokenEntry
 from cronoq.engine.model import EngineLimits, Overflow, PoolConfig, RetryPolicy
 
 from .problems import ConfigError, Problem
@@ -148,6 +148,24 @@ class AuthSection:
             )
             for i, t in enumerate(self.tokens)
         ]
+
+    def cert_entries(self) -> list[CertEntry]:
+        """The client-certificate identities, for :class:`cronoq.auth.Authenticator`."""
+        return _cert_entries(self.certs)
+
+
+def _cert_entries(certs: tuple[CertSection, ...]) -> list[CertEntry]:
+    return [
+        CertEntry(
+            dns_name=c.dns_name,
+            role=c.role,
+            pools=None if c.pools is None else frozenset(c.pools),
+            labels=c.label_map(),
+            tenant=c.tenant,
+            name=f"auth.certs[{i}]",
+        )
+        for i, c in enumerate(certs)
+    ]
 
 
 def _label_map(labels: tuple[str, ...] | None) -> dict[str, str] | None:
