@@ -19,17 +19,12 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from cronoq.client._connect import Endpoint, open_channel
+from cronoq.forward import PEER_CHANNEL_OPTIONS
 from cronoq.logs import get_logger
 from cronoq.shards import Shard, ShardMap
 
 log = get_logger("cronoq.router")
 
-# gRPC's reconnect backoff grows to two minutes by default; a member that was down and comes back as
-# the new leader must be reachable again well within the 2 s in which the router has to find it.
-CHANNEL_OPTIONS = (
-    ("grpc.initial_reconnect_backoff_ms", 100),
-    ("grpc.max_reconnect_backoff_ms", 500),
-)
 
 SERVING = health_pb2.HealthCheckResponse.SERVING
 
@@ -112,7 +107,7 @@ class LeaderFinder:
         await asyncio.gather(*(channel.close() for channel in channels))
 
     def _open(self, url: str) -> _Member:
-        channel = open_channel(Endpoint.parse(url, secure=False), self._credentials, CHANNEL_OPTIONS)
+        channel = open_channel(Endpoint.parse(url, secure=False), self._credentials, PEER_CHANNEL_OPTIONS)
         return _Member(url, channel, health_pb2_grpc.HealthStub(channel))
 
     async def _poll_forever(self) -> None:

@@ -55,6 +55,13 @@ def _error(err: grpc.aio.AioRpcError, shard: Shard) -> ApiError:
     return error
 
 
+# gRPC's reconnect backoff grows to two minutes by default; a shard member that was down and comes back as
+# the new leader must be reachable again within the 2 s in which traffic has to recover (SPEC §9).
+PEER_CHANNEL_OPTIONS = (
+    ("grpc.initial_reconnect_backoff_ms", 100),
+    ("grpc.max_reconnect_backoff_ms", 500),
+)
+
 # Retried after UNAVAILABLE (the leader moved, or is between leaders) when a retry cannot run a call
 # twice: the call changes nothing, names its tasks by key, or provably never reached a leader.
 RETRY_DELAYS_S = (0.1, 0.25, 0.5, 1.0)
@@ -126,7 +133,7 @@ class Peers:
     def _stub(self, url: str) -> tuple[Any, Any, Any]:
         stubs = self._stubs.get(url)
         if stubs is None:
-            channel = open_channel(Endpoint.parse(url, secure=False), None, ())
+            channel = open_channel(Endpoint.parse(url, secure=False), None, PEER_CHANNEL_OPTIONS)
             stubs = self._stubs[url] = (channel, pbg.TasksStub(channel), pbg.AdminStub(channel))
         return stubs
 
