@@ -306,6 +306,7 @@ async def refused_without_connecting(
     ):
         assert resp.status == 409, await resp.text()
         assert (await resp.json())["code"] == "failed_precondition"
+        assert (resp.headers["cronoq-shard"], resp.headers["cronoq-shard-endpoint"]) == ("b", remote)
 
 
 async def test_the_http_gateway_forwards_like_grpc(cluster: dict[str, ServerProcess]) -> None:
