@@ -13,7 +13,7 @@ help:
 	@echo "make run    - start a one-shard server on loopback with a demo worker"
 	@echo "make test   - run the whole test suite (unit + integration)"
 	@echo "make lint   - ruff and mypy --strict on our sources"
-	@echo "make bench  - throughput, latency and engine benchmarks (numbers printed)"
+	@echo "make bench  - engine, transport, drain, latency, sharding, durable stores, failover (numbers printed)"
 	@echo "make proto  - regenerate proto/cronoq/v1/*_pb2*.py from proto/cronoq/v1/cronoq.proto"
 
 $(STAMP): pyproject.toml
