@@ -15,59 +15,25 @@ import time
 from pathlib import Path
 
 from cronoq.client import Client, task
-from tests.integration.serverproc import ServerProcess, free_port, write_config
+from tests.integration.shardproc import ShardSpec, cluster_tables, new_cluster, router_process
 
 from .worker import start_worker
 
 POOLS = {"a": "a1", "b": "b1"}
-
-
-def cluster_body(ports: dict[str, int], router: tuple[int, int]) -> str:
-    lines = [
-        "[limits]",
-        "max_tasks_per_batch = 1000",
-        "max_pending_per_pool = 1000000",
-        "",
-        "[router]",
-        f'grpc_addr = "127.0.0.1:{router[0]}"',
-        f'http_addr = "127.0.0.1:{router[1]}"',
-        "",
-    ]
-    for number, (name, pool) in enumerate(POOLS.items(), start=1):
-        lines += [
-            f'[[pools]]\nname = "{pool}"\nmax = 1024\nlease_ttl_s = 30\n',
-            f'[[shards]]\nname = "{name}"\nnumber = {number}\nendpoint = "http://127.0.0.1:{ports[name]}"',
-            f'pools = ["{pool}"]\n',
-        ]
-    return "\n".join(lines)
+SPECS = [
+    ShardSpec(name, number, (pool,), pool_options="max = 1024\nlease_ttl_s = 30")
+    for number, (name, pool) in enumerate(POOLS.items(), start=1)
+]
+LIMITS = "[limits]\nmax_tasks_per_batch = 1000\nmax_pending_per_pool = 1000000\n"
 
 
 class Cluster:
     """Shard servers a and b and a router, as processes in ``directory``."""
 
     def __init__(self, directory: Path) -> None:
-        http = {name: free_port() for name in POOLS}
-        grpc = {name: free_port() for name in POOLS}
-        router_ports = (free_port(), free_port())
-        body = cluster_body(grpc, router_ports)
-        self.shards: dict[str, ServerProcess] = {}
-        for name in POOLS:
-            folder = directory / name
-            folder.mkdir()
-            config = write_config(folder, f'[server]\nshard = "{name}"\n{body}', grpc[name], http[name])
-            self.shards[name] = ServerProcess(
-                config, folder / "server.log", grpc_port=grpc[name], http_port=http[name]
-            )
-        folder = directory / "router"
-        folder.mkdir()
-        (folder / "cronoq.toml").write_text(body)
-        self.router = ServerProcess(
-            folder / "cronoq.toml",
-            folder / "router.log",
-            grpc_port=router_ports[0],
-            http_port=router_ports[1],
-            module="cronoq.router.main",
-        )
+        self.shards = new_cluster(directory, SPECS, extra={name: LIMITS for name in POOLS})
+        endpoints = {name: f"http://127.0.0.1:{proc.grpc_port}" for name, proc in self.shards.items()}
+        self.router = router_process(directory / "router", LIMITS + cluster_tables(SPECS, endpoints))
 
     def __enter__(self) -> Cluster:
         for proc in (*self.shards.values(), self.router):

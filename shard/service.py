@@ -69,9 +69,6 @@ class Service:
         peers: Peers | None = None,
     ) -> None:
         self._runtime: Runtime | None = None
-        # With [[shards]], ``pools`` are the whole cluster's and calls for other shards go to ``peers``.
-        self.shards = shards if shards is not None else ShardMap([])
-        self.peers = peers
         # Worker id -> (name, connected Unix ns), kept by the worker streams, for ListWorkers.
         self.connected: dict[int, tuple[str, int]] = {}
         self.auth = auth
@@ -83,16 +80,17 @@ class Service:
         names = [p.name for p in pools]
         self.default_pool = "default" if "default" in names else names[0]
         self.retry_defaults: dict[str, RetryPolicy] = {p.name: p.retry for p in pools}
+        # With [[shards]], ``pools`` are the whole cluster's and calls for other shards are routed.
         self.routing = (
             Routing(
-                self.shards,
+                shards,
                 peers,
                 self.default_pool,
                 max_wait_s=max_wait_s,
                 max_list=max_list,
                 on_output=self._keep_output,
             )
-            if peers is not None and self.shards.sharded
+            if peers is not None and shards is not None and shards.sharded
             else None
         )
 
@@ -131,7 +129,7 @@ class Service:
         excepted: a standby reports that it is one). Where calls may be forwarded to other shards, the
         principal keeps the caller's credential to present there."""
         principal = self.auth.require(authorization, role, cert_names)
-        if self.peers is not None:
+        if self.routing is not None:
             principal = replace(principal, credential=authorization or "", forwarded=forwarded)
         if role is not Role.METRICS and not self.runtime.accepting:
             raise Unavailable("server is shutting down; retry against the new leader")

@@ -10,6 +10,7 @@ an endpoint that points elsewhere).
 from __future__ import annotations
 
 import contextlib
+import json
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,14 +25,20 @@ class ShardSpec:
     name: str
     number: int
     pools: tuple[str, ...]
+    pool_options: str = ""  # extra lines for each of its [[pools]] tables, e.g. "max = 1024"
 
 
-def cluster_tables(shards: Sequence[ShardSpec], endpoints: Mapping[str, str]) -> str:
-    """The ``[[pools]]`` and ``[[shards]]`` tables every process of the cluster shares."""
+def cluster_tables(
+    shards: Sequence[ShardSpec],
+    endpoints: Mapping[str, str],
+    members: Mapping[str, Sequence[str]] | None = None,
+) -> str:
+    """The ``[[pools]]`` and ``[[shards]]`` tables every process of the cluster shares; ``members``
+    lists a shard's processes for the router's leader search."""
     lines: list[str] = []
     for spec in shards:
         for pool in spec.pools:
-            lines += ["[[pools]]", f'name = "{pool}"', ""]
+            lines += ["[[pools]]", f'name = "{pool}"', spec.pool_options, ""]
     for spec in shards:
         pools = ", ".join(f'"{pool}"' for pool in spec.pools)
         lines += [
@@ -40,9 +47,28 @@ def cluster_tables(shards: Sequence[ShardSpec], endpoints: Mapping[str, str]) ->
             f"number = {spec.number}",
             f'endpoint = "{endpoints[spec.name]}"',
             f"pools = [{pools}]",
-            "",
         ]
+        if members is not None and spec.name in members:
+            lines.append(f"members = {json.dumps(list(members[spec.name]))}")  # a JSON list is TOML too
+        lines.append("")
     return "\n".join(lines)
+
+
+def router_process(directory: Path, tables: str) -> ServerProcess:
+    """A ``cronoq-router`` (not started) on free ports, reading ``tables`` plus its ``[router]``."""
+    grpc_port, http_port = free_port(), free_port()
+    directory.mkdir(parents=True, exist_ok=True)
+    config = directory / "cronoq.toml"
+    config.write_text(
+        f'[router]\ngrpc_addr = "127.0.0.1:{grpc_port}"\nhttp_addr = "127.0.0.1:{http_port}"\n\n{tables}'
+    )
+    return ServerProcess(
+        config,
+        directory / "router.log",
+        grpc_port=grpc_port,
+        http_port=http_port,
+        module="cronoq.router.main",
+    )
 
 
 def new_cluster(

@@ -19,38 +19,14 @@ from cronoq.shards import SHARD_SHIFT
 
 from .helpers import watch_while, worker
 from .serverproc import ServerProcess, free_port, write_config
+from .shardproc import ShardSpec, cluster_tables, router_process
 
 pytestmark = pytest.mark.asyncio
 
 SHARDS = {"a": (1, "a1"), "b": (2, "b1")}  # name -> (number, its one pool)
 
 
-def cluster_body(schema: str, members: dict[str, list[int]], router: tuple[int, int]) -> str:
-    lines = [
-        "[store]",
-        'kind = "postgres"',
-        f'schema = "{schema}_{{shard}}"',
-        "",
-        "[router]",
-        f'grpc_addr = "127.0.0.1:{router[0]}"',
-        f'http_addr = "127.0.0.1:{router[1]}"',
-        "",
-    ]
-    for name, (number, pool) in SHARDS.items():
-        urls = [f"http://127.0.0.1:{port}" for port in members[name]]
-        lines += [
-            "[[pools]]",
-            f'name = "{pool}"',
-            "",
-            "[[shards]]",
-            f'name = "{name}"',
-            f"number = {number}",
-            f'endpoint = "{urls[0]}"',
-            f'pools = ["{pool}"]',
-            f"members = [{', '.join(f'{u!r}'.replace(chr(39), chr(34)) for u in urls)}]",
-            "",
-        ]
-    return "\n".join(lines)
+SPECS = [ShardSpec(name, number, (pool,)) for name, (number, pool) in SHARDS.items()]
 
 
 @contextlib.contextmanager
@@ -59,37 +35,26 @@ def cluster(
 ) -> Iterator[tuple[ServerProcess, dict[str, list[ServerProcess]]]]:
     """The router and, per shard, [leader, standby] (all started; the standbys standing by)."""
     ports = {name: [(free_port(), free_port()) for _ in range(2)] for name in SHARDS}
-    router_ports = (free_port(), free_port())
-    body = cluster_body(schema, {n: [g for g, _ in ps] for n, ps in ports.items()}, router_ports)
-    env = {"DATABASE_URL": postgres_url}
+    urls = {name: [f"http://127.0.0.1:{grpc}" for grpc, _ in pairs] for name, pairs in ports.items()}
+    tables = cluster_tables(SPECS, {name: members[0] for name, members in urls.items()}, urls)
+    body = f'[store]\nkind = "postgres"\nschema = "{schema}_{{shard}}"\n\n{tables}'
     shards: dict[str, list[ServerProcess]] = {}
     for name, pairs in ports.items():
-        procs = []
+        shards[name] = []
         for i, (grpc_port, http_port) in enumerate(pairs):
             folder = tmp_path / f"{name}{i}"
             folder.mkdir()
-            own = f'[server]\nshard = "{name}"\n{body}'
-            procs.append(
+            config = write_config(folder, f'[server]\nshard = "{name}"\n{body}', grpc_port, http_port)
+            shards[name].append(
                 ServerProcess(
-                    write_config(folder, own, grpc_port, http_port),
+                    config,
                     folder / "server.log",
-                    env=env,
+                    env={"DATABASE_URL": postgres_url},
                     grpc_port=grpc_port,
                     http_port=http_port,
                 )
             )
-        shards[name] = procs
-    folder = tmp_path / "router"
-    folder.mkdir()
-    config = folder / "cronoq.toml"
-    config.write_text(body)
-    router = ServerProcess(
-        config,
-        folder / "router.log",
-        grpc_port=router_ports[0],
-        http_port=router_ports[1],
-        module="cronoq.router.main",
-    )
+    router = router_process(tmp_path / "router", tables)
     started: list[ServerProcess] = []
     try:
         for procs in shards.values():
