@@ -1,6 +1,7 @@
 """``make bench``: end-to-end drain, submit→start latency and engine decisions/s, numbers printed.
 
 Targets on the 2-core reference machine: ≥ 5,000 tasks/s end to end, p99 ≤ 2 ms at a steady 200 tasks/s,
+library mode (in-process ``cronoq.Scheduler``) ≥ 12,600 tasks/s,
 engine ≥ 250,000 decisions/s (issue #2, memory store); the same drain with durable stores (fsync on):
 ≥ 4,000 tasks/s with SQLite and ≥ 6,500 with Postgres (issue #3), with group-commit batch sizes and
 commit latency percentiles read from the server's ``/metrics``. Nothing here asserts: the numbers are
@@ -25,7 +26,7 @@ from cronoq.client import Client, task
 from tests.integration.serverproc import ServerProcess, running_server
 from tests.postgres import running_postgres
 
-from . import engine_bench, failover, grpc_ceiling, sharding
+from . import engine_bench, failover, grpc_ceiling, library, sharding
 from .worker import start_worker
 
 POOL_CONFIG = """
@@ -129,15 +130,19 @@ def main() -> None:
     p.add_argument("--rate", type=float, default=200.0)
     p.add_argument("--seconds", type=float, default=10.0)
     p.add_argument("--engine-tasks", type=int, default=100_000)
+    p.add_argument("--library-tasks", type=int, default=50_000)
     p.add_argument("--failovers", type=int, default=5, help="failover rounds on Postgres")
     p.add_argument(
         "--stores",
-        default="memory,shards,sqlite,postgres",
-        help="comma-separated parts: memory (engine, transport, drain, latency), shards (two shards and a router), "
+        default="library,memory,shards,sqlite,postgres",
+        help="comma-separated parts: library (in-process mode), memory (engine, transport, drain, latency), "
+        "shards (two shards and a router), "
         "sqlite and postgres (durable drains; postgres also failover)",
     )
     args = p.parse_args()
     stores = set(args.stores.split(","))
+    if "library" in stores:
+        library.report(args.library_tasks)
     if "memory" in stores:
         memory_figures(args)
     if "shards" in stores:

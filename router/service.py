@@ -13,7 +13,7 @@ from dataclasses import replace
 from typing import Any
 
 from cronoq.auth import Authenticator, Principal, Role
-from cronoq.errors import ApiError, InvalidArgument, NotFound, Unimplemented
+from cronoq.errors import InvalidArgument, NotFound
 from cronoq.forward import Peers
 from cronoq.routing import Routing, check_batch
 from cronoq.shards import Shard, ShardMap
@@ -124,5 +124,17 @@ class RouterService:
     async def list_workers(self, caller: Principal) -> pb.ListWorkersResponse:
         return await self.routing.list_workers(caller, _never_local)
 
-    def recurring_unsupported(self) -> ApiError:
-        return Unimplemented("recurring schedules are not supported by this version")
+    async def add_recurring(self, caller: Principal, req: pb.RecurringRequest) -> pb.Empty:
+        """To the shard owning the template's pool, which validates and keeps the schedule."""
+        owner = self._owner("template.pool", req.template.pool)
+        return await self.routing.forward(owner, "AddRecurring", req, caller, service="admin")
+
+    async def remove_recurring(
+        self, caller: Principal, req: pb.RemoveRecurringRequest
+    ) -> pb.RemoveRecurringResponse:
+        if not req.name:
+            raise InvalidArgument("name: required")
+        return await self.routing.remove_recurring(caller, req, None)
+
+    async def list_recurring(self, caller: Principal) -> pb.ListRecurringResponse:
+        return await self.routing.list_recurring(caller, _never_local)

@@ -9,27 +9,69 @@ anything.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
-from cronoq.engine.model import Priority, RetryPolicy, Status, Task, TaskSpec
-from cronoq.errors import InvalidArgument, NotFound, Unimplemented
+from cronoq.engine.model import (
+    Dep,
+    DepOn,
+    MissPolicy,
+    Overlap,
+    Priority,
+    Recurring,
+    RecurringSpec,
+    RetryPolicy,
+    Status,
+    Task,
+    TaskSpec,
+)
+from cronoq.errors import InvalidArgument, NotFound
 from cronoq.v1 import cronoq_pb2 as pb
 
 HUNDRED_YEARS_S = 100 * 365 * 86_400.0
 MAX_CONTENT_TYPE = 128
 MAX_WORKER_MESSAGE = 8192
+MAX_RESOURCE_NAME = 64  # resource names follow the pool-name rule of the configuration
 NS = 1_000_000_000
+
+_ON_MISS = {
+    pb.MISS_POLICY_UNSPECIFIED: MissPolicy.RUN_LATE,
+    pb.MISS_POLICY_RUN_LATE: MissPolicy.RUN_LATE,
+    pb.MISS_POLICY_SKIP: MissPolicy.SKIP,
+    pb.MISS_POLICY_FAIL: MissPolicy.FAIL,
+}
+_DEP_ON = {
+    pb.EDGE_COND_UNSPECIFIED: DepOn.SUCCESS,
+    pb.EDGE_COND_ON_SUCCESS: DepOn.SUCCESS,
+    pb.EDGE_COND_ON_COMPLETE: DepOn.COMPLETE,
+    pb.EDGE_COND_ON_FAILURE: DepOn.FAILURE,
+}
+_OVERLAP = {
+    pb.OVERLAP_UNSPECIFIED: Overlap.SKIP,
+    pb.OVERLAP_SKIP: Overlap.SKIP,
+    pb.OVERLAP_ALLOW: Overlap.ALLOW,
+    pb.OVERLAP_QUEUE: Overlap.QUEUE,
+    pb.OVERLAP_QUEUE_ON_SUCCESS: Overlap.QUEUE_ON_SUCCESS,
+}
+_OVERLAP_WIRE = {
+    Overlap.SKIP: pb.OVERLAP_SKIP,
+    Overlap.ALLOW: pb.OVERLAP_ALLOW,
+    Overlap.QUEUE: pb.OVERLAP_QUEUE,
+    Overlap.QUEUE_ON_SUCCESS: pb.OVERLAP_QUEUE_ON_SUCCESS,
+}
 
 
 @dataclass(slots=True, frozen=True)
 class SpecLimits:
-    """The subset of ``[limits]`` that bounds one task spec."""
+    """The subset of ``[limits]`` that bounds one task spec (and a recurring schedule's name)."""
 
     max_key_len: int
     max_kind_len: int
     max_tags: int
     max_tag_len: int
+    max_deps: int = 100
+    max_resources: int = 8
 
 
 def check_text(field: str, value: str, max_len: int) -> str:
@@ -73,6 +115,13 @@ def priority_to_wire(priority: Priority) -> int:
     return int(priority) + 1
 
 
+def _enum(field: str, value: int, table: Mapping[int, Any], what: str) -> Any:
+    try:
+        return table[value]
+    except KeyError:
+        raise InvalidArgument(f"{field}: unknown {what} value {value}") from None
+
+
 def spec_from_wire(
     field: str,
     msg: pb.TaskSpec,
@@ -81,32 +130,42 @@ def spec_from_wire(
     pools: Mapping[str, RetryPolicy],
     limits: SpecLimits,
     now: float,
+    template: bool = False,
 ) -> TaskSpec:
-    """A validated engine spec from a wire TaskSpec; ``pools`` maps known pool names to their retry policy."""
+    """A validated engine spec from a wire TaskSpec; ``pools`` maps known pool names to their retry policy.
+
+    With ``template`` the spec is a recurring schedule's template: its cron sets each occurrence's
+    start, so a fixed start, dependencies and an absolute deadline are refused, and ``deadline_in_s``
+    is left for the caller (it is relative to each occurrence, see :func:`recurring_from_wire`).
+    """
     pool = msg.pool or default_pool
     check_text(f"{field}.pool", pool, 64)
     if pool not in pools:
         raise NotFound(f"{field}.pool: unknown pool '{pool}'")
-    for name, what in (
-        ("start_in_s", "fixed starts"),
-        ("start_unix_ns", "fixed starts"),
-        ("tolerance_s", "fixed-start tolerances"),
-    ):
-        if msg.HasField(name):
-            raise Unimplemented(f"{field}.{name}: {what} are not supported by this server version")
-    if msg.on_miss != pb.MISS_POLICY_UNSPECIFIED:
-        raise Unimplemented(f"{field}.on_miss: fixed starts are not supported by this server version")
-    if msg.deps:
-        raise Unimplemented(f"{field}.deps: dependencies are not supported by this server version")
-    if msg.resources:
-        raise NotFound(f"{field}.resources: unknown resource '{next(iter(msg.resources))}'")
+    if template:
+        _refuse_in_template(field, msg)
     if msg.HasField("deadline_in_s") and msg.HasField("deadline_unix_ns"):
         raise InvalidArgument(f"{field}: use either deadline_in_s or deadline_unix_ns, not both")
     deadline: float | None = None
     if msg.HasField("deadline_in_s"):
-        deadline = now + check_duration(f"{field}.deadline_in_s", msg.deadline_in_s)
+        in_s = check_duration(f"{field}.deadline_in_s", msg.deadline_in_s)
+        deadline = None if template else now + in_s
     elif msg.HasField("deadline_unix_ns"):
         deadline = msg.deadline_unix_ns / NS
+    start = _start(field, msg, now)
+    fixed = start is not None or template
+    tolerance = 1.0
+    if msg.HasField("tolerance_s"):
+        if not fixed:
+            raise InvalidArgument(
+                f"{field}.tolerance_s: only meaningful with a fixed start (start_in_s or start_unix_ns)"
+            )
+        tolerance = check_duration(f"{field}.tolerance_s", msg.tolerance_s)
+    on_miss = _enum(f"{field}.on_miss", msg.on_miss, _ON_MISS, "on_miss")
+    if msg.on_miss != pb.MISS_POLICY_UNSPECIFIED and not fixed:
+        raise InvalidArgument(
+            f"{field}.on_miss: only meaningful with a fixed start (start_in_s or start_unix_ns)"
+        )
     content_type = check_text(f"{field}.content_type", msg.content_type, MAX_CONTENT_TYPE)
     retry: RetryPolicy | None = None
     if msg.HasField("retry"):
@@ -129,7 +188,89 @@ def spec_from_wire(
         tags=check_map(f"{field}.tags", msg.tags, limits),
         labels=check_map(f"{field}.labels", msg.labels, limits),
         tenant=check_text(f"{field}.tenant", msg.tenant, limits.max_key_len),
+        start=start,
+        tolerance=tolerance,
+        on_miss=on_miss,
+        deps=deps_from_wire(f"{field}.deps", msg.deps, limits),
+        resources=resources_from_wire(f"{field}.resources", msg.resources, limits),
     )
+
+
+def _refuse_in_template(field: str, msg: pb.TaskSpec) -> None:
+    for name, why in (
+        ("start_in_s", "a recurring template cannot have a fixed start (the cron sets it)"),
+        ("start_unix_ns", "a recurring template cannot have a fixed start (the cron sets it)"),
+        (
+            "deadline_unix_ns",
+            "a recurring template cannot have an absolute deadline; use deadline_in_s "
+            "(relative to each occurrence's start)",
+        ),
+    ):
+        if msg.HasField(name):
+            raise InvalidArgument(f"{field}.{name}: {why}")
+    if msg.deps:
+        raise InvalidArgument(
+            f"{field}.deps: a recurring template cannot have dependencies "
+            "(use overlap = queue to chain occurrences)"
+        )
+
+
+def _start(field: str, msg: pb.TaskSpec, now: float) -> float | None:
+    """The fixed start in absolute Unix seconds, from ``start_in_s`` or ``start_unix_ns`` (not both)."""
+    if msg.HasField("start_in_s") and msg.HasField("start_unix_ns"):
+        raise InvalidArgument(f"{field}: use either start_in_s or start_unix_ns, not both")
+    if msg.HasField("start_in_s"):
+        return now + check_duration(f"{field}.start_in_s", msg.start_in_s)
+    if msg.HasField("start_unix_ns"):
+        start: float = msg.start_unix_ns / NS
+        if msg.start_unix_ns < 0 or start > now + HUNDRED_YEARS_S:
+            raise InvalidArgument(
+                f"{field}.start_unix_ns: {msg.start_unix_ns} is not a usable start: "
+                "it must lie between 1970 and 100 years from now"
+            )
+        return start
+    return None
+
+
+def deps_from_wire(field: str, deps: Sequence[pb.Dep], limits: SpecLimits) -> tuple[Dep, ...]:
+    """Dependency edges, each naming its target by id or key (``deps[0].key``, as in the HTTP API)."""
+    if len(deps) > limits.max_deps:
+        raise InvalidArgument(
+            f"{field}: more than limits.max_deps ({limits.max_deps}) dependencies ({len(deps)})"
+        )
+    out: list[Dep] = []
+    for i, dep in enumerate(deps):
+        where = f"{field}[{i}]"
+        which = dep.target.WhichOneof("target")
+        on = _enum(f"{where}.cond", dep.cond, _DEP_ON, "dependency condition")
+        if which == "id":
+            if dep.target.id == 0:
+                raise InvalidArgument(f"{where}.id: task ids start at 1")
+            out.append(Dep(dep.target.id, on))
+        elif which == "key":
+            if not dep.target.key:
+                raise InvalidArgument(f"{where}.key: must not be empty")
+            out.append(Dep(check_text(f"{where}.key", dep.target.key, limits.max_key_len), on))
+        else:
+            raise InvalidArgument(f"{where}: name the task it waits for by id or key")
+    return tuple(out)
+
+
+def resources_from_wire(field: str, resources: Mapping[str, int], limits: SpecLimits) -> dict[str, int]:
+    """Resource name -> amount; whether the resource exists is the engine's to say (NOT_FOUND)."""
+    if len(resources) > limits.max_resources:
+        raise InvalidArgument(
+            f"{field}: more than limits.max_resources ({limits.max_resources}) entries ({len(resources)})"
+        )
+    out: dict[str, int] = {}
+    for name, amount in resources.items():
+        if not name:
+            raise InvalidArgument(f"{field}: resource names must not be empty")
+        check_text(f"{field} key {name[:40]!r}", name, MAX_RESOURCE_NAME)
+        if amount <= 0:
+            raise InvalidArgument(f"{field}[{name!r}]: amount must be > 0")
+        out[name] = amount
+    return out
 
 
 def retry_from_wire(field: str, msg: pb.RetryPolicy, pool_default: RetryPolicy) -> RetryPolicy:
@@ -181,3 +322,52 @@ def status_from_wire(field: str, value: int) -> Status:
         return Status(value)
     except ValueError:
         raise InvalidArgument(f"{field}: unknown task status value {value}") from None
+
+
+def recurring_from_wire(
+    msg: pb.RecurringRequest,
+    *,
+    default_pool: str,
+    pools: Mapping[str, RetryPolicy],
+    limits: SpecLimits,
+    now: float,
+) -> RecurringSpec:
+    """A validated schedule from an AddRecurring request; the engine still checks ``cron`` and ``tz``
+    (its ValueErrors name them)."""
+    if not msg.name:
+        raise InvalidArgument("name: required: schedules are added, replaced and removed by name")
+    check_text("name", msg.name, limits.max_key_len)
+    if not msg.cron.strip():
+        raise InvalidArgument("cron: required: 5 fields, or 6 with a leading seconds field")
+    tz = check_text("tz", msg.tz, 128) or "UTC"
+    overlap = _enum("overlap", msg.overlap, _OVERLAP, "overlap")
+    template = spec_from_wire(
+        "template",
+        msg.template,
+        default_pool=default_pool,
+        pools=pools,
+        limits=limits,
+        now=now,
+        template=True,
+    )
+    deadline_in = msg.template.deadline_in_s if msg.template.HasField("deadline_in_s") else None
+    return RecurringSpec(
+        name=msg.name, cron=msg.cron, template=template, tz=tz, overlap=overlap, deadline_in=deadline_in
+    )
+
+
+def recurring_info(recurring: Recurring) -> pb.RecurringInfo:
+    spec = recurring.spec
+    info = pb.RecurringInfo(
+        name=spec.name,
+        cron=spec.cron,
+        tz=spec.tz,
+        pool=spec.template.pool,
+        kind=spec.template.kind,
+        overlap=_OVERLAP_WIRE[spec.overlap],
+    )
+    if recurring.next_start is not None:
+        info.next_unix_ns = round(recurring.next_start * NS)
+    if recurring.last_task_id:
+        info.last_task_id = recurring.last_task_id
+    return info

@@ -100,6 +100,12 @@ def render(
     w.family("cronoq_pool_busy", "gauge", "Slots running an attempt.", per_pool("busy"))
     w.family("cronoq_pool_held", "gauge", "Slots held for upcoming fixed starts.", per_pool("held"))
     w.family(
+        "cronoq_pool_reservations",
+        "gauge",
+        "Fixed-start reservations active now.",
+        per_pool("reservations"),
+    )
+    w.family(
         "cronoq_pool_pending",
         "gauge",
         "Tasks not yet running, by priority class.",
@@ -155,6 +161,16 @@ def render(
         ("cronoq_timeouts_total", t.timeouts, "Attempts aborted by their timeout."),
         ("cronoq_lease_expiries_total", t.lease_expiries, "Leases lost for want of a heartbeat."),
         ("cronoq_stale_reports_total", t.stale_completions, "Worker reports for leases they did not hold."),
+        (
+            "cronoq_recurring_conflicts_total",
+            t.recurring_conflicts,
+            "Recurring occurrences not created: no fixed-start reservation left for them.",
+        ),
+        (
+            "cronoq_recurring_invalid_total",
+            t.recurring_invalid,
+            "Recurring occurrences or schedules that could not be created or restored.",
+        ),
     ):
         w.family(name, "counter", help_text, [({}, float(value))])
     w.family("cronoq_live_tasks", "gauge", "Tasks not yet finished.", [({}, float(snap.live_tasks))])

@@ -8,8 +8,11 @@ needs no locks.
 With a durable store nothing leaves the process before it is committed (DESIGN principle 4): the tasks
 that changed and the actions that followed are held, one committer task writes everything held in one
 transaction (group commit: whatever piles up while a commit is in flight goes into the next one), and
-only then are leases sent, events published and callers of :meth:`Runtime.sync` answered. The memory
-store skips all of that and delivers at once.
+only then are leases sent, events published and callers of :meth:`Runtime.sync` answered. Recurring
+schedules the engine added, advanced or removed (``ScheduleChanged``) ride in the same batch as the
+tasks, so a schedule's advance and the occurrence it created are durable together. The memory store
+skips all of that and delivers at once. Autoscaler targets (``Scale``) are not state: they go to
+``on_scale`` (the webhook scalers) as soon as the engine emits them.
 """
 
 from __future__ import annotations
@@ -23,7 +26,17 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from cronoq.engine import Engine
-from cronoq.engine.model import Abort, Action, Dispatch, Status, StatusEvent, Task
+from cronoq.engine.model import (
+    Abort,
+    Action,
+    Dispatch,
+    Recurring,
+    Scale,
+    ScheduleChanged,
+    Status,
+    StatusEvent,
+    Task,
+)
 from cronoq.errors import DataLoss, Unavailable
 from cronoq.logs import get_logger
 
@@ -108,6 +121,7 @@ class Runtime:
         watch_buffer: int = 10_000,
         store: Store | None = None,
         on_store_failure: Callable[[str], None] | None = None,
+        on_scale: Callable[[str, int], None] | None = None,
     ) -> None:
         self.engine = engine
         self.outputs = outputs
@@ -115,9 +129,11 @@ class Runtime:
         self.watch_buffer = watch_buffer
         self.store = store if store is not None and store.durable else None
         self._on_store_failure = on_store_failure
-        # Held for the next commit (durable store only): tasks by id, outputs, actions in order, and
-        # the callers of sync() to answer once it is done.
+        self._on_scale = on_scale
+        # Held for the next commit (durable store only): tasks by id, outputs, schedule changes and
+        # actions in order, and the callers of sync() to answer once it is done.
         self._changed: dict[int, Task] = {}
+        self._schedules: list[tuple[str, Recurring | None]] = []
         self._new_outputs: list[tuple[int, bytes, str]] = []
         self._held: list[Action] = []
         self._synced: list[asyncio.Future[None]] = []
@@ -152,10 +168,17 @@ class Runtime:
                 actions = engine.take_actions()
         elif actions:
             changed = self._changed
+            held = self._held
             for action in actions:
                 if isinstance(action, StatusEvent):
                     changed[action.id] = action.task
-            self._held += actions
+                    held.append(action)
+                elif isinstance(action, ScheduleChanged):
+                    self._schedules.append((action.name, _copy(action.recurring)))
+                elif isinstance(action, Scale):
+                    self._scale(action)
+                else:
+                    held.append(action)
             self._kick.set()
         self._arm_timer()
         if self._idle is not None and self.busy() == 0:
@@ -170,10 +193,17 @@ class Runtime:
                 sink = sessions.get(action.worker_id)
                 if sink is not None:  # (a held lease whose worker left meanwhile was retried by then)
                     sink.send_lease(action)
-            else:
+            elif isinstance(action, Abort):
                 sink = sessions.get(action.worker_id)
                 if sink is not None:
                     sink.send_abort(action)
+            elif isinstance(action, Scale):
+                self._scale(action)
+            # ScheduleChanged: nothing to deliver (the memory store keeps nothing)
+
+    def _scale(self, action: Scale) -> None:
+        if self._on_scale is not None:
+            self._on_scale(action.pool, action.desired)
 
     def record_output(self, task_id: int, output: bytes, content_type: str) -> None:
         """Keep a succeeded task's output: in the cache, and in the store with the task's next commit."""
@@ -189,7 +219,7 @@ class Runtime:
         if self._failed is not None:
             raise Unavailable(f"{self._failed}; this server stepped down")
         fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        if self._held or self._changed:
+        if self._held or self._changed or self._schedules:
             self._synced.append(fut)
             self._kick.set()
         elif self._committing:  # everything of ours is in the batch being written
@@ -229,6 +259,7 @@ class Runtime:
                 )
         self._held.clear()
         self._changed.clear()
+        self._schedules.clear()
 
     async def _commit_loop(self) -> None:
         store = self.store
@@ -236,15 +267,16 @@ class Runtime:
         while True:
             await self._kick.wait()
             self._kick.clear()
-            if not (self._held or self._changed or self._synced):
+            if not (self._held or self._changed or self._schedules or self._synced):
                 continue
             changed, self._changed = self._changed, {}
             outputs, self._new_outputs = self._new_outputs, []
+            schedules, self._schedules = self._schedules, []
             held, self._held = self._held, []
             synced, self._synced = self._synced, []
             self._inflight = synced
             self.max_id = max(self.max_id, self.engine.last_id)
-            batch = Batch(list(changed.values()), outputs, self.max_id)
+            batch = Batch(list(changed.values()), outputs, self.max_id, schedules)
             self._committing = True
             began = time.perf_counter()
             try:
@@ -422,3 +454,11 @@ class Runtime:
             self._timer.cancel()
             self._timer = None
             self._timer_at = None
+
+
+def _copy(recurring: Recurring | None) -> Recurring | None:
+    """The schedule as it is now: the engine keeps advancing its own object (next start, last task)
+    while this change waits for the commit."""
+    if recurring is None:
+        return None
+    return Recurring(recurring.spec, recurring.next_start, recurring.last_task_id)

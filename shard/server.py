@@ -28,6 +28,7 @@ from cronoq.api.grpc_api import AdminServicer, TasksServicer
 from cronoq.api.http_api import build_http_app, build_metrics_app
 from cronoq.auth import Authenticator, Principal
 from cronoq.config import Config
+from cronoq.config.model import WebhookScaler
 from cronoq.engine import Engine
 from cronoq.errors import Unavailable
 from cronoq.forward import Peers
@@ -41,6 +42,7 @@ from .convert import SpecLimits
 from .grpc_api import WorkersServicer
 from .outputs import OutputCache
 from .runtime import Runtime
+from .scaler import WebhookScalers
 from .service import Service
 from .store import Leadership, StoreError
 from .store.factory import make_store
@@ -67,6 +69,15 @@ class ShardServer:
         # With [[shards]] this process schedules only its own shard's pools; the others are known (to
         # validate and route calls) but scheduled elsewhere.
         self.engine_pools = [p for p in all_pools if self.shards.is_local(self.shards.by_pool(p.name))]
+        self.engine_resources = config.engine_resources(config.server.shard)
+        local = {p.name for p in self.engine_pools}
+        self.scalers = WebhookScalers(
+            {
+                p.name: p.scaler
+                for p in config.pools
+                if isinstance(p.scaler, WebhookScaler) and p.name in local
+            }
+        )
         self.peers = (
             Peers(
                 self.shards,
@@ -92,6 +103,8 @@ class ShardServer:
             max_kind_len=limits.max_kind_len,
             max_tags=limits.max_tags,
             max_tag_len=limits.max_tag_len,
+            max_deps=limits.max_deps,
+            max_resources=limits.max_resources,
         )
         self.service = Service(
             all_pools,
@@ -192,7 +205,7 @@ class ShardServer:
             await asyncio.sleep(REACQUIRE_AFTER_S)
 
     async def _take_over(self, leadership: Leadership) -> None:
-        """Rebuild the engine from the store and serve it."""
+        """Rebuild the engine (tasks and recurring schedules) from the store and serve it."""
         now = time.time()
         recovered = await self.store.recover(now - self.engine_limits.key_retention)
         engine = Engine(
@@ -200,9 +213,16 @@ class ShardServer:
             limits=self.engine_limits,
             rng=random.Random(),
             first_id=self.shards.first_id(leadership.epoch, recovered.max_id),
+            resources=self.engine_resources,
         )
-        engine.restore(recovered.tasks, now)
-        runtime = Runtime(engine, self.outputs, store=self.store, on_store_failure=leadership.lose)
+        engine.restore(recovered.tasks, now, recovered.schedules)
+        runtime = Runtime(
+            engine,
+            self.outputs,
+            store=self.store,
+            on_store_failure=leadership.lose,
+            on_scale=self.scalers.desired,
+        )
         runtime.max_id = recovered.max_id
         runtime.start_committer()
         runtime.flush()
@@ -214,9 +234,17 @@ class ShardServer:
         self.service.serve(runtime)
         for name in GRPC_SERVICES:
             await self.health.set(name, health_pb2.HealthCheckResponse.SERVING)
+        for pool in engine.snapshot(runtime.clock()).pools:  # a new leader states every target once
+            if pool.name in self.scalers.pools:
+                self.scalers.desired(pool.name, pool.desired)
         if self.store.durable:
             self._pruner = asyncio.get_running_loop().create_task(self._prune_forever())
-            log.info("leading", epoch=leadership.epoch, recovered=len(recovered.tasks))
+            log.info(
+                "leading",
+                epoch=leadership.epoch,
+                recovered=len(recovered.tasks),
+                schedules=len(recovered.schedules),
+            )
         self._serving.set()
 
     async def _step_down(self, reason: str) -> None:
@@ -367,6 +395,7 @@ class ShardServer:
         except StoreError as err:
             log.warning("release_failed", error=str(err))
         await self.store.close()
+        await self.scalers.close()
         if self.peers is not None:
             await self.peers.close()
         if self.grpc_server is not None:

@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import contextlib
 import math
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import replace
 
 from cronoq.auth import Authenticator, Principal, Role
+from cronoq.engine.fixed import reservation_limit
 from cronoq.engine.model import PoolConfig, RetryPolicy, Status, SubmitError, Task, TaskSpec
 from cronoq.engine.snapshot import Snapshot
 from cronoq.errors import (
@@ -24,14 +25,23 @@ from cronoq.errors import (
     PermissionDenied,
     ResourceExhausted,
     Unavailable,
-    Unimplemented,
 )
 from cronoq.forward import Peers
 from cronoq.routing import Routing, check_batch
 from cronoq.shards import Shard, ShardMap
 from cronoq.v1 import cronoq_pb2 as pb
 
-from .convert import NS, SpecLimits, check_duration, spec_from_wire, status_from_wire, task_info
+from .convert import (
+    NS,
+    SpecLimits,
+    check_duration,
+    check_text,
+    recurring_from_wire,
+    recurring_info,
+    spec_from_wire,
+    status_from_wire,
+    task_info,
+)
 from .runtime import Runtime
 from .store import StoredTask, StoreError
 
@@ -40,7 +50,10 @@ _EXHAUSTED_CODES = frozenset({"full", "overloaded"})
 
 
 def submit_error(prefix: str, err: SubmitError) -> ApiError:
-    """The API error for an engine refusal, naming the offending task."""
+    """The API error for an engine refusal, naming the offending task (SPEC §5): unknown pool, resource
+    or dependency NOT_FOUND; a full pool or the global bound RESOURCE_EXHAUSTED; a fixed-start
+    reservation conflict FAILED_PRECONDITION; everything else (cycle, a resource amount above its
+    capacity, a key twice in one batch) INVALID_ARGUMENT."""
     message = f"{prefix}: {err.message}"
     if err.code in _NOT_FOUND_CODES:
         return NotFound(message)
@@ -49,6 +62,25 @@ def submit_error(prefix: str, err: SubmitError) -> ApiError:
     if err.code == "reservation_conflict":
         return FailedPrecondition(message)
     return InvalidArgument(message)
+
+
+def _field_of(
+    err: SubmitError, spec: TaskSpec, known: Callable[[int | str], bool], batch_keys: set[str]
+) -> str:
+    """The part of a spec an engine refusal is about (``.deps[1].key``, ``.resources``), or ""."""
+    if err.code == "unknown_dependency":
+        for j, dep in enumerate(spec.deps):
+            target = dep.target
+            if isinstance(target, str) and target in batch_keys:
+                continue
+            if not known(target):
+                return f".deps[{j}].{'key' if isinstance(target, str) else 'id'}"
+        return ".deps"
+    if err.code == "cycle":
+        return ".deps"
+    if err.code in ("unknown_resource", "resource_exceeds_capacity"):
+        return ".resources"
+    return ""
 
 
 class Service:
@@ -173,6 +205,11 @@ class Service:
             limits=self.spec_limits,
             now=self.runtime.clock(),
         )
+        self._own(caller, field, spec)
+        return spec
+
+    def _own(self, caller: Principal, field: str, spec: TaskSpec) -> None:
+        """The caller may use the spec's pool; a credential's tenant becomes the spec's."""
         self._check_pool(caller, f"{field}.pool", spec.pool)
         if caller.tenant is not None:
             if spec.tenant and spec.tenant != caller.tenant:
@@ -180,7 +217,6 @@ class Service:
                     f"{field}.tenant: this credential submits only for tenant '{caller.tenant}'"
                 )
             spec.tenant = caller.tenant
-        return spec
 
     async def _admit(self, specs: list[TaskSpec], prefix: str) -> list[tuple[int, bool]]:
         """Submit atomically; a full ``overflow = wait`` pool parks the request until space frees."""
@@ -192,9 +228,9 @@ class Service:
             try:
                 submitted = runtime.engine.submit(specs, runtime.clock())
             except SubmitError as err:
-                where = prefix if err.index is None or len(specs) == 1 else f"{prefix}[{err.index}]"
+                where = prefix if err.index is None or prefix == "task" else f"{prefix}[{err.index}]"
                 if err.code != "full":
-                    raise submit_error(where, err) from None
+                    raise self._refusal(where, err, specs) from None
                 remaining = deadline - runtime.clock()
                 pool = specs[err.index or 0].pool
                 if remaining <= 0:
@@ -207,6 +243,26 @@ class Service:
             runtime.flush()
             await runtime.sync()
             return [(s.id, s.duplicate) for s in submitted]
+
+    def _refusal(self, where: str, err: SubmitError, specs: Sequence[TaskSpec]) -> ApiError:
+        """The engine's refusal as an API error naming the field (``tasks[2].deps[0].key``)."""
+        if err.index is None:
+            return submit_error(where, err)
+        spec = specs[err.index]
+        engine = self.runtime.engine
+        batch_keys = {s.key for s in specs if s.key}
+        where += _field_of(err, spec, lambda ref: engine.get(ref) is not None, batch_keys)
+        if err.code == "reservation_conflict":
+            config = engine.pool_config(spec.pool)
+            limit = reservation_limit(config.max, config.reservable_fraction)
+            err = SubmitError(
+                err.code,
+                f"{err.message}: pool '{spec.pool}' allows {limit} overlapping fixed-start "
+                "reservation(s) (max x reservable_fraction, at least 1), and this start's window "
+                "[start - tolerance, start + duration + tolerance] would be one more",
+                err.index,
+            )
+        return submit_error(where, err)
 
     # ---------------------------------------------------------------------------------- shards
 
@@ -406,8 +462,77 @@ class Service:
             )
         return pb.ListWorkersResponse(workers=workers)
 
-    def recurring_unsupported(self) -> ApiError:
-        return Unimplemented("recurring schedules are not supported by this server version")
+    # ---------------------------------------------------------------------------------- recurring
+
+    async def add_recurring(self, caller: Principal, req: pb.RecurringRequest) -> pb.Empty:
+        """Add or replace a schedule on the shard owning its template's pool; answered once the
+        schedule (and its first occurrence) is committed."""
+        if self.routing is not None:
+            remote = self.routing.pool_owner(req.template.pool)
+            if remote is not None:
+                return await self.routing.forward(remote, "AddRecurring", req, caller, service="admin")
+        runtime = self.runtime
+        spec = recurring_from_wire(
+            req,
+            default_pool=self.default_pool,
+            pools=self.retry_defaults,
+            limits=self.spec_limits,
+            now=runtime.clock(),
+        )
+        self._own(caller, "template", spec.template)
+        if not runtime.accepting:
+            raise Unavailable("server is shutting down; retry against the new leader")
+        try:
+            runtime.engine.add_recurring(spec, runtime.clock())
+        except ValueError as err:  # the engine names the field: "cron: ...", "template.resources: ..."
+            message = str(err)
+            raise (NotFound if "unknown resource" in message else InvalidArgument)(message) from None
+        runtime.flush()
+        await runtime.sync()
+        return pb.Empty()
+
+    def _schedule_name(self, name: str) -> str:
+        if not name:
+            raise InvalidArgument("name: required")
+        return check_text("name", name, self.spec_limits.max_key_len)
+
+    async def remove_recurring(
+        self, caller: Principal, req: pb.RemoveRecurringRequest
+    ) -> pb.RemoveRecurringResponse:
+        """Remove a schedule by name; with [[shards]], from every shard that has one of that name
+        (removed if any did). An occurrence it already created stays."""
+        self._schedule_name(req.name)
+        if self.routing is None or caller.forwarded:
+            return await self._remove_local(caller, req)
+        return await self.routing.remove_recurring(caller, req, self._remove_local)
+
+    async def _remove_local(
+        self, caller: Principal, req: pb.RemoveRecurringRequest
+    ) -> pb.RemoveRecurringResponse:
+        runtime = self.runtime
+        engine = runtime.engine
+        found = next((r for r in engine.list_recurring() if r.spec.name == req.name), None)
+        if found is None or not caller.may_use_pool(found.spec.template.pool):
+            return pb.RemoveRecurringResponse(removed=False)
+        removed = engine.remove_recurring(req.name, runtime.clock())
+        runtime.flush()
+        await runtime.sync()
+        return pb.RemoveRecurringResponse(removed=removed)
+
+    async def list_recurring(self, caller: Principal) -> pb.ListRecurringResponse:
+        """Schedules in the pools the caller may see; with [[shards]], every shard's."""
+        if self.routing is None or caller.forwarded:
+            return self._recurring_local(caller, pb.Empty())
+        return await self.routing.list_recurring(caller, self._recurring_local)
+
+    def _recurring_local(self, caller: Principal, req: pb.Empty) -> pb.ListRecurringResponse:
+        return pb.ListRecurringResponse(
+            schedules=[
+                recurring_info(r)
+                for r in self.runtime.engine.list_recurring()
+                if caller.may_use_pool(r.spec.template.pool)
+            ]
+        )
 
 
 def snapshot_to_wire(snap: Snapshot) -> pb.SnapshotResponse:

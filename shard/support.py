@@ -1,15 +1,13 @@
 """What this server version cannot do yet, found in a configuration that asks for it.
 
 The configuration layer accepts every key of the reference server so files stay portable, but a server
-must never *silently* ignore a setting a user relies on: TLS, client certificates or a
-webhook scaler that quietly do nothing would be worse than a refusal. ``--check`` reports these and
-startup refuses them, each naming its key.
+must never *silently* ignore a setting a user relies on: gRPC-Web or peer TLS that quietly do nothing
+would be worse than a refusal. ``--check`` reports these and startup refuses them, each naming its key.
 """
 
 from __future__ import annotations
 
 from cronoq.config import Config
-from cronoq.config.model import WebhookScaler
 
 
 def unsupported(config: Config) -> list[str]:
@@ -22,16 +20,6 @@ def unsupported(config: Config) -> list[str]:
     ):
         if value is not None:
             problems.append(f"{key}: not supported by this server version yet")
-    if config.resources:
-        problems.append("resources: resources are not supported by this server version yet")
-    for i, pool in enumerate(config.pools):
-        if isinstance(pool.scaler, WebhookScaler):
-            problems.append(
-                f"pools[{i}].scaler: the webhook scaler is not supported by this server version yet"
-            )
-        if pool.fair_share or pool.tenant_weights:
-            key = "fair_share" if pool.fair_share else "tenant_weights"
-            problems.append(f"pools[{i}].{key}: fair sharing is not supported by this server version yet")
     return problems
 
 

@@ -1,4 +1,5 @@
-"""``cronoq``: the command-line client (submit, get, wait, cancel, list, watch, workers, snapshot).
+"""``cronoq``: the command-line client (submit, get, wait, cancel, list, watch, workers, recurring,
+snapshot).
 
 Every command prints JSON (one document, or one line per event for ``watch``) so its output can be piped
 into ``jq``; errors go to stderr as ``cronoq: <code>: <message>`` with exit status 1 (2 for usage).
@@ -19,6 +20,8 @@ from cronoq import __version__
 from cronoq.errors import ApiError
 
 PRIORITIES = ("critical", "high", "normal", "low")
+MISS_POLICIES = ("run_late", "skip", "fail")
+OVERLAPS = ("skip", "allow", "queue", "queue_on_success")
 
 
 def _ref(text: str) -> int | str:
@@ -64,18 +67,11 @@ def parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     s = sub.add_parser("submit", help="submit one task")
-    body = s.add_mutually_exclusive_group()
-    body.add_argument("--json", dest="payload_json", metavar="JSON", help="payload as a JSON document")
-    body.add_argument("--data", metavar="TEXT", help="payload as text")
-    body.add_argument("--file", metavar="PATH", help="payload as the bytes of a file")
-    s.add_argument("--pool", default="")
-    s.add_argument("--priority", choices=PRIORITIES)
-    s.add_argument("--key", default=None, help="unique key (a duplicate returns the existing task)")
-    s.add_argument("--kind", default=None)
-    s.add_argument("--timeout", type=float, default=None, help="per-attempt timeout, seconds")
-    s.add_argument("--deadline-in", type=float, default=None, help="soft deadline, seconds from now")
-    s.add_argument("--tag", action="append", default=[], metavar="K=V")
-    s.add_argument("--label", action="append", default=[], metavar="K=V", help="required worker label")
+    _task_options(s, fixed_start=True)
+    s.add_argument("--start-in", type=float, default=None, help="fixed start, seconds from now")
+    s.add_argument(
+        "--after", action="append", default=[], metavar="REF", help="run after this task succeeded"
+    )
     s.add_argument("--wait", action="store_true", help="wait for the result")
     s.add_argument("--wait-timeout", type=float, default=None)
 
@@ -99,8 +95,39 @@ def parser() -> argparse.ArgumentParser:
     wa.add_argument("--all", action="store_true", help="every transition, not only terminal ones")
 
     sub.add_parser("workers", help="list connected workers")
+    r = sub.add_parser("recurring", help="recurring (cron) schedules: list, add, remove")
+    rsub = r.add_subparsers(dest="action", required=True, metavar="ACTION")
+    rsub.add_parser("list", help="list schedules (metrics or admin token)")
+    ra = rsub.add_parser("add", help="add or replace a schedule (admin token)")
+    ra.add_argument("name")
+    ra.add_argument("cron", help="5 fields, or 6 with a leading seconds field (quote it)")
+    ra.add_argument("--tz", default=None, help="IANA time zone (default UTC)")
+    ra.add_argument("--overlap", choices=OVERLAPS, default="skip")
+    _task_options(ra, fixed_start=True)
+    rr = rsub.add_parser("remove", help="remove a schedule (admin token)")
+    rr.add_argument("name")
     sub.add_parser("snapshot", help="scheduler snapshot: pools, counters, totals")
     return p
+
+
+def _task_options(p: argparse.ArgumentParser, *, fixed_start: bool) -> None:
+    """The options of a task (``submit``) or of a recurring schedule's template (``recurring add``)."""
+    body = p.add_mutually_exclusive_group()
+    body.add_argument("--json", dest="payload_json", metavar="JSON", help="payload as a JSON document")
+    body.add_argument("--data", metavar="TEXT", help="payload as text")
+    body.add_argument("--file", metavar="PATH", help="payload as the bytes of a file")
+    p.add_argument("--pool", default="")
+    p.add_argument("--priority", choices=PRIORITIES)
+    p.add_argument("--key", default=None, help="unique key (a duplicate returns the existing task)")
+    p.add_argument("--kind", default=None)
+    p.add_argument("--timeout", type=float, default=None, help="per-attempt timeout, seconds")
+    p.add_argument("--deadline-in", type=float, default=None, help="soft deadline, seconds from now")
+    if fixed_start:
+        p.add_argument("--tolerance", type=float, default=None, help="allowed lateness of the fixed start")
+        p.add_argument("--on-miss", choices=MISS_POLICIES, default=None)
+    p.add_argument("--tag", action="append", default=[], metavar="K=V")
+    p.add_argument("--label", action="append", default=[], metavar="K=V", help="required worker label")
+    p.add_argument("--resource", action="append", default=[], metavar="NAME=N", help="resource units to hold")
 
 
 def _pairs(items: list[str], flag: str) -> dict[str, str]:
@@ -111,6 +138,38 @@ def _pairs(items: list[str], flag: str) -> dict[str, str]:
             raise SystemExit(f"cronoq: {flag} expects K=V (got {item!r})")
         out[k] = v
     return out
+
+
+def _amounts(items: list[str]) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for name, amount in _pairs(items, "--resource").items():
+        if not amount.isdigit():
+            raise SystemExit(f"cronoq: --resource expects NAME=N with a whole number N (got {amount!r})")
+        out[name] = int(amount)
+    return out
+
+
+def _options(args: argparse.Namespace) -> dict[str, Any]:
+    """The task options given on the command line (unset ones left out)."""
+    return {
+        k: v
+        for k, v in (
+            ("pool", args.pool or None),
+            ("priority", args.priority),
+            ("key", args.key),
+            ("kind", args.kind),
+            ("timeout", args.timeout),
+            ("deadline_in", args.deadline_in),
+            ("start_in", getattr(args, "start_in", None)),
+            ("tolerance", args.tolerance),
+            ("on_miss", args.on_miss),
+            ("after", [_ref(a) for a in getattr(args, "after", [])] or None),
+            ("tags", _pairs(args.tag, "--tag") or None),
+            ("labels", _pairs(args.label, "--label") or None),
+            ("resources", _amounts(args.resource) or None),
+        )
+        if v is not None
+    }
 
 
 def _payload(args: argparse.Namespace) -> Any:
@@ -129,24 +188,10 @@ async def run(args: argparse.Namespace) -> None:
     async with Client(args.target, token=args.token, tls=args.tls) as client:
         cmd = args.command
         if cmd == "submit":
-            payload = args.payload
-            opts: dict[str, Any] = {
-                k: v
-                for k, v in (
-                    ("pool", args.pool or None),
-                    ("priority", args.priority),
-                    ("key", args.key),
-                    ("kind", args.kind),
-                    ("timeout", args.timeout),
-                    ("deadline_in", args.deadline_in),
-                    ("tags", _pairs(args.tag, "--tag") or None),
-                    ("labels", _pairs(args.label, "--label") or None),
-                )
-                if v is not None
-            }
+            opts = _options(args)
             if args.wait_timeout is not None and not args.wait:
                 raise ValueError("--wait-timeout needs --wait")
-            _print(await client.submit(payload, wait=args.wait, wait_timeout=args.wait_timeout, **opts))
+            _print(await client.submit(args.payload, wait=args.wait, wait_timeout=args.wait_timeout, **opts))
         elif cmd == "get":
             _print(await client.get(_ref(args.ref)))
         elif cmd == "cancel":
@@ -166,6 +211,16 @@ async def run(args: argparse.Namespace) -> None:
                 print(json.dumps(_jsonable(event)), flush=True)
         elif cmd == "workers":
             _print(await client.list_workers())
+        elif cmd == "recurring":
+            if args.action == "list":
+                _print(await client.list_recurring())
+            elif args.action == "add":
+                await client.add_recurring(
+                    args.name, args.cron, args.payload, tz=args.tz, overlap=args.overlap, **_options(args)
+                )
+                _print({"name": args.name})
+            else:
+                _print({"removed": await client.remove_recurring(args.name)})
         elif cmd == "snapshot":
             _print(await client.snapshot())
 
@@ -173,7 +228,7 @@ async def run(args: argparse.Namespace) -> None:
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     try:
-        if args.command == "submit":
+        if args.command == "submit" or getattr(args, "action", None) == "add":
             args.payload = _payload(args)
         asyncio.run(run(args))
     except ApiError as err:

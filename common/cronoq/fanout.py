@@ -1,4 +1,4 @@
-"""Fan-out reads across shards (ListTasks, Snapshot, ListWorkers): splitting the request, merging the
+"""Fan-out calls across shards (ListTasks, Snapshot, ListWorkers, ListRecurring, RemoveRecurring): splitting the request, merging the
 answers. Pure functions over wire messages, shared by shard servers and the router; a shard that failed
 to answer (its ApiError in place of an answer) is named in ``unavailable_shards`` (SPEC §9)."""
 
@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from .errors import ApiError, NotFound
+from .errors import ApiError, NotFound, Unavailable
 from .shards import Shard, ShardMap
 from .v1 import cronoq_pb2 as pb
 
@@ -80,3 +80,35 @@ def merge_workers(answers: Answers) -> pb.ListWorkersResponse:
         else:
             merged.workers.extend(answer.workers)
     return merged
+
+
+def merge_recurring(answers: Answers) -> pb.ListRecurringResponse:
+    """Every shard's schedules, in shard order (each shard lists its own in the order they were added)."""
+    merged = pb.ListRecurringResponse()
+    for shard, answer in answers:
+        if isinstance(answer, ApiError):
+            merged.unavailable_shards.append(shard.name)
+        else:
+            merged.schedules.extend(answer.schedules)
+    return merged
+
+
+def merge_removed(answers: Answers) -> pb.RemoveRecurringResponse:
+    """Removed if any shard removed a schedule of that name. When none did, a shard that failed to
+    answer may still have one: its error is raised rather than a "not removed" that may be false."""
+    failed: list[tuple[Shard, ApiError]] = []
+    for shard, answer in answers:
+        if isinstance(answer, ApiError):
+            failed.append((shard, answer))
+        elif answer.removed:
+            return pb.RemoveRecurringResponse(removed=True)
+    if failed:
+        shard, error = failed[0]
+        if isinstance(error, Unavailable):
+            names = ", ".join(f"'{s.name}'" for s, _ in failed)
+            raise Unavailable(
+                f"shard(s) {names} did not answer ({error.message}); the schedule may still exist there: "
+                "retry the removal"
+            )
+        raise error
+    return pb.RemoveRecurringResponse(removed=False)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 from . import fanout
@@ -21,6 +21,7 @@ from .shards import SHARD_SHIFT, Shard, ShardMap
 from .v1 import cronoq_pb2 as pb
 
 Local = Callable[[Principal, Any], Any]  # answers one fan-out part on this process's own shard
+LocalRemove = Callable[[Principal, pb.RemoveRecurringRequest], Awaitable[pb.RemoveRecurringResponse]]
 LocalWatch = Callable[[Principal, pb.WatchRequest], AsyncIterator[pb.StatusEvent]]
 WATCH_QUEUE = 1024  # events in flight from all shards to one watcher
 
@@ -96,12 +97,14 @@ class Routing:
                 return shard
         return None
 
-    async def forward(self, shard: Shard, method: str, req: Any, caller: Principal) -> Any:
-        """Forward one Tasks call; calls that wait for a task get the longest wait added to their
-        deadline."""
+    async def forward(
+        self, shard: Shard, method: str, req: Any, caller: Principal, *, service: str = "tasks"
+    ) -> Any:
+        """Forward one Tasks (or, with ``service="admin"``, Admin) call; calls that wait for a task get
+        the longest wait added to their deadline."""
         waits = method == "Wait" or (method == "Submit" and req.wait)
         response, output_type = await self.peers.call(
-            shard, "tasks", method, req, caller, wait=self.max_wait_s if waits else 0.0
+            shard, service, method, req, caller, wait=self.max_wait_s if waits else 0.0
         )
         if output_type is not None and waits:
             result = response.result if method == "Submit" else response
@@ -143,6 +146,32 @@ class Routing:
     async def list_workers(self, caller: Principal, local: Local) -> pb.ListWorkersResponse:
         parts = [(shard, pb.Empty()) for shard in self.shards]
         return fanout.merge_workers(await self.fan_out(caller, "admin", "ListWorkers", parts, local))
+
+    async def list_recurring(self, caller: Principal, local: Local) -> pb.ListRecurringResponse:
+        parts = [(shard, pb.Empty()) for shard in self.shards]
+        return fanout.merge_recurring(await self.fan_out(caller, "admin", "ListRecurring", parts, local))
+
+    async def remove_recurring(
+        self, caller: Principal, req: pb.RemoveRecurringRequest, local: LocalRemove | None
+    ) -> pb.RemoveRecurringResponse:
+        """Remove the schedule of that name from every shard (names are per shard): removed if any
+        shard removed one; when none did and some shard did not answer, that shard's error."""
+
+        async def here(shard: Shard) -> pb.RemoveRecurringResponse | ApiError:
+            assert local is not None
+            try:
+                return await local(caller, req)
+            except Unavailable as err:
+                return err
+
+        others = [s for s in self.shards if not self.shards.is_local(s)]
+        mine = [s for s in self.shards if self.shards.is_local(s)]
+        remote, *local_answers = await asyncio.gather(
+            self.peers.fan_out(others, "admin", "RemoveRecurring", [req] * len(others), caller),
+            *(here(shard) for shard in mine),
+        )
+        answers = [*zip(mine, local_answers, strict=True), *zip(others, remote, strict=True)]
+        return fanout.merge_removed(answers)
 
     async def watch(
         self, caller: Principal, req: pb.WatchRequest, local: LocalWatch | None

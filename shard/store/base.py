@@ -17,7 +17,7 @@ import asyncio
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from cronoq.engine.model import Task
+from cronoq.engine.model import Recurring, Task
 
 
 class StoreError(Exception):
@@ -45,20 +45,28 @@ class Batch:
     rewritten; later commits update its state columns only. ``outputs`` are the results of tasks that
     succeeded in this batch: (task id, output bytes, content type). ``max_id`` is the highest task id
     issued so far, kept so that ids are never reused even after the tasks holding them were pruned.
+    ``schedules`` are the recurring schedules added, advanced or removed since the last commit (the
+    engine's ScheduleChanged actions, in order): (name, the whole schedule to write, or None to delete
+    it); the last write for a name wins. They share the transaction, and its fence, with the tasks, so
+    that an occurrence's task and the schedule's advance past it are durable together or not at all.
     """
 
     tasks: list[Task] = field(default_factory=list)
     outputs: list[tuple[int, bytes, str]] = field(default_factory=list)
     max_id: int = 0
+    schedules: list[tuple[str, Recurring | None]] = field(default_factory=list)
 
 
 @dataclass(slots=True)
 class Recovered:
-    """What a new leader rebuilds its engine from: every live task and every task that finished at or
-    after the retention cutoff, in ascending id order, and the id high-water mark."""
+    """What a new leader rebuilds its engine from: every live task, every task that finished at or
+    after the retention cutoff, and every task a live task depends on (by id, or as the newest task
+    holding a key), however long ago it finished, in ascending id order; the id high-water mark; and
+    every recurring schedule, by name."""
 
     tasks: list[Task]
     max_id: int
+    schedules: list[Recurring] = field(default_factory=list)
 
 
 @dataclass(slots=True)
@@ -106,7 +114,9 @@ class Store(Protocol):
         ...
 
     async def recover(self, finished_since: float) -> Recovered:
-        """Load live tasks and tasks finished at or after ``finished_since`` (Unix seconds)."""
+        """Load live tasks, tasks finished at or after ``finished_since`` (Unix seconds), the tasks live
+        tasks depend on, and the schedules. Rows that do not decode are quarantined (tasks: marked
+        FAILED) or left alone and logged (schedules: the next write of that name replaces the row)."""
         ...
 
     async def commit(self, batch: Batch) -> None:

@@ -17,14 +17,26 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from cronoq.engine.model import Status
+from cronoq.engine.model import Status, Task
 from cronoq.logs import get_logger
 
 from .base import Batch, Fenced, Leadership, Recovered, StoredTask, StoreError
-from .rows import COLUMNS, SPEC_COLUMNS, ns, row_of, task_from_row, text
+from .rows import (
+    COLUMNS,
+    SPEC_COLUMNS,
+    Row,
+    dep_targets,
+    ns,
+    recurring_from_row,
+    row_of,
+    schedule_changes,
+    task_from_row,
+    text,
+)
 
 log = get_logger("cronoq.store")
 
@@ -47,11 +59,13 @@ class _Record:
 
 @dataclass(slots=True)
 class MemoryDatabase:
-    """What the replicas of one in-memory cluster share: the task rows, the epoch, the id high-water
-    mark and which store leads (``holder``). Pass one to several :class:`MemoryStore` instances to
-    run a leader and standbys in one process."""
+    """What the replicas of one in-memory cluster share: the task rows, the schedule rows (by stored
+    name, in SCHEDULE_COLUMNS order), the epoch, the id high-water mark and which store leads
+    (``holder``). Pass one to several :class:`MemoryStore` instances to run a leader and standbys in
+    one process."""
 
     tasks: dict[int, _Record] = field(default_factory=dict)
+    schedules: dict[str, Row] = field(default_factory=dict)
     # -1 so that the first acquire bumps it to 0: ids then start at 1, as without a store.
     epoch: int = -1
     max_id: int = 0
@@ -98,17 +112,43 @@ class MemoryStore:
     async def recover(self, finished_since: float) -> Recovered:
         self._check_open()
         cutoff = ns(finished_since)
+        records = self._db.tasks
+        loaded = [
+            task_id
+            for task_id, record in records.items()
+            if not record.row[_TERMINAL]
+            or (isinstance(record.row[_FINISHED], int) and record.row[_FINISHED] >= cutoff)
+        ]
+        tasks = self._decode(loaded)
+        target_ids, target_keys = dep_targets(tasks)
+        newest: dict[str, int] = {}  # the most recent holder of each target key
+        if target_keys:
+            for task_id, record in records.items():
+                key = record.row[_KEY]
+                if key in target_keys and task_id > newest.get(key, 0):
+                    newest[key] = task_id
+        targets = (target_ids | set(newest.values())) - set(loaded)
+        tasks += self._decode(task_id for task_id in targets if task_id in records)
+        tasks.sort(key=lambda task: task.id)
+        schedules = []
+        for name, row in sorted(self._db.schedules.items()):
+            try:
+                schedules.append(recurring_from_row(row))
+            except ValueError as err:
+                log.error("schedule_row_undecodable", name=name, error=str(err), store="memory")
+        return Recovered(tasks, max(self._db.max_id, max(records, default=0)), schedules)
+
+    def _decode(self, task_ids: Iterable[int]) -> list[Task]:
+        """The tasks of ``task_ids``; a row that does not decode is quarantined instead."""
         tasks = []
-        for task_id in sorted(self._db.tasks):
+        for task_id in task_ids:
             row = self._db.tasks[task_id].row
-            if row[_TERMINAL] and not (isinstance(row[_FINISHED], int) and row[_FINISHED] >= cutoff):
-                continue
             try:
                 tasks.append(task_from_row(tuple(row)))
             except ValueError as err:
                 _quarantine(row, err)
                 log.error("task_row_quarantined", task_id=task_id, error=str(err), store="memory")
-        return Recovered(tasks, max(self._db.max_id, max(self._db.tasks, default=0)))
+        return tasks
 
     async def commit(self, batch: Batch) -> None:
         self._check_open()
@@ -122,11 +162,12 @@ class MemoryStore:
             self._leadership = None
             log.warning("cronoq leader was fenced; stepping down", epoch=leadership.epoch, current=db.epoch)
             raise Fenced(reason)
-        for task in batch.tasks:
-            row = row_of(task)
-            record = db.tasks.get(task.id)
+        rows = [row_of(task) for task in batch.tasks]
+        upserts, deletes = schedule_changes(batch.schedules)
+        for row in rows:
+            record = db.tasks.get(row[0])
             if record is None:
-                db.tasks[task.id] = _Record(list(row))
+                db.tasks[row[0]] = _Record(list(row))
             else:
                 record.row[_STATE_AT:] = row[_STATE_AT:]
         for task_id, output, output_type in batch.outputs:
@@ -134,6 +175,10 @@ class MemoryStore:
             if record is not None:
                 record.output = bytes(output)
                 record.output_type = output_type
+        for row in upserts:
+            db.schedules[row[0]] = row
+        for name in deletes:
+            db.schedules.pop(name, None)
         db.max_id = max(db.max_id, batch.max_id)
 
     async def fetch(self, ref: int | str) -> StoredTask | None:

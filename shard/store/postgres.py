@@ -53,11 +53,27 @@ from .base import (
     StoreError,
     StoreUnavailable,
 )
-from .rows import COLUMNS, SELECT_COLUMNS, STATE_COLUMNS, ns, row_of, task_from_row, text
+from .rows import (
+    ADDED_IN_V2,
+    COLUMNS,
+    SCHEDULE_COLUMNS,
+    SELECT_COLUMNS,
+    SELECT_SCHEDULE_COLUMNS,
+    STATE_COLUMNS,
+    Row,
+    columns_added_in_v2,
+    dep_targets,
+    ns,
+    recurring_from_row,
+    row_of,
+    schedule_changes,
+    task_from_row,
+    text,
+)
 
 log = get_logger("cronoq.store")
 
-SCHEMA_VERSION: Final = 1
+SCHEMA_VERSION: Final = 2
 
 # Advisory lock classes (first key of the two-int form): "cqld" and "cqmg" in ASCII, both below 2**31.
 LEADER_LOCK_CLASS: Final = 0x63716C64
@@ -89,6 +105,11 @@ _TYPES: Final = {
     "started_ns": "BIGINT",
     "finished_ns": "BIGINT",
     "message": "TEXT",
+    "start_ns": "BIGINT",
+    "tolerance_s": "DOUBLE PRECISION",
+    "on_miss": "TEXT",
+    "deps": "TEXT",
+    "resources": "TEXT",
 }
 _NULLABLE: Final = frozenset(
     {
@@ -101,8 +122,16 @@ _NULLABLE: Final = frozenset(
         "ready_ns",
         "started_ns",
         "finished_ns",
+        "start_ns",
     }
 )
+_SCHEDULE_TYPES: Final = {
+    "name": "TEXT",
+    "spec": "TEXT",
+    "template_payload": "BYTEA",
+    "next_unix_ns": "BIGINT",
+    "last_task_id": "BIGINT",
+}
 # Positions of the float columns: Python may hand us ints there, and a binary array must be uniform.
 _FLOAT_COLUMNS: Final = tuple(i for i, c in enumerate(COLUMNS) if _TYPES[c] == "DOUBLE PRECISION")
 
@@ -138,6 +167,8 @@ class _Statements:
     read_epoch: sql.Composed
     commit: sql.Composed
     recover: sql.Composed
+    recover_targets: sql.Composed
+    recover_schedules: sql.Composed
     max_id: sql.Composed
     quarantine: sql.Composed
     fetch_id: sql.Composed
@@ -150,9 +181,13 @@ def _statements(schema: str) -> _Statements:
         return sql.SQL(template).format(s=sql.Identifier(schema))
 
     columns = ", ".join(COLUMNS)
-    definitions = ",\n".join(f"{c} {_TYPES[c]}{'' if c in _NULLABLE else ' NOT NULL'}" for c in COLUMNS)
+    definitions = ",\n".join(
+        f"{c} {_TYPES[c]}{'' if c in _NULLABLE else ' NOT NULL'}" for c in COLUMNS if c not in ADDED_IN_V2
+    )
     arrays = ", ".join(f"%({c})b::{_TYPES[c]}[]" for c in COLUMNS)
     updates = ", ".join(f"{c} = EXCLUDED.{c}" for c in STATE_COLUMNS)
+    schedule_arrays = ", ".join(f"%(schedule_{c})b::{t}[]" for c, t in _SCHEDULE_TYPES.items())
+    schedule_updates = ", ".join(f"{c} = EXCLUDED.{c}" for c in SCHEDULE_COLUMNS[1:])
     v1 = (
         q(
             "CREATE TABLE {s}.cronoq_leader (id INTEGER PRIMARY KEY CHECK (id = 1), epoch BIGINT NOT NULL,"
@@ -176,6 +211,9 @@ def _statements(schema: str) -> _Statements:
             " template_payload BYTEA, next_unix_ns BIGINT, last_task_id BIGINT)"
         ),
     )
+    # Fixed starts, dependencies and resources. cronoq_recurring already has the columns schedules need.
+    # The clauses are composed, not formatted: their defaults hold braces ('{}').
+    v2 = tuple(q("ALTER TABLE {s}.cronoq_tasks ") + sql.SQL(c) for c in columns_added_in_v2(_TYPES))
     return _Statements(
         create_schema=sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(sql.Identifier(schema)),
         create_version_table=q(
@@ -183,7 +221,7 @@ def _statements(schema: str) -> _Statements:
         ),
         read_version=q("SELECT COALESCE(max(version), 0) FROM {s}.cronoq_schema_version"),
         record_version=q("INSERT INTO {s}.cronoq_schema_version (version) VALUES (%s)"),
-        migrations={1: v1},
+        migrations={1: v1, 2: v2},
         bump_epoch=q(
             "UPDATE {s}.cronoq_leader SET epoch = epoch + 1, commit_seq = 0, holder = %s,"
             " expires_unix_ns = NULL WHERE id = 1 RETURNING epoch"
@@ -195,6 +233,8 @@ def _statements(schema: str) -> _Statements:
         # or a stale commit writes nothing. Locking the row also makes acquire()'s epoch bump wait for a
         # commit in flight. A task's spec is written on insert only; conflicts update the state columns
         # and, when the batch carries one, the output. Outputs of tasks not in the batch update their rows.
+        # Schedules are upserted or deleted, never both in one commit (see rows.schedule_changes): the
+        # parts of one statement see the same snapshot, so they must not touch the same row.
         commit=q(
             "WITH fence AS (UPDATE {s}.cronoq_leader SET max_id = GREATEST(max_id, %(max_id)s),"
             " commit_seq = %(commit_seq)s WHERE id = 1 AND epoch = %(epoch)s AND commit_seq < %(commit_seq)s RETURNING epoch),"
@@ -207,7 +247,12 @@ def _statements(schema: str) -> _Statements:
             " RETURNING 1),"
             " outputs AS (UPDATE {s}.cronoq_tasks AS t SET output = o.output, output_type = o.output_type"
             " FROM unnest(%(other_id)b::BIGINT[], %(other_output)b::BYTEA[], %(other_type)b::TEXT[])"
-            " AS o(id, output, output_type) WHERE t.id = o.id AND EXISTS (SELECT 1 FROM fence) RETURNING 1)"
+            " AS o(id, output, output_type) WHERE t.id = o.id AND EXISTS (SELECT 1 FROM fence) RETURNING 1),"
+            f" scheduled AS (INSERT INTO {{s}}.cronoq_recurring ({SELECT_SCHEDULE_COLUMNS})"
+            f" SELECT * FROM unnest({schedule_arrays}) WHERE EXISTS (SELECT 1 FROM fence)"
+            f" ON CONFLICT (name) DO UPDATE SET {schedule_updates} RETURNING 1),"
+            " unscheduled AS (DELETE FROM {s}.cronoq_recurring WHERE name = ANY(%(unscheduled)b::TEXT[])"
+            " AND EXISTS (SELECT 1 FROM fence) RETURNING 1)"
             " SELECT (SELECT epoch FROM fence), (SELECT count(*) FROM upserted), (SELECT count(*) FROM outputs)"
         ),
         # "terminal AND" lets the planner use the (terminal, finished_ns) index for the second branch.
@@ -215,6 +260,14 @@ def _statements(schema: str) -> _Statements:
             f"SELECT {SELECT_COLUMNS} FROM {{s}}.cronoq_tasks"
             " WHERE NOT terminal OR (terminal AND finished_ns >= %s) ORDER BY id"
         ),
+        # The dependency targets (ids, and the newest task of each key) that recover with the same cutoff
+        # did not load: those finished before it. One array of ids, so that both are primary key lookups.
+        recover_targets=q(
+            f"SELECT {SELECT_COLUMNS} FROM {{s}}.cronoq_tasks WHERE id = ANY(%(ids)s::BIGINT[] || ARRAY("
+            "SELECT max(id) FROM {s}.cronoq_tasks WHERE key = ANY(%(keys)s::TEXT[]) GROUP BY key))"
+            " AND terminal AND (finished_ns < %(since)s OR finished_ns IS NULL) ORDER BY id"
+        ),
+        recover_schedules=q(f"SELECT {SELECT_SCHEDULE_COLUMNS} FROM {{s}}.cronoq_recurring ORDER BY name"),
         max_id=q(
             "SELECT GREATEST(max_id, (SELECT COALESCE(max(id), 0) FROM {s}.cronoq_tasks))"
             " FROM {s}.cronoq_leader WHERE id = 1"
@@ -244,10 +297,11 @@ _HOLDS_LOCK = (
 
 
 def _commit_params(batch: Batch, epoch: int, seq: int) -> dict[str, Any]:
-    """The commit statement's parameters: one array per column. Tasks are de-duplicated (the last
-    state wins: Postgres refuses to update a row twice in one statement) and sorted by id, so a task
-    that finished and a newer one reusing its key are written in that order and the live-key index
-    never sees both live."""
+    """The commit statement's parameters: one array per column of the tasks and of the schedules to
+    upsert, and the names of the schedules to delete. Tasks are de-duplicated (the last state wins:
+    Postgres refuses to update a row twice in one statement) and sorted by id, so a task that finished
+    and a newer one reusing its key are written in that order and the live-key index never sees both
+    live."""
     tasks = sorted({t.id: t for t in batch.tasks}.values(), key=lambda t: t.id)
     outputs = {task_id: (data, kind) for task_id, data, kind in batch.outputs}
     rows = [row_of(t) for t in tasks]
@@ -261,10 +315,26 @@ def _commit_params(batch: Batch, epoch: int, seq: int) -> dict[str, Any]:
     params["other_id"] = list(outputs)
     params["other_output"] = [bytes(data) for data, _ in outputs.values()]
     params["other_type"] = [text(kind) for _, kind in outputs.values()]
+    upserts, deletes = schedule_changes(batch.schedules)
+    schedules = zip(*upserts, strict=True) if upserts else ([] for _ in SCHEDULE_COLUMNS)
+    for column, values in zip(SCHEDULE_COLUMNS, schedules, strict=True):
+        params[f"schedule_{column}"] = list(values)
+    params["unscheduled"] = deletes
     params["max_id"] = batch.max_id
     params["epoch"] = epoch
     params["commit_seq"] = seq
     return params
+
+
+def _decode(rows: Sequence[Row], broken: list[tuple[int, str]]) -> list[Task]:
+    """The tasks of ``rows``; a row that does not decode is listed in ``broken`` (to be quarantined)."""
+    tasks = []
+    for row in rows:
+        try:
+            tasks.append(task_from_row(row))
+        except ValueError as err:
+            broken.append((int(row[0]), str(err)))
+    return tasks
 
 
 async def _bounded(work: Coroutine[Any, Any, T], timeout: float) -> T:
@@ -612,20 +682,31 @@ class PostgresStore:
 
     async def recover(self, finished_since: float) -> Recovered:
         pool = self._require_pool()
-        tasks: list[Task] = []
         broken: list[tuple[int, str]] = []
+        schedules = []
         try:
             async with pool.connection() as conn, conn.transaction():
                 await conn.execute("SET LOCAL statement_timeout = 0")  # proportional to the data kept
                 cur = conn.cursor(binary=True)
-                await cur.execute(self._q.recover, (ns(finished_since),))
-                for row in await cur.fetchall():
-                    try:
-                        tasks.append(task_from_row(row))
-                    except ValueError as err:
-                        broken.append((int(row[0]), str(err)))
+                since = ns(finished_since)
+                await cur.execute(self._q.recover, (since,))
+                tasks = _decode(await cur.fetchall(), broken)
+                target_ids, target_keys = dep_targets(tasks)
+                if target_ids or target_keys:
+                    targets = {"since": since, "ids": sorted(target_ids), "keys": sorted(target_keys)}
+                    await cur.execute(self._q.recover_targets, targets)
+                    tasks += _decode(await cur.fetchall(), broken)
+                    tasks.sort(key=lambda task: task.id)
                 mark = await (await conn.execute(self._q.max_id)).fetchone()
                 max_id = int(mark[0]) if mark else 0
+                await cur.execute(self._q.recover_schedules)
+                for row in await cur.fetchall():
+                    try:
+                        schedules.append(recurring_from_row(row))
+                    except ValueError as err:
+                        log.error(
+                            "store.schedule_undecodable", schema=self._schema, name=row[0], error=str(err)
+                        )
                 if broken:
                     await self._quarantine(conn, broken)
         except _TRANSIENT as err:
@@ -633,9 +714,14 @@ class PostgresStore:
         except psycopg.Error as err:
             raise StoreError(f"recovery failed: {self._redact(err)}") from None
         log.info(
-            "store.recovered", schema=self._schema, tasks=len(tasks), quarantined=len(broken), max_id=max_id
+            "store.recovered",
+            schema=self._schema,
+            tasks=len(tasks),
+            schedules=len(schedules),
+            quarantined=len(broken),
+            max_id=max_id,
         )
-        return Recovered(tasks, max_id)
+        return Recovered(tasks, max_id, schedules)
 
     async def _quarantine(self, conn: Conn, broken: Sequence[tuple[int, str]]) -> None:
         """Mark rows that do not decode as failed, so they stop being live, and say so in the log."""

@@ -1,19 +1,37 @@
-"""Tasks as table rows, shared by the SQL stores so that SQLite and Postgres hold the same columns.
+"""Tasks and recurring schedules as table rows, shared by the stores so that they hold the same columns.
 
 Times are stored as integer Unix nanoseconds (what the wire uses), structured fields (retry policy, tags,
-labels) as compact JSON text, and NUL characters in strings as U+FFFD because Postgres text cannot hold
-NUL. A row that no longer decodes (hand-edited, or written by a future version) is reported, not
-guessed at: :func:`task_from_row` raises ``ValueError`` and recovery quarantines it.
+labels, dependencies, resources) as compact JSON text, and NUL characters in strings as U+FFFD because
+Postgres text cannot hold NUL. A row that no longer decodes (hand-edited, or written by a future version)
+is reported, not guessed at: :func:`task_from_row` and :func:`recurring_from_row` raise ``ValueError``.
+
+A task's spec (all but its payload) is encoded field by field into JSON values once, by
+:func:`_spec_fields`: a task row holds them as columns, and a schedule's template holds the very same
+values as one JSON object, so that a template and a task spec cannot drift apart.
 """
 
 from __future__ import annotations
 
 import json
-from typing import Any
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any, Final, TypeVar
 
-from cronoq.engine.model import Priority, RetryPolicy, Status, Task, TaskSpec
+from cronoq.engine.model import (
+    Dep,
+    DepOn,
+    MissPolicy,
+    Overlap,
+    Priority,
+    Recurring,
+    RecurringSpec,
+    RetryPolicy,
+    Status,
+    Task,
+    TaskSpec,
+)
 
 # Insert order of the columns; the spec columns are written once, the state columns on every change.
+# A column is only ever appended to either list (and added to the schema by a migration).
 SPEC_COLUMNS = (
     "id",
     "seq",
@@ -31,6 +49,11 @@ SPEC_COLUMNS = (
     "labels",
     "tenant",
     "created_ns",
+    "start_ns",
+    "tolerance_s",
+    "on_miss",
+    "deps",
+    "resources",
 )
 STATE_COLUMNS = (
     "status",
@@ -46,7 +69,27 @@ COLUMNS = SPEC_COLUMNS + STATE_COLUMNS
 # What recovery and fetch read back (payload included; outputs are read separately).
 SELECT_COLUMNS = ", ".join(COLUMNS)
 
+# The spec columns that schema version 2 added to cronoq_tasks, each with the SQL default that gives the
+# rows version 1 wrote what they meant: no fixed start, no dependencies, no resources (None: nullable,
+# no default). The SQL stores build their ADD COLUMN clauses with :func:`columns_added_in_v2`.
+ADDED_IN_V2: Final[Mapping[str, str | None]] = {
+    "start_ns": None,
+    "tolerance_s": "1.0",
+    "on_miss": "'run_late'",
+    "deps": "'[]'",
+    "resources": "'{}'",
+}
+
+# A schedule's row: the schedule spec and its template spec as one JSON document (:func:`schedule_row`),
+# the template's payload apart as bytes, the next occurrence and the last task it created.
+SCHEDULE_COLUMNS = ("name", "spec", "template_payload", "next_unix_ns", "last_task_id")
+SELECT_SCHEDULE_COLUMNS = ", ".join(SCHEDULE_COLUMNS)
+
+# The columns that hold a spec field as JSON text: in a template they are plain JSON values instead.
+_JSON_COLUMNS: Final = ("retry", "tags", "labels", "deps", "resources")
+
 Row = tuple[Any, ...]
+T = TypeVar("T")
 
 
 def ns(seconds: float | None) -> int | None:
@@ -61,16 +104,92 @@ def text(value: str) -> str:
     return value.replace("\x00", "\ufffd") if "\x00" in value else value
 
 
-def _mapping(values: dict[str, str]) -> str:
-    return json.dumps({text(k): text(v) for k, v in values.items()}, separators=(",", ":"))
+def columns_added_in_v2(types: Mapping[str, str]) -> list[str]:
+    """The ``ADD COLUMN`` clauses of migration 2, given a store's SQL type for each column."""
+    return [
+        f"ADD COLUMN {column} {types[column]}" + ("" if default is None else f" NOT NULL DEFAULT {default}")
+        for column, default in ADDED_IN_V2.items()
+    ]
 
 
-def _retry(policy: RetryPolicy | None) -> str | None:
-    if policy is None:
+# One encoder for every row: json.dumps with separators would build a new one per call.
+_json = json.JSONEncoder(separators=(",", ":")).encode
+# Most maps and lists in a row are empty; these skip the JSON codec, which is most of its cost for them.
+_EMPTY_TEXT: Final = {"{}": dict, "[]": list}
+
+
+def _dump(value: Any) -> str | None:
+    if value is None:
         return None
-    return json.dumps(
-        [policy.max_attempts, policy.initial_backoff, policy.multiplier, policy.max_backoff, policy.jitter],
-        separators=(",", ":"),
+    if not value:
+        return "{}" if isinstance(value, dict) else "[]"
+    return _json(value)
+
+
+def _load(value: str | None) -> Any:
+    if value is None:
+        return None
+    empty = _EMPTY_TEXT.get(value)
+    return empty() if empty is not None else json.loads(value)
+
+
+def _spec_fields(spec: TaskSpec) -> dict[str, Any]:
+    """Every field of ``spec`` but the payload, as JSON values keyed by column name."""
+    retry = spec.retry
+    return {
+        "pool": spec.pool,
+        "kind": text(spec.kind),
+        "priority": int(spec.priority),
+        "key": text(spec.key) or None,
+        "content_type": text(spec.content_type),
+        "deadline_ns": ns(spec.deadline),
+        "duration_hint_s": spec.duration_hint,
+        "timeout_s": spec.timeout,
+        "retry": None
+        if retry is None
+        else [retry.max_attempts, retry.initial_backoff, retry.multiplier, retry.max_backoff, retry.jitter],
+        "tags": {text(k): text(v) for k, v in spec.tags.items()},
+        "labels": {text(k): text(v) for k, v in spec.labels.items()},
+        "tenant": text(spec.tenant),
+        "start_ns": ns(spec.start),
+        "tolerance_s": spec.tolerance,
+        "on_miss": spec.on_miss.value,
+        # A target keeps its JSON type: a number is a task id, a string a key.
+        "deps": [[d.target if isinstance(d.target, int) else text(d.target), d.on.value] for d in spec.deps],
+        "resources": {text(name): amount for name, amount in spec.resources.items()},
+    }
+
+
+def _spec_from_fields(fields: Mapping[str, Any], payload: Any) -> TaskSpec:
+    """The inverse of :func:`_spec_fields`. Raises ValueError, TypeError or KeyError when a field does
+    not decode."""
+    retry = fields["retry"]
+    retry_policy = None
+    if retry is not None:
+        attempts, initial, multiplier, max_backoff, jitter = retry
+        retry_policy = RetryPolicy(
+            int(attempts), float(initial), float(multiplier), float(max_backoff), bool(jitter)
+        )
+    key = fields["key"]
+    return TaskSpec(
+        pool=str(fields["pool"]),
+        payload=bytes(payload) if payload is not None else None,
+        content_type=str(fields["content_type"]),
+        kind=str(fields["kind"]),
+        priority=Priority(int(fields["priority"])),
+        key=str(key) if key is not None else "",
+        deadline=seconds(fields["deadline_ns"]),
+        duration_hint=_float(fields["duration_hint_s"]),
+        timeout=_float(fields["timeout_s"]),
+        retry=retry_policy,
+        tags=_strings(fields["tags"]),
+        labels=_strings(fields["labels"]),
+        tenant=str(fields["tenant"]),
+        start=seconds(fields["start_ns"]),
+        tolerance=float(fields["tolerance_s"]),
+        on_miss=MissPolicy(fields["on_miss"]),
+        deps=tuple(_dep(value) for value in _of(list, fields["deps"])),
+        resources={str(name): _integer(amount) for name, amount in _of(dict, fields["resources"]).items()},
     )
 
 
@@ -91,105 +210,150 @@ def state_of(task: Task) -> Row:
 
 def row_of(task: Task) -> Row:
     """Every column of ``task``, in COLUMNS order."""
-    spec = task.spec
-    payload = spec.payload
-    return (
-        task.id,
-        task.seq,
-        spec.pool,
-        text(spec.kind),
-        int(spec.priority),
-        text(spec.key) or None,
-        bytes(payload) if payload is not None else None,
-        text(spec.content_type),
-        ns(spec.deadline),
-        spec.duration_hint,
-        spec.timeout,
-        _retry(spec.retry),
-        _mapping(spec.tags),
-        _mapping(spec.labels),
-        text(spec.tenant),
-        ns(task.created),
-        *state_of(task),
-    )
+    columns = _spec_fields(task.spec)
+    for column in _JSON_COLUMNS:
+        columns[column] = _dump(columns[column])
+    payload = task.spec.payload
+    columns["id"] = task.id
+    columns["seq"] = task.seq
+    columns["payload"] = bytes(payload) if payload is not None else None
+    columns["created_ns"] = ns(task.created)
+    return (*(columns[c] for c in SPEC_COLUMNS), *state_of(task))
 
 
 def task_from_row(row: Row) -> Task:
     """Rebuild a task from a row in COLUMNS order. Raises ValueError when the row does not decode."""
     if len(row) != len(COLUMNS):
         raise ValueError(f"expected {len(COLUMNS)} columns, got {len(row)}")
-    (
-        task_id,
-        seq,
-        pool,
-        kind,
-        priority,
-        key,
-        payload,
-        content_type,
-        deadline_ns,
-        duration_hint,
-        timeout,
-        retry,
-        tags,
-        labels,
-        tenant,
-        created_ns,
-        status,
-        _terminal,
-        attempt,
-        max_attempts,
-        ready_ns,
-        started_ns,
-        finished_ns,
-        message,
-    ) = row
+    columns = dict(zip(COLUMNS, row, strict=True))
+    task_id = columns["id"]
     try:
-        retry_policy = None
-        if retry is not None:
-            attempts, initial, multiplier, max_backoff, jitter = json.loads(retry)
-            retry_policy = RetryPolicy(
-                int(attempts), float(initial), float(multiplier), float(max_backoff), bool(jitter)
-            )
-        spec = TaskSpec(
-            pool=str(pool),
-            payload=bytes(payload) if payload is not None else None,
-            content_type=str(content_type),
-            kind=str(kind),
-            priority=Priority(int(priority)),
-            key=str(key) if key is not None else "",
-            deadline=seconds(deadline_ns),
-            duration_hint=None if duration_hint is None else float(duration_hint),
-            timeout=None if timeout is None else float(timeout),
-            retry=retry_policy,
-            tags=_decode_mapping(tags),
-            labels=_decode_mapping(labels),
-            tenant=str(tenant),
-        )
-        created = seconds(created_ns)
+        for column in _JSON_COLUMNS:
+            columns[column] = _load(columns[column])
+        created = seconds(columns["created_ns"])
         if created is None:
             raise ValueError("created_ns is NULL")
         return Task(
             id=int(task_id),
-            spec=spec,
-            seq=int(seq),
-            status=Status(int(status)),
+            spec=_spec_from_fields(columns, columns["payload"]),
+            seq=int(columns["seq"]),
+            status=Status(int(columns["status"])),
             created=created,
-            attempt=int(attempt),
-            max_attempts=int(max_attempts),
-            ready_at=seconds(ready_ns),
-            started=seconds(started_ns),
-            finished=seconds(finished_ns),
-            message=str(message),
+            attempt=int(columns["attempt"]),
+            max_attempts=int(columns["max_attempts"]),
+            ready_at=seconds(columns["ready_ns"]),
+            started=seconds(columns["started_ns"]),
+            finished=seconds(columns["finished_ns"]),
+            message=str(columns["message"]),
         )
-    except (TypeError, KeyError, json.JSONDecodeError) as err:
+    except (TypeError, KeyError, ValueError) as err:
         raise ValueError(f"task {task_id}: {err}") from err
 
 
-def _decode_mapping(value: str) -> dict[str, str]:
-    decoded = json.loads(value)
-    if not isinstance(decoded, dict) or not all(
-        isinstance(k, str) and isinstance(v, str) for k, v in decoded.items()
-    ):
+def dep_targets(tasks: Iterable[Task]) -> tuple[set[int], set[str]]:
+    """The task ids and the keys (as stored) that the live tasks among ``tasks`` depend on. Recovery
+    loads those targets too, however long ago they finished: the engine needs their outcome to decide
+    the edges still waiting on them."""
+    ids: set[int] = set()
+    keys: set[str] = set()
+    for task in tasks:
+        if task.status.terminal:
+            continue
+        for dep in task.spec.deps:
+            if isinstance(dep.target, int):
+                ids.add(dep.target)
+            else:
+                keys.add(text(dep.target))
+    return ids, keys
+
+
+# ------------------------------------------------------------------------------------------ schedules
+
+
+def schedule_row(name: str, recurring: Recurring) -> Row:
+    """The row of schedule ``name``, in SCHEDULE_COLUMNS order."""
+    spec = recurring.spec
+    payload = spec.template.payload
+    document = {
+        "cron": text(spec.cron),
+        "tz": text(spec.tz),
+        "overlap": spec.overlap.value,
+        "deadline_in_s": spec.deadline_in,
+        "template": _spec_fields(spec.template),
+    }
+    return (
+        text(name),
+        _json(document),
+        bytes(payload) if payload is not None else None,
+        ns(recurring.next_start),
+        recurring.last_task_id,
+    )
+
+
+def recurring_from_row(row: Row) -> Recurring:
+    """Rebuild a schedule from a row in SCHEDULE_COLUMNS order. Raises ValueError when it does not
+    decode."""
+    if len(row) != len(SCHEDULE_COLUMNS):
+        raise ValueError(f"expected {len(SCHEDULE_COLUMNS)} columns, got {len(row)}")
+    name, document, payload, next_ns, last_task_id = row
+    try:
+        spec = _of(dict, json.loads(document))
+        return Recurring(
+            spec=RecurringSpec(
+                name=str(name),
+                cron=str(spec["cron"]),
+                template=_spec_from_fields(_of(dict, spec["template"]), payload),
+                tz=str(spec["tz"]),
+                overlap=Overlap(spec["overlap"]),
+                deadline_in=_float(spec["deadline_in_s"]),
+            ),
+            next_start=seconds(next_ns),
+            last_task_id=_integer(last_task_id),
+        )
+    except (TypeError, KeyError, ValueError) as err:
+        raise ValueError(f"schedule {name!r}: {err}") from err
+
+
+def schedule_changes(schedules: Sequence[tuple[str, Recurring | None]]) -> tuple[list[Row], list[str]]:
+    """The net effect of a batch's schedule writes: rows to upsert and (stored) names to delete, each
+    name in at most one of them, where the last write for a name wins. A store can then apply both
+    lists in any order, or in one statement."""
+    final = {text(name): (name, recurring) for name, recurring in schedules}
+    upserts = [schedule_row(name, r) for name, r in final.values() if r is not None]
+    deletes = [stored for stored, (_, r) in final.items() if r is None]
+    return upserts, deletes
+
+
+# ------------------------------------------------------------------------------------- type checks
+
+
+def _of(kind: type[T], value: object) -> T:
+    if not isinstance(value, kind):
+        raise ValueError(f"expected a JSON {kind.__name__}, got {type(value).__name__}")
+    return value
+
+
+def _integer(value: object) -> int:
+    """``value`` when it is an integer: not a bool, which ``isinstance(value, int)`` lets pass, and
+    not a string, which would turn a key into a task id."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError(f"expected an integer, got {value!r}")
+    return value
+
+
+def _float(value: Any) -> float | None:
+    return None if value is None else float(value)
+
+
+def _strings(value: object) -> dict[str, str]:
+    mapping = _of(dict, value)
+    if not all(isinstance(k, str) and isinstance(v, str) for k, v in mapping.items()):
         raise ValueError("expected a JSON object of strings")
-    return decoded
+    return mapping
+
+
+def _dep(value: object) -> Dep:
+    target, on = _of(list, value)
+    if not isinstance(target, str):
+        target = _integer(target)
+    return Dep(target, DepOn(on))

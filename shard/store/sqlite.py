@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
 import secrets
 import socket
@@ -29,7 +30,22 @@ from cronoq.engine.model import Status, Task
 from cronoq.logs import get_logger
 
 from .base import Batch, Fenced, Leadership, Recovered, SchemaTooNew, StoredTask, StoreError, StoreUnavailable
-from .rows import COLUMNS, SELECT_COLUMNS, STATE_COLUMNS, Row, ns, row_of, task_from_row, text
+from .rows import (
+    COLUMNS,
+    SCHEDULE_COLUMNS,
+    SELECT_COLUMNS,
+    SELECT_SCHEDULE_COLUMNS,
+    STATE_COLUMNS,
+    Row,
+    columns_added_in_v2,
+    dep_targets,
+    ns,
+    recurring_from_row,
+    row_of,
+    schedule_changes,
+    task_from_row,
+    text,
+)
 
 log = get_logger("cronoq.store")
 
@@ -88,12 +104,38 @@ _MIGRATIONS: tuple[tuple[str, ...], ...] = (
             last_task_id INTEGER
         )""",
     ),
+    # Fixed starts, dependencies and resources. cronoq_recurring already has the columns schedules need.
+    tuple(
+        f"ALTER TABLE cronoq_tasks {clause}"
+        for clause in columns_added_in_v2(
+            {
+                "start_ns": "INTEGER",
+                "tolerance_s": "REAL",
+                "on_miss": "TEXT",
+                "deps": "TEXT",
+                "resources": "TEXT",
+            }
+        )
+    ),
 )
 SCHEMA_VERSION = len(_MIGRATIONS)
 
 _UPSERT = (
     f"INSERT INTO cronoq_tasks ({SELECT_COLUMNS}) VALUES ({', '.join('?' * len(COLUMNS))}) "
     f"ON CONFLICT (id) DO UPDATE SET {', '.join(f'{c} = excluded.{c}' for c in STATE_COLUMNS)}"
+)
+_UPSERT_SCHEDULE = (
+    f"INSERT INTO cronoq_recurring ({SELECT_SCHEDULE_COLUMNS}) VALUES ({', '.join('?' * len(SCHEDULE_COLUMNS))}) "
+    f"ON CONFLICT (name) DO UPDATE SET {', '.join(f'{c} = excluded.{c}' for c in SCHEDULE_COLUMNS[1:])}"
+)
+_RECOVER = f"SELECT {SELECT_COLUMNS} FROM cronoq_tasks WHERE NOT terminal OR finished_ns >= ? ORDER BY id"
+# The dependency targets (ids, and the newest task of each key) that _RECOVER with the same cutoff did
+# not load: those finished before it. Ids and keys come as JSON arrays, so that their number is never
+# bounded by SQLite's limit on parameters.
+_RECOVER_TARGETS = (
+    f"SELECT {SELECT_COLUMNS} FROM cronoq_tasks WHERE id IN (SELECT value FROM json_each(?) UNION ALL"
+    " SELECT max(id) FROM cronoq_tasks WHERE key IN (SELECT value FROM json_each(?)) GROUP BY key)"
+    " AND terminal AND (finished_ns < ? OR finished_ns IS NULL) ORDER BY id"
 )
 _QUARANTINE = (
     "UPDATE cronoq_tasks SET status = ?, terminal = 1, message = ?, "
@@ -175,10 +217,12 @@ class SqliteStore:
         return leadership
 
     async def recover(self, finished_since: float) -> Recovered:
-        tasks, max_id, quarantined = await self._run(lambda: self._recover(ns(finished_since)))
+        recovered, quarantined, undecodable = await self._run(lambda: self._recover(ns(finished_since)))
         for task_id, error in quarantined:
             log.error("task_row_quarantined", task_id=task_id, error=error, path=self._path)
-        return Recovered(tasks, max_id)
+        for name, error in undecodable:
+            log.error("schedule_row_undecodable", name=name, error=error, path=self._path)
+        return recovered
 
     async def commit(self, batch: Batch) -> None:
         leadership = self._leadership
@@ -192,7 +236,8 @@ class SqliteStore:
             outputs = [
                 (bytes(output), output_type, task_id) for task_id, output, output_type in batch.outputs
             ]
-            await self._run(lambda: self._commit(rows, outputs, batch.max_id, leadership.epoch))
+            schedules = schedule_changes(batch.schedules)
+            await self._run(lambda: self._commit(rows, outputs, schedules, batch.max_id, leadership.epoch))
         except Fenced as err:
             leadership.lose(str(err))
             self._leadership = None
@@ -412,7 +457,12 @@ class SqliteStore:
         )
 
     def _commit(
-        self, rows: list[Row], outputs: list[tuple[bytes, str, int]], max_id: int, epoch: int
+        self,
+        rows: list[Row],
+        outputs: list[tuple[bytes, str, int]],
+        schedules: tuple[list[Row], list[str]],
+        max_id: int,
+        epoch: int,
     ) -> None:
         with self._write() as conn:
             current = conn.execute("SELECT epoch FROM cronoq_leader WHERE id = 1").fetchone()[0]
@@ -420,27 +470,50 @@ class SqliteStore:
                 raise Fenced(f"fenced: the cronoq leader epoch is now {current}, this leader had {epoch}")
             conn.executemany(_UPSERT, rows)
             conn.executemany("UPDATE cronoq_tasks SET output = ?, output_type = ? WHERE id = ?", outputs)
+            upserts, deletes = schedules
+            conn.executemany(_UPSERT_SCHEDULE, upserts)
+            conn.executemany("DELETE FROM cronoq_recurring WHERE name = ?", [(name,) for name in deletes])
             conn.execute("UPDATE cronoq_leader SET max_id = max(max_id, ?) WHERE id = 1", (max_id,))
 
-    def _recover(self, since_ns: int | None) -> tuple[list[Task], int, list[tuple[int, str]]]:
-        tasks = []
+    def _recover(
+        self, since_ns: int | None
+    ) -> tuple[Recovered, list[tuple[int, str]], list[tuple[str, str]]]:
+        """Everything recovery returns, the rows it quarantined and the schedules it could not decode,
+        all read in one transaction (the quarantine writes, so it is a write transaction)."""
         quarantined: list[tuple[int, str]] = []
         with self._write() as conn:
-            rows = conn.execute(
-                f"SELECT {SELECT_COLUMNS} FROM cronoq_tasks WHERE NOT terminal OR finished_ns >= ? ORDER BY id",
-                (since_ns,),
-            ).fetchall()
-            for row in rows:
-                try:
-                    tasks.append(task_from_row(row))
-                except ValueError as err:
-                    message = text(f"quarantined: row could not be decoded ({err})")
-                    conn.execute(_QUARANTINE, (int(Status.FAILED), message, time.time_ns(), row[0]))
-                    quarantined.append((row[0], str(err)))
+            tasks = self._decode(conn, conn.execute(_RECOVER, (since_ns,)).fetchall(), quarantined)
+            target_ids, target_keys = dep_targets(tasks)
+            if target_ids or target_keys:
+                targets = (json.dumps(sorted(target_ids)), json.dumps(sorted(target_keys)), since_ns)
+                tasks += self._decode(conn, conn.execute(_RECOVER_TARGETS, targets).fetchall(), quarantined)
+                tasks.sort(key=lambda task: task.id)
             max_id = conn.execute(
                 "SELECT max(l.max_id, coalesce((SELECT max(id) FROM cronoq_tasks), 0)) FROM cronoq_leader l WHERE l.id = 1"
             ).fetchone()[0]
-        return tasks, int(max_id), quarantined
+            schedules = []
+            undecodable: list[tuple[str, str]] = []
+            for row in conn.execute(f"SELECT {SELECT_SCHEDULE_COLUMNS} FROM cronoq_recurring ORDER BY name"):
+                try:
+                    schedules.append(recurring_from_row(row))
+                except ValueError as err:
+                    undecodable.append((row[0], str(err)))
+        return Recovered(tasks, int(max_id), schedules), quarantined, undecodable
+
+    def _decode(
+        self, conn: sqlite3.Connection, rows: list[Row], quarantined: list[tuple[int, str]]
+    ) -> list[Task]:
+        """The tasks of ``rows``; a row that does not decode is quarantined instead, and listed in
+        ``quarantined``."""
+        tasks = []
+        for row in rows:
+            try:
+                tasks.append(task_from_row(row))
+            except ValueError as err:
+                message = text(f"quarantined: row could not be decoded ({err})")
+                conn.execute(_QUARANTINE, (int(Status.FAILED), message, time.time_ns(), row[0]))
+                quarantined.append((row[0], str(err)))
+        return tasks
 
     def _fetch(self, ref: int | str) -> Row | None:
         where = "id = ?" if isinstance(ref, int) else "key = ? ORDER BY id DESC LIMIT 1"

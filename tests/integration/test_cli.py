@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import re
 import signal
 import subprocess
 import sys
@@ -183,7 +184,12 @@ async def test_metrics_exposition(server: ServerProcess) -> None:
     assert 'cronoq_tasks_total{pool="default",outcome="succeeded"} 1' in text
     assert 'cronoq_pool_capacity{pool="default"} 2' in text
     assert 'cronoq_pool_pending{pool="other",priority="normal"} 1' in text
-    assert 'cronoq_pool_desired_workers{pool="default"} 2' in text
+    # autoscale = true (the default): the autoscaler's target, within [min, max] = [1, 16]
+    desired = re.search(r'^cronoq_pool_desired_workers\{pool="default"\} (\d+)$', text, re.MULTILINE)
+    assert desired is not None and 1 <= int(desired.group(1)) <= 16
+    assert 'cronoq_pool_held{pool="default"} 0' in text
+    assert 'cronoq_pool_reservations{pool="default"} 0' in text
+    assert "cronoq_recurring_conflicts_total 0" in text
     assert "# TYPE cronoq_tasks_total counter" in text
 
 
@@ -200,8 +206,7 @@ def test_version_flags() -> None:
     ("body", "key"),
     [
         ('[server.grpc_web]\nallowed_origins = ["https://app.example.com"]\n', "server.grpc_web"),
-        ('[[resources]]\nkind = "semaphore"\nname = "gpu"\npermits = 2\n', "resources"),
-        ('[[pools]]\nname = "default"\nfair_share = true\n', "pools[0].fair_share"),
+        ('[server.peer_tls]\nca_path = "/etc/ca.pem"\n', "server.peer_tls"),
     ],
 )
 def test_settings_this_version_cannot_honour_are_refused(tmp_path: Path, body: str, key: str) -> None:
@@ -211,6 +216,24 @@ def test_settings_this_version_cannot_honour_are_refused(tmp_path: Path, body: s
         out = run_server_cli("--config", str(cfg), *args)
         assert out.returncode == 1, out.stdout
         assert f"  - {key}:" in out.stderr and "not supported by this server version" in out.stderr
+
+
+def test_resources_fair_share_and_the_webhook_scaler_are_accepted(tmp_path: Path) -> None:
+    cfg = tmp_path / "now.toml"
+    cfg.write_text(
+        '[[pools]]\nname = "default"\nfair_share = true\ntenant_weights = { gold = 3.0 }\n'
+        "await_unknown_dependencies_s = 30\n"
+        'scaler = { kind = "webhook", url = "https://scaler.example.com/hook" }\n'
+        '[[resources]]\nkind = "semaphore"\nname = "gpu"\npermits = 2\n'
+        '[[resources]]\nkind = "token_bucket"\nname = "api"\nrate = 5.0\nburst = 10\n'
+    )
+    out = run_server_cli("--config", str(cfg), "--check")
+    assert out.returncode == 0, out.stderr
+    cfg.write_text(
+        '[[pools]]\nname = "default"\nscaler = { kind = "webhook", url = "http://scaler.example.com/" }\n'
+    )
+    out = run_server_cli("--config", str(cfg), "--check")
+    assert out.returncode == 1 and "  - pools[0].scaler.url: plain http to 'scaler.example.com'" in out.stderr
 
 
 def test_a_sharded_server_must_know_its_shard(tmp_path: Path) -> None:

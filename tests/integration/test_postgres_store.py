@@ -25,7 +25,7 @@ from psycopg.rows import TupleRow
 from cronoq.engine.model import Priority, RetryPolicy, Status, Task, TaskSpec
 from shard.store.base import Batch, Fenced, SchemaTooNew, StoreError, StoreUnavailable
 from shard.store.postgres import SCHEMA_VERSION, PostgresStore, lock_key
-from shard.store.rows import COLUMNS
+from shard.store.rows import ADDED_IN_V2, COLUMNS
 from tests.postgres import PostgresServer
 
 Admin = psycopg.AsyncConnection[TupleRow]
@@ -36,6 +36,8 @@ LOCK_POLL = 0.05
 FAST: dict[str, Any] = {"lock_poll": LOCK_POLL, "check_interval": 0.1, "session_timeout": 2.0}
 WITHIN = 5.0  # bound on every wait for something that should happen within a second or two
 NOW = 1_700_000_000.0
+# cronoq_schema_version keeps a row per migration applied; the newest is the schema's version.
+HISTORY = [(version,) for version in range(1, SCHEMA_VERSION + 1)]
 T = TypeVar("T")
 
 
@@ -126,7 +128,9 @@ async def test_open_creates_the_schema_and_tables_in_it(
         schema,
         schema,
     )
-    assert [name for name, _ in columns] == [*COLUMNS, "output", "output_type"]
+    # Migration 2 appended its columns after version 1's, outputs included.
+    v1 = [c for c in COLUMNS if c not in ADDED_IN_V2]
+    assert [name for name, _ in columns] == [*v1, "output", "output_type", *ADDED_IN_V2]
     types = dict(columns)
     assert (types["id"], types["payload"], types["terminal"]) == ("bigint", "bytea", "boolean")
     assert (types["duration_hint_s"], types["output"]) == ("double precision", "bytea")
@@ -139,16 +143,19 @@ async def test_open_creates_the_schema_and_tables_in_it(
     assert await rows(admin, "SELECT id, epoch, max_id FROM {s}.cronoq_leader", schema) == [(1, 0, 0)]
 
     await open_store(schema)  # a second replica finds the schema current and changes nothing
-    assert await rows(admin, "SELECT version FROM {s}.cronoq_schema_version", schema) == [(SCHEMA_VERSION,)]
+    assert (
+        await rows(admin, "SELECT version FROM {s}.cronoq_schema_version ORDER BY version", schema) == HISTORY
+    )
 
 
 async def test_replicas_opening_together_migrate_once(
     open_store: OpenStore, admin: Admin, pg_schema: str
 ) -> None:
     await asyncio.gather(*(open_store() for _ in range(4)))
-    assert await rows(admin, "SELECT version FROM {s}.cronoq_schema_version", pg_schema) == [
-        (SCHEMA_VERSION,)
-    ]
+    assert (
+        await rows(admin, "SELECT version FROM {s}.cronoq_schema_version ORDER BY version", pg_schema)
+        == HISTORY
+    )
     assert await rows(admin, "SELECT count(*) FROM {s}.cronoq_leader", pg_schema) == [(1,)]
 
 

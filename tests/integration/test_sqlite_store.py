@@ -22,8 +22,8 @@ import pytest
 
 from cronoq.engine.model import Status, Task, TaskSpec
 from shard.store import Batch, Fenced, StoreError, StoreUnavailable
-from shard.store.rows import COLUMNS
-from shard.store.sqlite import LEASE_RAN_OUT, LEASE_TAKEN_OVER, SqliteStore
+from shard.store.rows import ADDED_IN_V2, COLUMNS
+from shard.store.sqlite import LEASE_RAN_OUT, LEASE_TAKEN_OVER, SCHEMA_VERSION, SqliteStore
 
 POLL = 0.02
 LOST_TIMEOUT = 3.0  # upper bound for a leader to notice it lost its lease; met in well under a second
@@ -106,9 +106,11 @@ async def test_replicas_opening_together_migrate_once_to_the_shared_schema(
     serializes the migration, so none trips over another's half-made tables."""
     await asyncio.gather(*(opened(stores, path) for _ in range(4)))
     with contextlib.closing(sqlite3.connect(path)) as conn:
-        assert conn.execute("SELECT version FROM cronoq_schema_version").fetchall() == [(1,)]
+        assert conn.execute("SELECT version FROM cronoq_schema_version").fetchall() == [(SCHEMA_VERSION,)]
         columns = [row[1] for row in conn.execute("PRAGMA table_info(cronoq_tasks)")]
-        assert columns == [*COLUMNS, "output", "output_type"]
+        # Migration 2 appended its columns after version 1's, outputs included.
+        v1 = [c for c in COLUMNS if c not in ADDED_IN_V2]
+        assert columns == [*v1, "output", "output_type", *ADDED_IN_V2]
         indexes = {row[1]: row[2] for row in conn.execute("PRAGMA index_list(cronoq_tasks)")}
         assert indexes["cronoq_tasks_finished"] == 0 and indexes["cronoq_tasks_live_key"] == 1
         [(epoch, max_id, holder, expires)] = conn.execute(

@@ -27,9 +27,23 @@ import psycopg
 import pytest
 from psycopg import sql
 
-from cronoq.engine.model import Priority, RetryPolicy, Status, Task, TaskSpec
+from cronoq.engine.model import (
+    Dep,
+    DepOn,
+    MissPolicy,
+    Overlap,
+    Priority,
+    Recurring,
+    RecurringSpec,
+    RetryPolicy,
+    Status,
+    Task,
+    TaskSpec,
+)
 from cronoq.shards import ShardMap
 from shard.store import Batch, Fenced, Leadership, SchemaTooNew, Store
+from shard.store import postgres as postgres_store
+from shard.store import sqlite as sqlite_store
 from shard.store.memory import MemoryDatabase, MemoryStore
 from shard.store.postgres import PostgresStore, lock_key
 from shard.store.rows import COLUMNS
@@ -47,6 +61,8 @@ class Backend(abc.ABC):
     durable: ClassVar[bool]
     # Why this kind has no schema version to bump, when it has none (skips that one test).
     no_schema: ClassVar[str | None] = None
+    # The schema version this cronoq migrates to, when the kind has one.
+    schema_version: ClassVar[int | None] = None
 
     def __init__(self) -> None:
         self.stores: list[Store] = []
@@ -76,6 +92,10 @@ class Backend(abc.ABC):
     @abc.abstractmethod
     async def state(self, task_id: int) -> tuple[int, bool, str]:
         """The stored (status, terminal, message) of ``task_id``, read without decoding the row."""
+
+    @abc.abstractmethod
+    async def corrupt_schedule(self, name: str) -> None:
+        """Make the stored row of schedule ``name`` undecodable (its spec no longer JSON)."""
 
     async def set_schema_version(self, version: int) -> None:
         """Record ``version`` as the database's schema version, as a newer cronoq would."""
@@ -107,12 +127,16 @@ class MemoryBackend(Backend):
             row[COLUMNS.index("message")],
         )
 
+    async def corrupt_schedule(self, name: str) -> None:
+        self.db.schedules[name] = (name, "not json", None, None, 0)
+
 
 class SqliteBackend(Backend):
     """A file in tmp_path. A lapsing instance's lease lasts 0.3 s and is never renewed, so
     :meth:`expire` has nothing to do but let it run out."""
 
     durable = True
+    schema_version = sqlite_store.SCHEMA_VERSION
 
     def __init__(self, path: Path) -> None:
         super().__init__()
@@ -140,6 +164,9 @@ class SqliteBackend(Backend):
         assert isinstance(status, int) and isinstance(message, str)
         return status, bool(terminal), message
 
+    async def corrupt_schedule(self, name: str) -> None:
+        self._execute("UPDATE cronoq_recurring SET spec = 'not json' WHERE name = ?", name)
+
     async def set_schema_version(self, version: int) -> None:
         self._execute("UPDATE cronoq_schema_version SET version = ?", version)
 
@@ -150,6 +177,7 @@ class PostgresBackend(Backend):
     fenced."""
 
     durable = True
+    schema_version = postgres_store.SCHEMA_VERSION
 
     def __init__(self, url: str, schema: str) -> None:
         super().__init__()
@@ -185,6 +213,9 @@ class PostgresBackend(Backend):
         assert isinstance(status, int) and isinstance(message, str)
         return status, bool(terminal), message
 
+    async def corrupt_schedule(self, name: str) -> None:
+        await self._execute("UPDATE cronoq_recurring SET spec = 'not json' WHERE name = %s", name)
+
     async def set_schema_version(self, version: int) -> None:
         await self._execute("UPDATE cronoq_schema_version SET version = %s", version)
 
@@ -218,10 +249,11 @@ def task(
     key: str = "",
     finished: float | None = None,
     payload: bytes | None = b"payload",
+    deps: tuple[Dep, ...] = (),
 ) -> Task:
     return Task(
         id=task_id,
-        spec=TaskSpec(pool="default", payload=payload, key=key),
+        spec=TaskSpec(pool="default", payload=payload, key=key, deps=deps),
         seq=task_id,
         status=status,
         created=NOW,
@@ -245,6 +277,7 @@ async def test_fresh_store_leads_with_first_epoch_and_is_empty(backend: Backend)
     assert not lead.lost.is_set()
     recovered = await store.recover(0)
     assert recovered.tasks == []
+    assert recovered.schedules == []
     assert recovered.max_id == 0
     await store.commit(Batch())  # an empty batch is a valid commit
     assert await store.fetch(1) is None
@@ -281,6 +314,19 @@ def full_task() -> tuple[Task, Task]:
             tags={"t\x00": "v\x00", "env": "prod"},
             labels={"team": "core\x00"},
             tenant="acme\x00",
+            start=NOW + 120.5,
+            tolerance=2.5,
+            on_miss=MissPolicy.SKIP,
+            # Ids and keys with every outcome; "7" is a key that looks like an id, and stays a key.
+            deps=(
+                Dep(7, DepOn.SUCCESS),
+                Dep(8, DepOn.FAILURE),
+                Dep(9, DepOn.COMPLETE),
+                Dep("up\x00stream", DepOn.SUCCESS),
+                Dep("7", DepOn.FAILURE),
+                Dep("cleanup", DepOn.COMPLETE),
+            ),
+            resources={"gpu\x00": 2, "db": 1},
         ),
         seq=42,
         status=Status.RETRYING,
@@ -302,6 +348,8 @@ def full_task() -> tuple[Task, Task]:
             tags={"t\ufffd": "v\ufffd", "env": "prod"},
             labels={"team": "core\ufffd"},
             tenant="acme\ufffd",
+            deps=(*sent.spec.deps[:3], Dep("up\ufffdstream"), *sent.spec.deps[4:]),
+            resources={"gpu\ufffd": 2, "db": 1},
         ),
         message="retrying\ufffdafter timeout",
     )
@@ -309,7 +357,9 @@ def full_task() -> tuple[Task, Task]:
 
 
 async def test_every_field_survives_a_handover(backend: Backend) -> None:
-    """What one leader commits, the next one recovers and fetches field for field (NUL as U+FFFD)."""
+    """What one leader commits, the next one recovers and fetches field for field (NUL as U+FFFD); a
+    task that sets nothing optional comes back with the defaults (no fixed start, tolerance 1 s,
+    run_late, no dependencies, no resources)."""
     sent, back = full_task()
     bare = Task(
         id=sent.id + 1,
@@ -332,6 +382,17 @@ async def test_every_field_survives_a_handover(backend: Backend) -> None:
     assert fetched is not None and fetched.task == back
     by_key = await second.fetch(sent.spec.key)
     assert by_key is not None and by_key.task == back
+
+
+@pytest.mark.parametrize("on_miss", list(MissPolicy))
+async def test_a_fixed_start_survives_with_its_tolerance_and_miss_policy(
+    backend: Backend, on_miss: MissPolicy
+) -> None:
+    store, _ = await leader(backend)
+    fixed = task(1, Status.SCHEDULED)
+    fixed.spec = replace(fixed.spec, start=NOW + 30.5, tolerance=0.5, on_miss=on_miss)
+    await store.commit(Batch([fixed], max_id=1))
+    assert (await store.recover(0)).tasks == [fixed]
 
 
 async def test_state_updates_never_rewrite_the_spec(backend: Backend) -> None:
@@ -438,6 +499,152 @@ async def test_max_id_is_a_high_water_mark(backend: Backend) -> None:
     assert (await store.recover(0)).max_id == 40
 
 
+async def test_recovery_brings_back_what_live_tasks_depend_on_however_old(backend: Backend) -> None:
+    """A finished task that a live task depends on is recovered past the retention cutoff: by id, or as
+    the newest task holding a key (NUL in a key matches as U+FFFD). Targets already recovered come back
+    once, and what finished tasks depend on stays behind."""
+    old = NOW - 1000
+    store, _ = await leader(backend)
+    batch = [
+        task(1, Status.SUCCEEDED, finished=old),
+        task(2, Status.FAILED, key="lo\x00ad", finished=old),
+        task(3, Status.SUCCEEDED, key="lo\x00ad", finished=old + 1),  # the newest holder of the key
+        task(4, Status.CANCELLED, finished=old),  # nobody depends on it
+        task(5, Status.SUCCEEDED, finished=old),
+        task(6, Status.SUCCEEDED, finished=old, deps=(Dep(5),)),  # finished: its deps do not count
+        task(7, Status.SUCCEEDED, key="recent", finished=NOW + 10),
+        task(8, deps=(Dep(1), Dep("lo\x00ad", DepOn.COMPLETE), Dep(404), Dep("nobody", DepOn.FAILURE))),
+        task(9, Status.BLOCKED, deps=(Dep(7), Dep("recent"), Dep(8, DepOn.COMPLETE))),
+    ]
+    await store.commit(Batch(batch, max_id=9))
+    assert ids((await store.recover(NOW)).tasks) == [1, 3, 7, 8, 9]
+    assert ids((await store.recover(NOW + 11)).tasks) == [1, 3, 7, 8, 9]
+    assert ids((await store.recover(0)).tasks) == list(range(1, 10))
+
+    await store.commit(Batch([task(8, Status.SUCCEEDED, finished=NOW + 20, deps=batch[7].spec.deps)]))
+    assert ids((await store.recover(NOW + 11)).tasks) == [7, 8, 9]
+
+
+@pytest.mark.parametrize("dep", [Dep(1), Dep("first")], ids=["by id", "by key"])
+async def test_an_undecodable_dependency_target_is_quarantined_and_recovery_goes_on(
+    backend: Backend, dep: Dep
+) -> None:
+    store, _ = await leader(backend)
+    first = task(1, Status.SUCCEEDED, key="first", finished=NOW - 1000)
+    await store.commit(Batch([first, task(2, deps=(dep,))], max_id=2))
+    await backend.corrupt(1)
+    assert ids((await store.recover(NOW)).tasks) == [2]
+    status, terminal, message = await backend.state(1)
+    assert (status, terminal) == (int(Status.FAILED), True)
+    assert message.startswith("quarantined: row could not be decoded (")
+
+
+# ------------------------------------------------------------------------------------- schedules
+
+
+def schedule(name: str, *, next_start: float | None = NOW + 60, last_task_id: int = 0) -> Recurring:
+    """A schedule whose template sets every field, NUL in every string that may hold one."""
+    template = TaskSpec(
+        pool="default",
+        payload=b"\x00template\xff",
+        content_type="application/x\x00y",
+        kind="report\x00",
+        priority=Priority.CRITICAL,
+        key="nightly\x00",
+        duration_hint=2.5,
+        timeout=60.0,
+        retry=RetryPolicy(2, 0.25, 2.0, 10.0, True),
+        tags={"t\x00": "v"},
+        labels={"team": "core\x00"},
+        tenant="acme\x00",
+        tolerance=5.0,
+        on_miss=MissPolicy.FAIL,
+        resources={"gpu\x00": 1},
+    )
+    spec = RecurringSpec(name, "0 3 * * *", template, "Europe/Paris", Overlap.QUEUE_ON_SUCCESS, 900.0)
+    return Recurring(spec, next_start, last_task_id)
+
+
+def stored(recurring: Recurring) -> Recurring:
+    """``recurring`` as the store gives it back: NUL as U+FFFD."""
+    template = replace(
+        recurring.spec.template,
+        content_type="application/x\ufffdy",
+        kind="report\ufffd",
+        key="nightly\ufffd",
+        tags={"t\ufffd": "v"},
+        labels={"team": "core\ufffd"},
+        tenant="acme\ufffd",
+        resources={"gpu\ufffd": 1},
+    )
+    return replace(recurring, spec=replace(recurring.spec, template=template))
+
+
+async def test_schedules_are_upserted_replaced_and_deleted_and_survive_a_handover(backend: Backend) -> None:
+    nightly, hourly = schedule("nightly"), schedule("hourly", next_start=None, last_task_id=12)
+    hourly.spec = replace(
+        hourly.spec,
+        cron="0 * * * *",
+        tz="UTC",
+        overlap=Overlap.ALLOW,
+        deadline_in=None,
+        template=TaskSpec(pool="other", payload=None),
+    )
+    first, _ = await leader(backend)
+    await first.commit(Batch([task(12)], max_id=12, schedules=[("nightly", nightly), ("hourly", hourly)]))
+    await first.release()
+
+    second, _ = await leader(backend)
+    recovered = await second.recover(NOW)
+    assert recovered.schedules == [hourly, stored(nightly)]  # by name
+    assert ids(recovered.tasks) == [12]
+
+    advanced = replace(nightly, next_start=NOW + 86_460, last_task_id=13)
+    advanced.spec = replace(advanced.spec, cron="30 3 * * *", overlap=Overlap.SKIP)
+    await second.commit(Batch(schedules=[("nightly", advanced), ("hourly", None), ("absent", None)]))
+    assert (await second.recover(NOW)).schedules == [stored(advanced)]
+
+
+async def test_the_last_write_of_a_schedule_in_a_batch_wins(backend: Backend) -> None:
+    store, _ = await leader(backend)
+    first, second = schedule("b", last_task_id=1), schedule("b", last_task_id=2)
+    await store.commit(Batch(schedules=[("a", schedule("a")), ("a", None), ("b", None), ("b", first)]))
+    await store.commit(Batch(schedules=[("b", second), ("c", schedule("c")), ("b", first), ("c", None)]))
+    assert (await store.recover(NOW)).schedules == [stored(first)]
+
+
+async def test_a_fenced_commit_writes_no_schedule(backend: Backend) -> None:
+    first = await backend.opened(lapsing=True)
+    await first.acquire()
+    await first.commit(Batch(schedules=[("kept", schedule("kept"))]))
+    second = await backend.opened()
+    standby = asyncio.create_task(second.acquire())
+    try:
+        await backend.expire()
+        await asyncio.wait_for(standby, HANDOVER_TIMEOUT)
+    finally:
+        standby.cancel()
+
+    with pytest.raises(Fenced):
+        await first.commit(Batch(schedules=[("kept", None), ("new", schedule("new"))]))
+    assert (await second.recover(NOW)).schedules == [stored(schedule("kept"))]
+
+
+async def test_an_undecodable_schedule_is_skipped_until_it_is_written_again(backend: Backend) -> None:
+    """A schedule row that does not decode is left as it is (a newer cronoq may read it) and recovery
+    goes on; the next write of that name replaces it."""
+    store, _ = await leader(backend)
+    await store.commit(Batch([task(1)], max_id=1, schedules=[("a", schedule("a")), ("b", schedule("b"))]))
+    await backend.corrupt_schedule("a")
+    recovered = await store.recover(NOW)
+    assert (recovered.schedules, ids(recovered.tasks)) == ([stored(schedule("b"))], [1])
+    await store.commit(Batch(schedules=[("a", schedule("a", last_task_id=5))]))
+    assert (await store.recover(NOW)).schedules == [
+        stored(schedule("a", last_task_id=5)),
+        stored(schedule("b")),
+    ]
+
+
 # ------------------------------------------------------------------------------------ leadership
 
 
@@ -497,7 +704,8 @@ async def test_a_schema_from_a_newer_cronoq_is_refused(backend: Backend) -> None
     with pytest.raises(SchemaTooNew) as refused:
         await backend.opened()
     message = str(refused.value)
-    assert "999" in message and re.search(r"\b1\b", message) and "upgrade" in message.lower()
+    assert "999" in message and "upgrade" in message.lower()
+    assert re.search(rf"\b{backend.schema_version}\b", message)
 
 
 async def test_an_undecodable_row_is_quarantined_and_recovery_goes_on(backend: Backend) -> None:

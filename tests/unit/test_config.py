@@ -50,7 +50,15 @@ from cronoq.config import (
     validate_config,
 )
 from cronoq.config.rules import RESOLVED_KEY
-from cronoq.engine.model import EngineLimits, PoolConfig, RetryPolicy
+from cronoq.engine.model import (
+    AutoscaleConfig,
+    EngineLimits,
+    PoolConfig,
+    RetryPolicy,
+    Semaphore,
+    TokenBucket,
+    UnknownDependency,
+)
 from cronoq.errors import CronoqError
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -269,8 +277,31 @@ def test_default_pool_matches_the_reference_engine_defaults() -> None:
         default_duration=1.0,
         max_slots_per_worker=Limits().max_slots_per_worker,
         cost_per_worker_second=0.0,
+        autoscale=AutoscaleConfig(),  # autoscale = true: the engine's autoscaler defaults
+        unknown_dependency=UnknownDependency.REJECT,
+        await_timeout=None,
+        reservable_fraction=0.5,
+        fair_share=False,
+        tenant_weights={},
     )
     assert Config().pools[0].reservable_fraction == 0.5
+
+
+def test_autoscale_settings_and_unsharded_resources_reach_the_engine() -> None:
+    config = parse_config(
+        "[[pools]]\nname = 'p'\ntarget_utilization = 0.5\ndrain_time_s = 10\ncooldown_s = 5\n"
+        "cost_per_worker_second = 0.25\n"
+        "scaler = { kind = 'webhook', url = 'http://127.0.0.1:9/hook' }\n"  # plain http: loopback only
+        "[[resources]]\nkind = 'semaphore'\nname = 'gpu'\npermits = 2\n"
+        "[[resources]]\nkind = 'token_bucket'\nname = 'api'\nrate = 4\nburst = 2\n",
+        env={},
+    )
+    engine = config.engine_pools()[0]
+    assert engine.autoscale == AutoscaleConfig(
+        target_utilization=0.5, drain_time=10, cooldown=5, cost_per_worker_second=0.25
+    )
+    assert engine.cost_per_worker_second == 0.25
+    assert config.engine_resources(None) == [Semaphore("gpu", 2), TokenBucket("api", 4, 2)]
 
 
 def test_limits_has_exactly_the_21_reference_keys_with_documented_defaults() -> None:
@@ -387,13 +418,22 @@ def test_full_file_reads_every_table() -> None:
         20,
         0.002,
     )
+    # Every pool key the engine honours reaches it.
+    assert engine.autoscale is None  # autoscale = false
+    assert (engine.unknown_dependency, engine.await_timeout) == (UnknownDependency.AWAIT, 60)
+    assert (engine.reservable_fraction, engine.fair_share) == (0.25, True)
+    assert dict(engine.tenant_weights) == {"research": 1.0, "prod team": 2.5}
     default = config.engine_pools()[0]
     assert (default.max_pending, default.max_slots_per_worker) == (30, 15)  # from [limits]
+    assert default.unknown_dependency is UnknownDependency.REJECT and default.await_timeout is None
 
     assert config.resources == (
         SemaphoreResource("gpu_mem", 8, "gpu"),
         TokenBucketResource("partner_api", 2.5, 10, "cpu"),
     )
+    # A server schedules only its own shard's resources.
+    assert config.engine_resources("cpu") == [TokenBucket("partner_api", 2.5, 10)]
+    assert config.engine_resources("gpu") == [Semaphore("gpu_mem", 8)]
     assert config.outputs == OutputsSection(100, 1048576, 200)
     own = config.own_shard()
     assert own is not None and own.name == "cpu" and own.number == 1
@@ -571,6 +611,11 @@ BAD: list[tuple[str, str, str]] = [
     (pool("scaler = { kind = 'webhook', url = 'ftp://a/b' }"), "pools[0].scaler.url", "http:// or https://"),
     (pool("scaler = { kind = 'webhook', url = 'http://[::1' }"), "pools[0].scaler.url", "http://"),
     (pool("scaler = { kind = 'webhook' }"), "pools[0].scaler.url", "required"),
+    (
+        pool("scaler = { kind = 'webhook', url = 'http://scaler.internal/hook' }"),
+        "pools[0].scaler.url",
+        "plain http to 'scaler.internal' would send the desired capacity (and the token) in the clear",
+    ),
     (
         pool("scaler = { kind = 'webhook', url = 'https://a', token_env = 'NOPE' }"),
         "pools[0].scaler.token_env",

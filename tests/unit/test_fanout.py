@@ -3,11 +3,12 @@ may be retried after UNAVAILABLE."""
 
 from __future__ import annotations
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from cronoq.errors import Unavailable
-from cronoq.fanout import merge_pages, merge_snapshots, split_list
+from cronoq.errors import PermissionDenied, Unavailable
+from cronoq.fanout import merge_pages, merge_recurring, merge_removed, merge_snapshots, split_list
 from cronoq.forward import retry_safe
 from cronoq.shards import Shard, ShardMap
 from cronoq.v1 import cronoq_pb2 as pb
@@ -78,3 +79,30 @@ def test_only_calls_that_cannot_run_twice_are_retried() -> None:
     assert not retry_safe("SubmitBatch", batch, lost)
     standby = Unavailable("this server is a standby, not the leader; retry against the leader")
     assert retry_safe("Submit", pb.SubmitRequest(), standby)  # refused before anything ran
+
+
+def test_recurring_listings_merge_and_name_the_shards_that_did_not_answer() -> None:
+    answers = [
+        (A, pb.ListRecurringResponse(schedules=[pb.RecurringInfo(name="x", pool="a1")])),
+        (B, Unavailable("shard 'b' is unavailable")),
+    ]
+    merged = merge_recurring(answers)
+    assert [s.name for s in merged.schedules] == ["x"] and list(merged.unavailable_shards) == ["b"]
+
+
+def test_a_removal_is_removed_if_any_shard_removed_it_and_never_a_false_no() -> None:
+    no, yes = pb.RemoveRecurringResponse(removed=False), pb.RemoveRecurringResponse(removed=True)
+    down = Unavailable("shard 'b' is unavailable")
+    assert merge_removed([(A, no), (B, yes)]).removed
+    assert merge_removed([(A, yes), (B, down)]).removed
+    assert not merge_removed([(A, no), (B, no)]).removed
+    with pytest.raises(Unavailable, match=r"shard\(s\) 'b' did not answer"):
+        merge_removed([(A, no), (B, down)])
+    with pytest.raises(PermissionDenied):
+        merge_removed([(A, no), (B, PermissionDenied("no"))])
+
+
+def test_recurring_calls_that_may_be_retried() -> None:
+    err = Unavailable("boom")
+    assert retry_safe("ListRecurring", pb.Empty(), err)
+    assert not retry_safe("AddRecurring", pb.RecurringRequest(name="n"), err)

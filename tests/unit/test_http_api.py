@@ -26,7 +26,20 @@ from cronoq.api.http_api import PROMETHEUS_TYPE, build_http_app
 from cronoq.api.openapi import OPENAPI
 from cronoq.auth import Authenticator, Role, TokenEntry
 from cronoq.engine import Engine
-from cronoq.engine.model import Abort, Dispatch, Overflow, PoolConfig, RetryPolicy
+from cronoq.engine.model import (
+    Abort,
+    Dep,
+    DepOn,
+    Dispatch,
+    MissPolicy,
+    Overflow,
+    Overlap,
+    PoolConfig,
+    RetryPolicy,
+    Semaphore,
+    Status,
+    TokenBucket,
+)
 from cronoq.errors import Unavailable
 from shard.convert import SpecLimits
 from shard.outputs import OutputCache
@@ -119,7 +132,8 @@ async def serve(*, auth: bool = True, metrics: Callable[[], str] | None = None) 
         PoolConfig("tight", max=1, max_pending=1, overflow=Overflow.REJECT),
         PoolConfig("other", max=2),
     ]
-    runtime = Runtime(Engine(pools), OutputCache(100, 1 << 20))
+    resources: list[Semaphore | TokenBucket] = [Semaphore("gpu", 1), TokenBucket("api", 5.0, 2)]
+    runtime = Runtime(Engine(pools, resources=resources), OutputCache(100, 1 << 20))
     tokens = [
         TokenEntry(CLIENT, Role.CLIENT),
         TokenEntry(METRICS, Role.METRICS),
@@ -129,7 +143,9 @@ async def serve(*, auth: bool = True, metrics: Callable[[], str] | None = None) 
     service = Service(
         pools,
         Authenticator(tokens if auth else []),
-        spec_limits=SpecLimits(max_key_len=128, max_kind_len=64, max_tags=8, max_tag_len=64),
+        spec_limits=SpecLimits(
+            max_key_len=128, max_kind_len=64, max_tags=8, max_tag_len=64, max_deps=2, max_resources=2
+        ),
         max_tasks_per_batch=8,
         max_wait_s=1.0,
         request_timeout_s=0.2,
@@ -307,11 +323,146 @@ async def test_list_filters_and_pages(api: Api) -> None:
     assert_error(answer, "not_found", "pools: unknown pool 'nope'")
 
 
-async def test_fields_the_service_does_not_support_are_501_not_ignored(api: Api) -> None:
-    for spec in ({"deps": [{"key": "x"}]}, {"start_at": "2030-01-01T00:00:00Z"}):
-        status, answer = await api.call("POST", "/v1/tasks", spec)
-        assert status == 501
-        assert_error(answer, "unimplemented", r"^task\.(deps|start_unix_ns)")
+async def test_fixed_starts_dependencies_and_resources_reach_the_engine(api: Api) -> None:
+    first = await api.submit(key="first")
+    second = await api.submit(
+        start_at="2030-01-02T03:04:05Z",
+        tolerance_s=2.5,
+        on_miss="skip",
+        deps=[{"key": "first", "on": "complete"}, {"id": first}],
+        resources={"gpu": 1, "api": 2},
+    )
+    task = api.runtime.engine.get(int(second))
+    assert task is not None and task.status is Status.BLOCKED
+    spec = task.spec
+    assert (spec.start, spec.tolerance, spec.on_miss) == (1_893_553_445.0, 2.5, MissPolicy.SKIP)
+    assert spec.deps == (Dep("first", DepOn.COMPLETE), Dep(int(first), DepOn.SUCCESS))
+    assert spec.resources == {"gpu": 1, "api": 2}
+    status, info = await api.call("GET", f"/v1/tasks/{second}")
+    assert status == 200 and info["status"] == "blocked"
+
+    later = await api.submit(start_in_s=3600)
+    task = api.runtime.engine.get(int(later))
+    assert task is not None and task.status is Status.SCHEDULED and task.spec.start is not None
+
+
+async def test_a_batch_may_depend_on_its_own_keys_and_a_failed_dependency_skips_its_dependents(
+    api: Api,
+) -> None:
+    status, answer = await api.call(
+        "POST",
+        "/v1/tasks:batch",
+        {"tasks": [{"key": "b", "deps": [{"key": "a"}]}, {"key": "a"}, {"deps": [{"key": "b"}]}]},
+    )
+    assert status == 200, answer
+    b, a, c = (t["id"] for t in answer["tasks"])
+    status, cancelled = await api.call("POST", f"/v1/tasks/{a}:cancel")
+    assert status == 200 and cancelled == {"cancelled": True}
+    for task_id in (b, c):
+        status, info = await api.call("GET", f"/v1/tasks/{task_id}")
+        assert info["status"] == "skipped" and info["message"].startswith("dependency "), info
+
+
+@pytest.mark.parametrize(
+    ("body", "status", "code", "pattern"),
+    [
+        # Refused while converting: the field is named.
+        (
+            {"start_in_s": 1, "start_at": 2},
+            400,
+            "invalid_argument",
+            r"^task: use either start_in_s or start_unix_ns",
+        ),
+        ({"start_in_s": -1}, 400, "invalid_argument", r"^task\.start_in_s: invalid duration"),
+        (
+            {"tolerance_s": 1},
+            400,
+            "invalid_argument",
+            r"^task\.tolerance_s: only meaningful with a fixed start",
+        ),
+        ({"on_miss": "skip"}, 400, "invalid_argument", r"^task\.on_miss: only meaningful with a fixed start"),
+        (
+            {"start_in_s": 1, "tolerance_s": -2},
+            400,
+            "invalid_argument",
+            r"^task\.tolerance_s: invalid duration",
+        ),
+        ({"on_miss": "never"}, 400, "invalid_argument", r"^on_miss: expected one of run_late, skip, fail"),
+        ({"deps": [{"on": "success"}]}, 400, "invalid_argument", r"^deps\[0\]: set either id or key"),
+        ({"deps": [{"key": ""}]}, 400, "invalid_argument", r"^task\.deps\[0\]\.key: must not be empty"),
+        ({"deps": [{"id": 0}]}, 400, "invalid_argument", r"^task\.deps\[0\]\.id: task ids start at 1"),
+        (
+            {"deps": [{"key": "a\u0000"}]},
+            400,
+            "invalid_argument",
+            r"^task\.deps\[0\]\.key: must not contain NUL",
+        ),
+        (
+            {"deps": [{"key": "k"}] * 3},
+            400,
+            "invalid_argument",
+            r"^task\.deps: more than limits\.max_deps \(2\)",
+        ),
+        (
+            {"resources": {"gpu": 0}},
+            400,
+            "invalid_argument",
+            r"^task\.resources\['gpu'\]: amount must be > 0",
+        ),
+        (
+            {"resources": {"": 1}},
+            400,
+            "invalid_argument",
+            r"^task\.resources: resource names must not be empty",
+        ),
+        ({"resources": {"gpu": -1}}, 400, "invalid_argument", r"^resources\.gpu: expected an integer"),
+        # Refused by the engine: mapped as SPEC §5 says, naming the task and the field.
+        ({"deps": [{"key": "nope"}]}, 404, "not_found", r"^task\.deps\[0\]\.key: unknown dependency 'nope'"),
+        ({"deps": [{"id": 999}]}, 404, "not_found", r"^task\.deps\[0\]\.id: unknown dependency 999"),
+        ({"key": "me", "deps": [{"key": "me"}]}, 400, "invalid_argument", r"^task\.deps: dependency cycle"),
+        ({"resources": {"disk": 1}}, 404, "not_found", r"^task\.resources: unknown resource 'disk'"),
+        (
+            {"resources": {"gpu": 2}},
+            400,
+            "invalid_argument",
+            r"^task\.resources: requested amount exceeds capacity of resource 'gpu'",
+        ),
+    ],
+)
+async def test_bad_new_fields_are_refused_naming_the_field_and_change_nothing(
+    api: Api, body: dict[str, object], status: int, code: str, pattern: str
+) -> None:
+    before = api.submitted()
+    got, answer = await api.call("POST", "/v1/tasks", body)
+    assert got == status, answer
+    assert_error(answer, code, pattern)
+    assert api.submitted() == before
+
+
+async def test_batch_refusals_name_the_task_and_change_nothing(api: Api) -> None:
+    before = api.submitted()
+    cycle = {
+        "tasks": [{"key": "x"}, {"key": "y", "deps": [{"key": "z"}]}, {"key": "z", "deps": [{"key": "y"}]}]
+    }
+    status, answer = await api.call("POST", "/v1/tasks:batch", cycle)
+    assert status == 400
+    assert_error(answer, "invalid_argument", r"^tasks\[1\]\.deps: dependency cycle")
+    unknown = {"tasks": [{"key": "x"}, {"deps": [{"key": "x"}, {"key": "missing"}]}]}
+    status, answer = await api.call("POST", "/v1/tasks:batch", unknown)
+    assert status == 404
+    assert_error(answer, "not_found", r"^tasks\[1\]\.deps\[1\]\.key: unknown dependency 'missing'")
+    assert api.submitted() == before
+
+
+async def test_a_reservation_conflict_is_409_failed_precondition(api: Api) -> None:
+    # Pool "other" has max = 2: one fixed-start reservation at a time (max x 0.5).
+    await api.submit(pool="other", start_in_s=100, duration_hint_s=10)
+    before = api.submitted()
+    status, answer = await api.call("POST", "/v1/tasks", {"pool": "other", "start_in_s": 105})
+    assert status == 409
+    assert_error(answer, "failed_precondition", r"^task: fixed-start reservation conflict: pool 'other'")
+    assert api.submitted() == before
+    await api.submit(pool="other", start_in_s=200)  # no overlap: accepted
 
 
 async def test_instants_reach_the_engine(api: Api) -> None:
@@ -486,15 +637,137 @@ async def test_snapshot_and_workers(api: Api) -> None:
     assert worker["connected_at"] == "2030-01-02T03:04:05.000000Z" and isinstance(worker["id"], str)
 
 
-async def test_recurring_routes_exist_but_are_not_supported(api: Api) -> None:
+async def test_recurring_schedules_are_added_listed_and_removed(api: Api) -> None:
     assert await api.call("GET", "/v1/recurring", token=METRICS) == (
         200,
         {"schedules": [], "unavailable_shards": []},
     )
-    for method, path in (("POST", "/v1/recurring"), ("DELETE", "/v1/recurring/nightly")):
-        status, answer = await api.call(method, path, token=ADMIN)
-        assert status == 501
-        assert_error(answer, "unimplemented", "recurring schedules are not supported")
+    body = {
+        "name": "nightly",
+        "cron": "0 3 * * *",
+        "tz": "Europe/Berlin",
+        "overlap": "queue",
+        "template": {
+            "pool": "other",
+            "kind": "report",
+            "key": "rep",
+            "payload": {"x": 1},
+            "deadline_in_s": 60,
+        },
+    }
+    status, answer = await api.call("POST", "/v1/recurring", body, token=ADMIN)
+    assert (status, answer) == (200, {"name": "nightly"})
+    status, listed = await api.call("GET", "/v1/recurring", token=METRICS)
+    assert status == 200
+    [info] = listed["schedules"]
+    assert {k: info[k] for k in ("name", "cron", "tz", "pool", "kind", "overlap")} == {
+        "name": "nightly",
+        "cron": "0 3 * * *",
+        "tz": "Europe/Berlin",
+        "pool": "other",
+        "kind": "report",
+        "overlap": "queue",
+    }
+    assert info["next_at"].endswith(("T01:00:00.000000Z", "T02:00:00.000000Z"))  # 03:00 CET / CEST
+    # The first occurrence exists at once: a fixed-start task keyed "rep@<UTC start>".
+    occurrence = api.runtime.engine.get(int(info["last_task_id"]))
+    assert occurrence is not None and occurrence.status is Status.SCHEDULED
+    assert occurrence.spec.key == "rep@" + info["next_at"][:19] + "Z"
+    assert occurrence.spec.start is not None and occurrence.spec.deadline == occurrence.spec.start + 60
+    assert occurrence.spec.payload == b'{"x":1}'
+
+    assert await api.call("DELETE", "/v1/recurring/nightly", token=ADMIN) == (200, {"removed": True})
+    assert await api.call("DELETE", "/v1/recurring/nightly", token=ADMIN) == (200, {"removed": False})
+    assert (await api.call("GET", "/v1/recurring", token=METRICS))[1]["schedules"] == []
+    assert api.runtime.engine.get(occurrence.id) is not None  # an occurrence already created stays
+
+
+@pytest.mark.parametrize(
+    ("body", "status", "code", "pattern"),
+    [
+        ({"cron": "* * * * *"}, 400, "invalid_argument", r"^name: required"),
+        ({"name": "a\u0000", "cron": "* * * * *"}, 400, "invalid_argument", r"^name: must not contain NUL"),
+        ({"name": "n" * 129, "cron": "* * * * *"}, 400, "invalid_argument", r"^name: longer than 128"),
+        ({"name": "n"}, 400, "invalid_argument", r"^cron: required"),
+        (
+            {"name": "n", "cron": "61 * * * *"},
+            400,
+            "invalid_argument",
+            r"^cron: invalid cron '61 \* \* \* \*'",
+        ),
+        ({"name": "n", "cron": "* * *"}, 400, "invalid_argument", r"^cron: .*between 5 and 6 fields"),
+        (
+            {"name": "n", "cron": "* * * * *", "tz": "Mars/X"},
+            400,
+            "invalid_argument",
+            r"^tz: unknown time zone",
+        ),
+        (
+            {"name": "n", "cron": "* * * * *", "overlap": "sometimes"},
+            400,
+            "invalid_argument",
+            r"^overlap: expected",
+        ),
+        ({"name": "n", "cron": "* * * * *", "bogus": 1}, 400, "invalid_argument", r"^bogus: unknown field"),
+        (
+            {"name": "n", "cron": "* * * * *", "template": {"pool": "nope"}},
+            404,
+            "not_found",
+            r"^template\.pool: unknown pool 'nope'",
+        ),
+        (
+            {"name": "n", "cron": "* * * * *", "template": {"deps": [{"key": "k"}]}},
+            400,
+            "invalid_argument",
+            r"^template\.deps: a recurring template cannot have dependencies",
+        ),
+        (
+            {"name": "n", "cron": "* * * * *", "template": {"start_in_s": 5}},
+            400,
+            "invalid_argument",
+            r"^template\.start_in_s: a recurring template cannot have a fixed start",
+        ),
+        (
+            {"name": "n", "cron": "* * * * *", "template": {"deadline_at": "2030-01-01T00:00:00Z"}},
+            400,
+            "invalid_argument",
+            r"^template\.deadline_unix_ns: a recurring template cannot have an absolute deadline",
+        ),
+        (
+            {"name": "n", "cron": "* * * * *", "template": {"resources": {"disk": 1}}},
+            404,
+            "not_found",
+            r"^template\.resources: unknown resource 'disk'",
+        ),
+        (
+            {"name": "n", "cron": "* * * * *", "template": {"timeout_s": -1}},
+            400,
+            "invalid_argument",
+            r"^template\.timeout_s: invalid duration",
+        ),
+    ],
+)
+async def test_bad_recurring_requests_are_refused_naming_the_field_and_change_nothing(
+    api: Api, body: dict[str, object], status: int, code: str, pattern: str
+) -> None:
+    got, answer = await api.call("POST", "/v1/recurring", body, token=ADMIN)
+    assert got == status, answer
+    assert_error(answer, code, pattern)
+    assert api.runtime.engine.list_recurring() == [] and api.submitted() == 0
+
+
+async def test_recurring_roles(api: Api) -> None:
+    body = {"name": "n", "cron": "* * * * *"}
+    for token in (CLIENT, METRICS):
+        status, answer = await api.call("POST", "/v1/recurring", body, token=token)
+        assert status == 403, answer
+        status, answer = await api.call("DELETE", "/v1/recurring/n", token=token)
+        assert status == 403, answer
+    assert (await api.call("GET", "/v1/recurring", token=CLIENT))[0] == 403
+    assert (await api.call("POST", "/v1/recurring", body, token=ADMIN))[0] == 200
+    assert (await api.call("GET", "/v1/recurring", token=ADMIN))[0] == 200
+    assert api.runtime.engine.list_recurring()[0].spec.template.pool == "default"
+    assert api.runtime.engine.list_recurring()[0].spec.overlap is Overlap.SKIP
 
 
 async def test_metrics_text_needs_the_metrics_role() -> None:
@@ -677,6 +950,12 @@ async def test_live_answers_match_the_openapi_schemas(api: Api) -> None:
         ("POST", "/v1/tasks", "/v1/tasks", {"bogus": 1}, CLIENT),
         ("GET", "/v1/tasks/missing", "/v1/tasks/{ref}", None, CLIENT),
         ("POST", "/v1/recurring", "/v1/recurring", None, ADMIN),
+        ("POST", "/v1/recurring", "/v1/recurring", {"name": "r", "cron": "0 0 * * *"}, ADMIN),
+        ("POST", "/v1/recurring", "/v1/recurring", {"name": "r", "cron": "bad"}, ADMIN),
+        ("GET", "/v1/recurring", "/v1/recurring", None, METRICS),
+        ("DELETE", "/v1/recurring/r", "/v1/recurring/{name}", None, ADMIN),
+        ("POST", "/v1/tasks", "/v1/tasks", {"pool": "other", "start_in_s": 50}, CLIENT),
+        ("POST", "/v1/tasks", "/v1/tasks", {"pool": "other", "start_in_s": 50}, CLIENT),
     ]
     for method, url, path, body, token in answers:
         status, answer = await api.call(method, url, body, token=token)
@@ -723,7 +1002,9 @@ typed_fields = {
         {}, optional={"max_attempts": st.integers(-1, 2**33), "multiplier": seconds, "jitter": st.booleans()}
     ),
     "deps": st.lists(st.fixed_dictionaries({}, optional={"id": st.integers(0, 9), "key": names}), max_size=2),
-    "resources": st.dictionaries(names, st.integers(-1, 3), max_size=2),
+    "resources": st.dictionaries(
+        st.sampled_from(["gpu", "api", "nope", ""]) | names, st.integers(-1, 3), max_size=2
+    ),
     "tags": st.dictionaries(names, names, max_size=3),
     "labels": st.dictionaries(names, names | st.integers(), max_size=2),
     "tenant": names,
@@ -746,8 +1027,7 @@ async def test_fuzzed_bodies_get_a_json_answer_and_rejections_change_nothing(
     ) as resp:
         assert resp.content_type == "application/json"
         answer = await resp.json()
-    # 501 is the one deliberate 5xx: fields (fixed starts, deps) this server version refuses by name.
-    assert resp.status < 500 or (resp.status, answer["code"]) == (501, "unimplemented"), answer
+    assert resp.status < 500, answer
     event(f"HTTP {resp.status}")
     if resp.status == 200:
         assert isinstance(answer["id"] if path == "/v1/tasks" else answer["tasks"], str | list)

@@ -122,24 +122,23 @@ class AdminServicer(pbg.AdminServicer):  # type: ignore[misc]
 
         return await call(context, run)
 
-    async def _unsupported(self, context: Ctx, role: Role) -> Any:
-        async def run() -> Any:
-            authorize(self.service, context, role)
-            raise self.service.recurring_unsupported()
+    async def AddRecurring(self, request: pb.RecurringRequest, context: Ctx) -> pb.Empty:
+        async def run() -> pb.Empty:
+            return await self.service.add_recurring(authorize(self.service, context, Role.ADMIN), request)
 
         return await call(context, run)
-
-    async def AddRecurring(self, request: pb.RecurringRequest, context: Ctx) -> pb.Empty:
-        return await self._unsupported(context, Role.ADMIN)
 
     async def RemoveRecurring(
         self, request: pb.RemoveRecurringRequest, context: Ctx
     ) -> pb.RemoveRecurringResponse:
-        return await self._unsupported(context, Role.ADMIN)
+        async def run() -> pb.RemoveRecurringResponse:
+            caller = authorize(self.service, context, Role.ADMIN)
+            return await self.service.remove_recurring(caller, request)
+
+        return await call(context, run)
 
     async def ListRecurring(self, request: pb.Empty, context: Ctx) -> pb.ListRecurringResponse:
         async def run() -> pb.ListRecurringResponse:
-            authorize(self.service, context, Role.METRICS)
-            return pb.ListRecurringResponse()
+            return await self.service.list_recurring(authorize(self.service, context, Role.METRICS))
 
         return await call(context, run)

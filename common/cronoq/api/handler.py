@@ -6,7 +6,6 @@ from collections.abc import AsyncIterator, Sequence
 from typing import Protocol
 
 from cronoq.auth import Principal, Role
-from cronoq.errors import ApiError
 from cronoq.v1 import cronoq_pb2 as pb
 
 
@@ -47,4 +46,10 @@ class RequestHandler(Protocol):
 
     async def list_workers(self, caller: Principal) -> pb.ListWorkersResponse: ...
 
-    def recurring_unsupported(self) -> ApiError: ...
+    async def add_recurring(self, caller: Principal, req: pb.RecurringRequest) -> pb.Empty: ...
+
+    async def remove_recurring(
+        self, caller: Principal, req: pb.RemoveRecurringRequest
+    ) -> pb.RemoveRecurringResponse: ...
+
+    async def list_recurring(self, caller: Principal) -> pb.ListRecurringResponse: ...

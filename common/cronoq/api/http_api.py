@@ -282,10 +282,16 @@ class _Gateway:
         return codec.workers(await self.service.list_workers(caller))
 
     async def list_recurring(self, caller: Principal, request: web.Request) -> codec.JsonObject:
-        return {"schedules": [], "unavailable_shards": []}
+        return codec.recurring_list(await self.service.list_recurring(caller))
 
-    async def recurring_unsupported(self, caller: Principal, request: web.Request) -> codec.JsonObject:
-        raise self.service.recurring_unsupported()
+    async def add_recurring(self, caller: Principal, request: web.Request) -> codec.JsonObject:
+        req = codec.recurring_request(await self._body(request))
+        await self.service.add_recurring(caller, req)
+        return {"name": req.name}
+
+    async def remove_recurring(self, caller: Principal, request: web.Request) -> codec.JsonObject:
+        req = pb.RemoveRecurringRequest(name=request.match_info["name"])
+        return {"removed": (await self.service.remove_recurring(caller, req)).removed}
 
     def metrics(self, render: Callable[[], str]) -> Endpoint:
         async def text(caller: Principal, request: web.Request) -> web.StreamResponse:
@@ -322,8 +328,8 @@ class _Gateway:
             ("GET", "/v1/snapshot", Role.METRICS, self.snapshot),
             ("GET", "/v1/workers", Role.METRICS, self.workers),
             ("GET", "/v1/recurring", Role.METRICS, self.list_recurring),
-            ("POST", "/v1/recurring", Role.ADMIN, self.recurring_unsupported),
-            ("DELETE", "/v1/recurring/{name}", Role.ADMIN, self.recurring_unsupported),
+            ("POST", "/v1/recurring", Role.ADMIN, self.add_recurring),
+            ("DELETE", "/v1/recurring/{name}", Role.ADMIN, self.remove_recurring),
         ]
         if self.metrics_text is not None:
             routes.append(("GET", "/metrics", Role.METRICS, self.metrics(self.metrics_text)))

@@ -52,6 +52,7 @@ STATUS_NAMES = _enum_names(pb.TaskStatus, "TASK_STATUS_")
 PRIORITY_NAMES = _enum_names(pb.Priority, "PRIORITY_")
 COND_NAMES = _enum_names(pb.EdgeCond, "EDGE_COND_ON_")
 MISS_NAMES = _enum_names(pb.MissPolicy, "MISS_POLICY_")
+OVERLAP_NAMES = _enum_names(pb.Overlap, "OVERLAP_")
 
 
 # ------------------------------------------------------------------------------------------ raw JSON
@@ -362,6 +363,26 @@ def submit_batch_request(document: object) -> pb.SubmitBatchRequest:
     return pb.SubmitBatchRequest(tasks=[_task_spec(f"tasks[{i}]", t) for i, t in enumerate(tasks)])
 
 
+def recurring_request(document: object) -> pb.RecurringRequest:
+    """``POST /v1/recurring``: ``{"name", "cron", "tz", "overlap", "template": {TaskSpec fields}}``."""
+    fields = Fields("", document)
+    req = pb.RecurringRequest()
+    fields.set(
+        req,
+        (
+            ("name", "name", text),
+            ("cron", "cron", text),
+            ("tz", "tz", text),
+            ("overlap", "overlap", named(OVERLAP_NAMES)),
+        ),
+    )
+    template = fields.get("template", _task_spec)
+    fields.finish()
+    if template is not None:
+        req.template.CopyFrom(template)
+    return req
+
+
 # ------------------------------------------------------------------------------ paths and queries
 
 
@@ -592,6 +613,26 @@ def snapshot(msg: pb.SnapshotResponse) -> JsonObject:
         "pending": msg.pending,
         "totals": {f.name: getattr(msg.totals, f.name) for f in pb.Totals.DESCRIPTOR.fields},
         "workers_connected": msg.workers_connected,
+        "unavailable_shards": list(msg.unavailable_shards),
+    }
+
+
+def recurring_info(msg: pb.RecurringInfo) -> JsonObject:
+    return {
+        "name": msg.name,
+        "cron": msg.cron,
+        "tz": msg.tz,
+        "pool": msg.pool,
+        "kind": msg.kind,
+        "overlap": OVERLAP_NAMES.get(msg.overlap, "skip"),
+        "next_at": _optional_time(msg, "next_unix_ns"),
+        "last_task_id": str(msg.last_task_id) if msg.HasField("last_task_id") else None,
+    }
+
+
+def recurring_list(msg: pb.ListRecurringResponse) -> JsonObject:
+    return {
+        "schedules": [recurring_info(s) for s in msg.schedules],
         "unavailable_shards": list(msg.unavailable_shards),
     }
 

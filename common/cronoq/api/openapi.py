@@ -59,6 +59,7 @@ STATUSES = [
     "missed",
     "shed",
 ]
+OVERLAPS = ["skip", "allow", "queue", "queue_on_success"]
 ERROR_CODES = [
     "invalid_argument",
     "unauthenticated",
@@ -267,8 +268,42 @@ SCHEMAS: Final[dict[str, Schema]] = {
     "WorkerList": _all(
         {"workers": {"type": "array", "items": _ref("WorkerInfo")}, "unavailable_shards": STRINGS}
     ),
+    "RecurringRequest": _obj(
+        {
+            "name": {"type": "string", "minLength": 1, "description": "adding an existing name replaces it"},
+            "cron": {
+                "type": "string",
+                "description": "5 fields (minute resolution), or 6 with a leading seconds field",
+            },
+            "tz": {"type": "string", "description": "IANA time zone the cron is read in; default UTC"},
+            "overlap": {**_ref("Overlap"), "default": "skip"},
+            "template": {
+                **_ref("TaskSpec"),
+                "description": (
+                    "each occurrence's task: no start_*, deps or deadline_at; deadline_in_s is relative to "
+                    "each occurrence's start; key (if any) prefixes occurrence keys as key@<UTC start>"
+                ),
+            },
+        },
+        required=("name", "cron"),
+    ),
+    "Overlap": {"type": "string", "enum": OVERLAPS},
+    "RecurringInfo": _all(
+        {
+            "name": STRING,
+            "cron": STRING,
+            "tz": STRING,
+            "pool": STRING,
+            "kind": STRING,
+            "overlap": _ref("Overlap"),
+            "next_at": _nullable({**TIMESTAMP, "description": "start of the next occurrence"}),
+            "last_task_id": _nullable({**_ref("TaskId"), "description": "the last occurrence created"}),
+        }
+    ),
+    "RecurringAdded": _all({"name": STRING}),
+    "RecurringRemoved": _all({"removed": {**BOOL, "description": "false when no schedule had that name"}}),
     "RecurringList": _all(
-        {"schedules": {"type": "array", "items": {"type": "object"}}, "unavailable_shards": STRINGS}
+        {"schedules": {"type": "array", "items": _ref("RecurringInfo")}, "unavailable_shards": STRINGS}
     ),
     "Health": _all({"status": {"type": "string", "enum": ["ok"]}}),
 }
@@ -277,14 +312,16 @@ _ERRORS: Final[dict[int, str]] = {
     400: "invalid request (invalid_argument); the message names the field",
     401: "missing or unknown credential (unauthenticated)",
     403: "role or pool not allowed, or a non-loopback Host without auth (permission_denied)",
-    404: "unknown task, pool or route (not_found)",
+    404: "unknown task, pool, resource, dependency or route (not_found)",
     405: "wrong method for this path (unimplemented); see the Allow header",
-    409: "reservation conflict (failed_precondition)",
+    409: (
+        "fixed-start reservation conflict, or a call for another shard that this server will not forward "
+        "(failed_precondition; cronoq-shard and cronoq-shard-endpoint headers name the owner)"
+    ),
     413: "body larger than limits.max_http_body_bytes (resource_exhausted)",
     415: "JSON body without content-type: application/json (invalid_argument)",
     429: "pool full under overflow = reject, or a limit hit (resource_exhausted); retry later",
     500: "internal error, or a watch that fell behind (data_loss)",
-    501: "not supported by this server version (unimplemented)",
     503: "shutting down or not the leader (unavailable); retry",
     504: "the server-side wait ended before the task finished (deadline_exceeded)",
 }
@@ -338,7 +375,7 @@ def _list(items: Schema) -> Schema:
 
 REF = _param("ref", "path", STRING, "task id (all digits) or key (URL-encoded)")
 _AUTH = (401, 403, 503)
-_BODY = (400, 404, 413, 415, 429, 501)
+_BODY = (400, 404, 413, 415, 429)
 
 PATHS: Final[dict[str, Schema]] = {
     "/v1/tasks": {
@@ -438,20 +475,34 @@ PATHS: Final[dict[str, Schema]] = {
     "/v1/snapshot": {"get": _op("snapshot", "Scheduler snapshot (metrics role)", "Snapshot", *_AUTH)},
     "/v1/workers": {"get": _op("listWorkers", "Connected workers (metrics role)", "WorkerList", *_AUTH)},
     "/v1/recurring": {
-        "get": _op("listRecurring", "Recurring schedules (metrics role)", "RecurringList", *_AUTH),
-        "post": {
-            "operationId": "addRecurring",
-            "summary": "Add a recurring schedule (admin role); not supported by this version",
-            "responses": _error_responses(*_AUTH, 501),
-        },
+        "get": _op(
+            "listRecurring",
+            "Recurring schedules (metrics role); with shards, every shard's",
+            "RecurringList",
+            *_AUTH,
+        ),
+        "post": _op(
+            "addRecurring",
+            "Add (or replace, by name) a recurring schedule (admin role); answered once it is durable",
+            "RecurringAdded",
+            *_AUTH,
+            400,
+            404,
+            409,
+            413,
+            415,
+            body="RecurringRequest",
+        ),
     },
     "/v1/recurring/{name}": {
-        "delete": {
-            "operationId": "removeRecurring",
-            "summary": "Remove a recurring schedule (admin role); not supported by this version",
-            "parameters": [_param("name", "path", STRING, "schedule name")],
-            "responses": _error_responses(*_AUTH, 501),
-        }
+        "delete": _op(
+            "removeRecurring",
+            "Remove a recurring schedule (admin role); occurrences already created stay",
+            "RecurringRemoved",
+            400,
+            *_AUTH,
+            parameters=[_param("name", "path", STRING, "schedule name (URL-encoded)")],
+        )
     },
     "/v1/openapi.json": {
         "get": {

@@ -17,7 +17,17 @@ from dataclasses import dataclass, field, replace
 from typing import ClassVar
 
 from cronoq.auth import CertEntry, Role, TokenEntry
-from cronoq.engine.model import EngineLimits, Overflow, PoolConfig, RetryPolicy
+from cronoq.engine.model import (
+    AutoscaleConfig,
+    EngineLimits,
+    Overflow,
+    PoolConfig,
+    ResourceConfig,
+    RetryPolicy,
+    Semaphore,
+    TokenBucket,
+    UnknownDependency,
+)
 
 from .problems import ConfigError, Problem
 from .rules import (
@@ -325,10 +335,27 @@ class PoolSection:
     tenant_weights: Mapping[str, float] = field(default_factory=dict, metadata=above(0, 1_000_000))
 
     def to_engine(self, limits: Limits) -> PoolConfig:
-        """The engine's view; unset per-pool bounds fall back to ``[limits]``, which also caps them."""
+        """The engine's view; unset per-pool bounds fall back to ``[limits]``, which also caps them.
+
+        ``autoscale = true`` gives the pool an autoscaler from ``target_utilization``, ``drain_time_s``,
+        ``cooldown_s`` and ``cost_per_worker_second`` (the rest at the engine's defaults); without it
+        the desired capacity is the connected capacity. ``await_unknown_dependencies_s`` unset rejects
+        a dependency on an unknown key, set waits that long for a task with that key to arrive.
+        """
         slots = limits.max_slots_per_worker
         if self.max_slots_per_worker is not None:
             slots = min(slots, self.max_slots_per_worker)
+        autoscale = (
+            AutoscaleConfig(
+                target_utilization=self.target_utilization,
+                drain_time=self.drain_time_s,
+                cooldown=self.cooldown_s,
+                cost_per_worker_second=self.cost_per_worker_second,
+            )
+            if self.autoscale
+            else None
+        )
+        awaits = self.await_unknown_dependencies_s
         return PoolConfig(
             name=self.name,
             max=self.max,
@@ -340,6 +367,12 @@ class PoolSection:
             default_duration=self.default_duration_s,
             max_slots_per_worker=slots,
             cost_per_worker_second=self.cost_per_worker_second,
+            autoscale=autoscale,
+            unknown_dependency=UnknownDependency.REJECT if awaits is None else UnknownDependency.AWAIT,
+            await_timeout=awaits,
+            reservable_fraction=self.reservable_fraction,
+            fair_share=self.fair_share,
+            tenant_weights=dict(self.tenant_weights),
         )
 
 
@@ -368,6 +401,13 @@ class TokenBucketResource:
 
 
 Resource = SemaphoreResource | TokenBucketResource
+
+
+def resource_to_engine(resource: Resource) -> ResourceConfig:
+    if isinstance(resource, SemaphoreResource):
+        return Semaphore(resource.name, resource.permits)
+    return TokenBucket(resource.name, resource.rate, resource.burst)
+
 
 # ----------------------------------------------------------------------------- outputs, shards, router
 
@@ -456,6 +496,15 @@ class Config:
 
     def engine_pools(self) -> list[PoolConfig]:
         return [p.to_engine(self.limits) for p in self.pools]
+
+    def engine_resources(self, shard: str | None) -> list[ResourceConfig]:
+        """The ``[[resources]]`` a server of ``shard`` schedules: all of them when unsharded, else
+        those whose ``shard`` names it (validation makes every resource name one when sharded)."""
+        return [
+            resource_to_engine(r)
+            for r in self.resources
+            if not self.shards or r.shard is None or r.shard == shard
+        ]
 
 
 def default_config() -> Config:

@@ -14,6 +14,7 @@ import os
 from collections.abc import Hashable, Iterable, Mapping
 from dataclasses import fields, is_dataclass, replace
 from typing import TYPE_CHECKING
+from urllib.parse import urlsplit
 
 from .model import (
     DEFAULT_URL_ENV,
@@ -291,7 +292,18 @@ def _check_schema(config: Config, store: PostgresStore, problems: Problems) -> N
 
 def _resolve_scaler(index: int, pool: PoolSection, env: Mapping[str, str], problems: Problems) -> PoolSection:
     scaler = pool.scaler
-    if not isinstance(scaler, WebhookScaler) or scaler.token_env is None:
+    if not isinstance(scaler, WebhookScaler):
+        return pool
+    url_key = f"pools[{index}].scaler.url"
+    if not problems.failed(url_key):
+        parts = urlsplit(scaler.url)
+        if parts.scheme == "http" and not is_loopback(f"[{parts.hostname or ''}]:0"):
+            problems.add(
+                url_key,
+                f"plain http to {show(parts.hostname or '')} would send the desired capacity (and the "
+                "token) in the clear; use https (plain http is accepted only for loopback receivers)",
+            )
+    if scaler.token_env is None:
         return pool
     token = _from_env(env, scaler.token_env, f"pools[{index}].scaler.token_env", problems)
     return replace(pool, scaler=replace(scaler, resolved_token=token))

@@ -18,25 +18,44 @@ import random
 from collections.abc import Collection, Iterable, Mapping, Sequence
 
 from .admission import Shed, plan
+from .autoscale import Autoscaler
+from .cron import CronSchedule, occurrence_key
+from .deps import Dependencies, edge_met
+from .fixed import Reservations, Window, reservation_limit
 from .model import (
     Abort,
     Action,
+    Dep,
+    DepOn,
     Dispatch,
     EngineLimits,
+    MissPolicy,
+    Overlap,
     PoolConfig,
+    Priority,
+    Recurring,
+    RecurringSpec,
+    ResourceConfig,
+    Scale,
+    ScheduleChanged,
     Status,
     StatusEvent,
+    SubmitError,
     Submitted,
     Task,
     TaskSpec,
+    UnknownDependency,
 )
 from .pool import PoolState
+from .resources import Resources
 from .retry import backoff_delay
 from .snapshot import GroupStats, PoolStats, Snapshot, Totals, WorkerView
 from .table import TaskTable
 from .timers import TimerEntry, TimerHeap, TimerKind
 from .workers import Worker, label_set
 
+BLOCKED = Status.BLOCKED
+SCHEDULED = Status.SCHEDULED
 READY = Status.READY
 RUNNING = Status.RUNNING
 RETRYING = Status.RETRYING
@@ -46,6 +65,11 @@ LEASE_EXPIRED = "lease expired"
 DISCONNECTED = "worker disconnected"
 LOST_IN_FAILOVER = "attempt lost in failover"
 LOST_EXHAUSTED = "attempt lost in failover; retries exhausted"
+FIXED_MISSED = "fixed start missed"
+OVERLAPPED = "previous occurrence still running"
+AWAIT_TIMED_OUT = "timed out awaiting unknown dependency"
+MIN_HOLD_AHEAD = 1.0  # a worker is held from start - max(tolerance, this) for a fixed start
+_WAITING = frozenset({BLOCKED, SCHEDULED})  # pending but not yet eligible: not backlog
 
 _TIMER_SLACK = 1024  # dead timer entries tolerated before the heap is worth compacting
 
@@ -61,6 +85,7 @@ class Engine:
         rng: random.Random | None = None,
         first_id: int = 1,
         first_lease: int = 1,
+        resources: Sequence[ResourceConfig] = (),
     ) -> None:
         if not pools:
             raise ValueError("at least one pool is required")
@@ -85,6 +110,29 @@ class Engine:
         self._actions: list[Action] = []
         self._totals = Totals()  # the terminal-status counters live in _ended
         self._ended = [0] * (max(Status) + 1)
+        # Dependencies, fixed starts, resources, schedules and autoscaling: all empty (and all skipped on
+        # the hot path) until a task or a pool uses them.
+        self._deps = Dependencies()
+        self._reservations = {
+            c.name: Reservations(reservation_limit(c.max, c.reservable_fraction)) for c in pools
+        }
+        self._holds: dict[int, Worker] = {}  # task id -> worker with a slot held for its fixed start
+        self._hold_wanted: dict[str, dict[int, Task]] = {c.name: {} for c in pools}  # no slot free yet
+        self._resources = Resources(resources)
+        self._parked: dict[int, tuple[Task, float]] = {}  # READY tasks waiting for resources, ready_at
+        self._woken: dict[str, PoolState] = {}  # pools whose parked tasks went back: dispatch them
+        self._waiting = {c.name: [0 for _ in Priority] for c in pools}  # BLOCKED + SCHEDULED per class
+        self._arrivals = {c.name: 0 for c in pools}  # tasks that became eligible since the last evaluation
+        self._runs = {c.name: [0.0, 0] for c in pools}  # attempt run seconds and count, for service time
+        self._autoscalers = {
+            c.name: Autoscaler(c.autoscale, c.min, c.max, c.default_duration)
+            for c in pools
+            if c.autoscale is not None
+        }
+        self._schedules: dict[str, _Schedule] = {}
+        self._numbered: dict[int, _Schedule] = {}  # the same schedules by number, for their timers
+        self._next_number = 0
+        self._occurrences: dict[int, tuple[_Schedule, int]] = {}  # occurrence id -> schedule, previous id
 
     # ------------------------------------------------------------------------------------ pools
 
@@ -109,13 +157,21 @@ class Engine:
 
     def submit(self, specs: Sequence[TaskSpec], now: float) -> list[Submitted]:
         """Insert a batch atomically, in order; a spec whose key names a live or retained task gets that
-        task (``duplicate=True``) and is otherwise ignored. Raises SubmitError changing nothing."""
+        task (``duplicate=True``) and is otherwise ignored. Raises SubmitError changing nothing.
+
+        Specs of one batch may depend on each other's keys, in any order: every task of the batch exists
+        before any edge is resolved."""
+        special = any(spec.deps or spec.start is not None or spec.resources for spec in specs)
+        if special:
+            self._check_batch(specs, now)
         decisions = plan(specs, self._pools, self._table, self._pending_total, self._limits.max_pending_total)
         table = self._table
         append = self._actions.append
         submitted: list[Submitted] = []
         created: dict[int, Task] = {}
         touched: dict[str, PoolState] = {}
+        blocked: list[Task] = []
+        arrivals = self._arrivals if self._autoscalers else None
         seq = self._seq
         for i, spec in enumerate(specs):
             decision = decisions[i]
@@ -126,28 +182,43 @@ class Engine:
                 pool = decision.pool
                 victim = decision.victim
                 victim = victim if isinstance(victim, Task) else created[victim]
-                self._finish(pool, victim, Status.SHED, "shed under overload", now)
+                if not victim.status.terminal:  # an earlier shed may have skipped it (a dependent)
+                    self._finish(pool, victim, Status.SHED, "shed under overload", now)
             else:
                 pool = decision
             retry = spec.retry if spec.retry is not None else pool.config.retry
             seq += 1
             task_id = table.next_id
-            # BLOCKED until its dependencies are met; without any (all tasks, for now) it is READY at
-            # once, so it is built READY and the BLOCKED step shows only in the events.
-            task = Task(task_id, spec, seq, READY, now, 0, retry.max_attempts, now)
-            table.add(task)
-            created[i] = task
             pool.pending[spec.priority] += 1
+            if spec.deps or spec.start is not None:
+                # BLOCKED until every task of the batch exists and its edges are resolved.
+                task = Task(task_id, spec, seq, BLOCKED, now, 0, retry.max_attempts, None)
+                table.add(task)
+                self._waiting[pool.name][spec.priority] += 1
+                if spec.start is not None:
+                    self._reservations[pool.name].add(task_id, self._window(pool, spec))
+                blocked.append(task)
+                append(StatusEvent(task_id, spec.pool, spec.key, BLOCKED, 0, now, "", task))
+            else:
+                # Without dependencies or a fixed start a task is READY at once, so it is built READY and
+                # the BLOCKED step shows only in the events.
+                task = Task(task_id, spec, seq, READY, now, 0, retry.max_attempts, now)
+                table.add(task)
+                pool.queue.push(task, now)
+                append(StatusEvent(task_id, spec.pool, spec.key, BLOCKED, 0, now, "", task))
+                append(StatusEvent(task_id, spec.pool, spec.key, READY, 0, now, "", task))
+                if arrivals is not None:
+                    arrivals[pool.name] += 1
+            created[i] = task
             if pool.shed is not None:
                 pool.shed.track(task, pool.pending[spec.priority])
-            pool.queue.push(task, now)
-            append(StatusEvent(task_id, spec.pool, spec.key, Status.BLOCKED, 0, now, "", task))
-            append(StatusEvent(task_id, spec.pool, spec.key, READY, 0, now, "", task))
             submitted.append(Submitted(task_id, False))
             touched[pool.name] = pool
         self._seq = seq
         self._pending_total += len(created)
         self._totals.submitted += len(created)
+        if special or self._deps.awaiting:
+            self._link(created.values(), blocked, now)
         for pool in touched.values():
             self._dispatch(pool, now)
         return submitted
@@ -165,42 +236,44 @@ class Engine:
         self._dispatch(pool, now)
         return True
 
-    def restore(self, tasks: Iterable[Task], now: float) -> None:
-        """Take over the tasks a previous leader left in the store (ascending ids, all below this
-        engine's ``first_id``), before any other input.
+    def restore(self, tasks: Iterable[Task], now: float, schedules: Iterable[Recurring] = ()) -> None:
+        """Take over the tasks and recurring schedules a previous leader left in the store (tasks in
+        ascending ids, all below this engine's ``first_id``), before any other input.
 
         Pending tasks queue again (READY ones keep their place in time, so their wait keeps counting);
-        an attempt that was RUNNING is lost with its worker's stream and counts as a retryable failure;
-        finished tasks are retained for key dedup and lookups. A task of a pool that is no longer
-        configured cannot run here, so it fails saying so rather than staying pending for ever.
+        BLOCKED ones judge their edges again and SCHEDULED ones wait for their start again; an attempt
+        that was RUNNING is lost with its worker's stream and counts as a retryable failure; finished
+        tasks are retained for key dedup, lookups and the edges of live dependents. A task of a pool
+        that is no longer configured cannot run here, so it fails saying so rather than staying pending
+        for ever. A schedule whose cron no longer parses is dropped and counted in
+        ``totals.recurring_invalid``.
         """
         table = self._table
+        live: list[Task] = []
         for task in tasks:
             table.restore(task, now)
             self._seq = max(self._seq, task.seq)
+            if not task.status.terminal:
+                live.append(task)
+        blocked: list[Task] = []
+        for task in live:
             status = task.status
-            if status.terminal:
-                continue
-            pool = self._pools.get(task.spec.pool)
+            spec = task.spec
+            pool = self._pools.get(spec.pool)
             if pool is None:
                 task.status = Status.FAILED  # not pending: nothing to take out of the pool's counts
-                task.message = f"pool '{task.spec.pool}' is no longer configured"
+                task.message = f"pool '{spec.pool}' is no longer configured"
                 task.finished = now
                 self._ended[Status.FAILED] += 1
                 table.retire(task, now)
                 self._actions.append(
                     StatusEvent(
-                        task.id,
-                        task.spec.pool,
-                        task.spec.key,
-                        Status.FAILED,
-                        task.attempt,
-                        now,
-                        task.message,
-                        task,
+                        task.id, spec.pool, spec.key, Status.FAILED, task.attempt, now, task.message, task
                     )
                 )
                 continue
+            if spec.start is not None:
+                self._reservations[pool.name].add(task.id, self._window(pool, spec))
             if status is RUNNING:  # _retry and _finish treat it as an attempt that just ended
                 task.lease = task.worker = 0
                 if task.attempt >= task.max_attempts:
@@ -208,18 +281,101 @@ class Engine:
                 else:
                     self._retry(pool, task, LOST_IN_FAILOVER, None, now)
                 continue
-            priority = task.spec.priority
+            priority = spec.priority
             pool.pending[priority] += 1
             self._pending_total += 1
             if pool.shed is not None:
                 pool.shed.track(task, pool.pending[priority])
-            if status is READY:
+            if status is BLOCKED:
+                self._waiting[pool.name][priority] += 1
+                blocked.append(task)
+            elif status is SCHEDULED:
+                self._schedule(pool, task, now)
+            elif status is READY:
                 ready_at = task.ready_at if task.ready_at is not None else task.created
                 pool.queue.push(task, ready_at)
-            else:  # RETRYING (its backoff timer died with the old leader) or not yet ready
+                if spec.start is not None and not task.attempt and spec.on_miss is not MissPolicy.RUN_LATE:
+                    self._arm(spec.start + spec.tolerance, TimerKind.FIXED_MISS, task.id)
+            else:  # RETRYING: its backoff timer died with the old leader
                 self._make_ready(pool, task, now, now)
+        for task in blocked:
+            if task.status is BLOCKED:
+                self._resolve(task, now)
+        for recurring in schedules:
+            try:
+                cron = CronSchedule.parse(recurring.spec.cron, recurring.spec.tz)
+            except ValueError:
+                self._totals.recurring_invalid += 1
+                continue
+            schedule = self._new_schedule(recurring, cron)
+            if recurring.next_start is not None:
+                self._arm(recurring.next_start, TimerKind.RECURRING, schedule.number, schedule.generation)
         for pool in self._pools.values():
             self._dispatch(pool, now)
+
+    # -------------------------------------------------------------------------------- recurring
+
+    def add_recurring(self, spec: RecurringSpec, now: float) -> Recurring:
+        """Add a cron schedule, or replace the one of that name, and create its first occurrence.
+
+        Raises ValueError naming the field (``cron: ...``, ``tz: ...``, ``template.deps: ...``) for a
+        schedule that cannot run; the engine is then unchanged. An occurrence already created by a
+        replaced schedule stays.
+        """
+        cron = CronSchedule.parse(spec.cron, spec.tz)
+        template = spec.template
+        pool = self._pools.get(template.pool)
+        if pool is None:
+            raise ValueError(f"template.pool: unknown pool '{template.pool}'")
+        if template.deps:
+            raise ValueError(
+                "template.deps: a recurring template cannot have dependencies "
+                "(use overlap = queue to chain occurrences)"
+            )
+        if template.start is not None:
+            raise ValueError(
+                "template.start: a recurring template cannot have a fixed start (the cron sets it)"
+            )
+        if template.deadline is not None:
+            raise ValueError(
+                "template.deadline: a recurring template cannot have an absolute deadline; use deadline_in"
+            )
+        if template.resources:
+            problem = self._resources.check(template.resources)
+            if problem is not None:
+                raise ValueError(f"template.resources: {problem[1]}")
+        old = self._schedules.get(spec.name)
+        recurring = Recurring(spec, None, old.recurring.last_task_id if old is not None else 0)
+        schedule = self._new_schedule(recurring, cron)
+        self._plan_occurrence(schedule, cron.next_after(now), now)
+        return recurring
+
+    def remove_recurring(self, name: str, now: float) -> bool:
+        """Remove a schedule; an occurrence it already created stays. False if there was none."""
+        schedule = self._schedules.pop(name, None)
+        if schedule is None:
+            return False
+        del self._numbered[schedule.number]
+        self._actions.append(ScheduleChanged(name, None))
+        return True
+
+    def list_recurring(self) -> list[Recurring]:
+        """The schedules, in the order they were first added."""
+        return [schedule.recurring for schedule in self._schedules.values()]
+
+    def _new_schedule(self, recurring: Recurring, cron: CronSchedule) -> _Schedule:
+        """Register a schedule (replacing one of the same name: the old one's timers go stale)."""
+        name = recurring.spec.name
+        old = self._schedules.get(name)
+        if old is not None:
+            number = old.number
+        else:
+            number = self._next_number
+            self._next_number += 1
+        generation = old.generation + 1 if old is not None else 0
+        schedule = _Schedule(number, generation, recurring, cron)
+        self._schedules[name] = self._numbered[number] = schedule
+        return schedule
 
     def get(self, ref: int | str) -> Task | None:
         """A live or retained finished task by id, or by key (the task currently holding that key)."""
@@ -271,6 +427,8 @@ class Engine:
         pool = self._pools[worker.pool]
         granted = _grant(pool.config, slots)
         pool.workers.set_slots(worker, granted)
+        if self._holds and worker.busy > granted:  # a drained worker must not run a fixed start
+            self._move_holds(pool, worker)
         pool.stats.advance(now, pool.workers.capacity)
         self._dispatch(pool, now)
         return granted
@@ -282,9 +440,12 @@ class Engine:
         if worker is None:
             return
         pool = self._pools[worker.pool]
+        pool.workers.set_slots(worker, 0)  # nothing new may land on it while its leases end
         for task in list(worker.leases.values()):
             self._release(pool, task, now, Status.FAILED)
             self._retry(pool, task, DISCONNECTED, None, now)
+        if self._holds:
+            self._move_holds(pool, worker)
         del self._workers[worker_id]
         pool.workers.remove(worker)
         pool.stats.advance(now, pool.workers.capacity)
@@ -373,6 +534,8 @@ class Engine:
             else:
                 self._fire(entry, now)
         self._table.prune(now)
+        if self._autoscalers:
+            self._autoscale(now)
         for pool in self._pools.values():
             self._dispatch(pool, now)
 
@@ -386,10 +549,13 @@ class Engine:
             timers.pop()  # stale, or moved later by a heartbeat
             if due is not None:
                 timers.push(due, entry[2], entry[3], entry[4])
+        candidates = [entry[0]] if entry is not None else []
         prune = self._table.next_prune()
-        if entry is None:
-            return prune
-        return entry[0] if prune is None else min(entry[0], prune)
+        if prune is not None:
+            candidates.append(prune)
+        # Before its first evaluation an autoscaler is due at once (-inf); 0.0 says so to any caller.
+        candidates.extend(max(scaler.due_at, 0.0) for scaler in self._autoscalers.values())
+        return min(candidates) if candidates else None
 
     def take_actions(self) -> list[Action]:
         """Everything to do since the last call, in the order it arose."""
@@ -405,20 +571,23 @@ class Engine:
         for pool in self._pools.values():
             w = pool.workers
             window = pool.stats.view(now)
+            holds = [worker.group for worker in self._holds.values() if worker.pool == pool.name]
+            held = len(holds)
+            scaler = self._autoscalers.get(pool.name)
             pools.append(
                 PoolStats(
                     name=pool.name,
                     capacity=w.capacity,
-                    busy=w.busy,
-                    held=0,
-                    desired=w.capacity,
+                    busy=w.busy - held,
+                    held=held,
+                    desired=w.capacity if scaler is None else scaler.desired,
                     pending_by_class=list(pool.pending),
-                    reservations=0,
+                    reservations=self._reservations[pool.name].active(now),
                     dispatched=window.dispatched,
                     succeeded=window.succeeded,
                     failed=window.failed,
                     priority_adherence=window.priority_adherence,
-                    fixed_start_hit_rate=1.0,
+                    fixed_start_hit_rate=window.fixed_start_hit_rate,
                     utilization=window.utilization,
                     schedule_efficiency=window.schedule_efficiency,
                     wait_p50=window.wait_p50,
@@ -426,7 +595,10 @@ class Engine:
                     wait_p99=window.wait_p99,
                     cost=pool.stats.worker_seconds * pool.config.cost_per_worker_second,
                     workers_connected=w.workers,
-                    groups=[GroupStats(dict(g.labels), g.capacity, g.busy) for g in w.groups.values()],
+                    groups=[
+                        GroupStats(dict(g.labels), g.capacity, g.busy - holds.count(g))
+                        for g in w.groups.values()
+                    ],
                 )
             )
         ended = self._ended
@@ -451,37 +623,67 @@ class Engine:
 
     def workers(self) -> list[WorkerView]:
         """Connected workers in the order they connected."""
-        return [WorkerView(w.id, w.pool, dict(w.labels), w.slots, w.busy) for w in self._workers.values()]
+        # busy counts leases only: a slot held for a fixed start is not running anything yet.
+        return [
+            WorkerView(w.id, w.pool, dict(w.labels), w.slots, len(w.leases)) for w in self._workers.values()
+        ]
 
     # --------------------------------------------------------------------------------- internals
 
     def _dispatch(self, pool: PoolState, now: float) -> None:
-        """Lease READY tasks to free compatible workers, best score first, until one side runs out."""
+        """Lease READY tasks to free compatible workers, best score first, until one side runs out.
+        Fixed starts waiting for a held slot are served first; a task whose resources are taken is
+        parked and the next best goes instead."""
+        if self._woken:
+            self._dispatch_woken(pool, now)
         queue = pool.queue
         workers = pool.workers
+        if not workers.free:
+            return
+        if self._hold_wanted[pool.name]:
+            self._serve_holds(pool)
         if not (workers.free and queue.ready):
             return
-        bucket = pool.stats.bucket(now)
-        pending = pool.pending
         started = 0
         while workers.free and queue.ready:  # usually one task: an outcome freed one slot
             best = queue.pop_best(now, workers.has_free)
             if best is None:
                 break
             task, required, inverted, ready_at = best
+            if task.spec.resources and not self._resources.try_take(task.spec.resources, now):
+                self._park(task, ready_at, now)
+                continue
             worker = workers.take(required)
             assert worker is not None, "pop_best offers only lanes with a free compatible worker"
-            spec = task.spec
-            pending[spec.priority] -= 1
-            bucket.dispatch(now - ready_at, inverted)
-            task.attempt = attempt = task.attempt + 1
-            task.status = RUNNING
-            task.started = now
-            self._lease(pool, task, worker, now)
-            self._actions.append(StatusEvent(task.id, spec.pool, spec.key, RUNNING, attempt, now, "", task))
+            self._run(pool, task, worker, ready_at, inverted, now)
             started += 1
         self._pending_total -= started
         self._totals.dispatched += started
+
+    def _dispatch_woken(self, current: PoolState, now: float) -> None:
+        """Dispatch the other pools whose parked tasks went back to their queues."""
+        woken = self._woken
+        self._woken = {}
+        for pool in woken.values():
+            if pool is not current:
+                self._dispatch(pool, now)
+
+    def _run(
+        self, pool: PoolState, task: Task, worker: Worker, ready_at: float, inverted: bool, now: float
+    ) -> None:
+        """Start the next attempt of a READY task on ``worker`` (whose slot is taken). The caller
+        counts it in ``_pending_total`` and ``totals.dispatched``."""
+        spec = task.spec
+        pool.pending[spec.priority] -= 1
+        bucket = pool.stats.bucket(now)
+        bucket.dispatch(now - ready_at, inverted)
+        if spec.start is not None and not task.attempt:
+            bucket.fixed_start(now <= spec.start + spec.tolerance)
+        task.attempt = attempt = task.attempt + 1
+        task.status = RUNNING
+        task.started = now
+        self._lease(pool, task, worker, now)
+        self._actions.append(StatusEvent(task.id, spec.pool, spec.key, RUNNING, attempt, now, "", task))
 
     def _lease(self, pool: PoolState, task: Task, worker: Worker, now: float) -> int:
         """Issue a new lease for the task's current attempt on ``worker`` (whose slot is taken)."""
@@ -525,6 +727,14 @@ class Engine:
             started = task.started
             assert started is not None  # set at dispatch
             pool.stats.bucket(now).attempt(now - started, outcome)
+            if pool.config.autoscale is not None:
+                runs = self._runs[pool.name]
+                runs[0] += now - started
+                runs[1] += 1
+            if task.spec.resources:
+                self._resources.release(task.spec.resources)
+                if self._parked:
+                    self._wake_parked()
 
     def _retry(
         self, pool: PoolState, task: Task, message: str, retry_after: float | None, now: float
@@ -561,14 +771,31 @@ class Engine:
         self._actions.append(StatusEvent(task.id, spec.pool, spec.key, READY, task.attempt, now, "", task))
 
     def _finish(self, pool: PoolState, task: Task, status: Status, message: str, now: float) -> None:
-        """End a task in terminal ``status``. A RUNNING task's lease must already be released."""
+        """End a task in terminal ``status`` and judge the dependency edges waiting for it. A RUNNING
+        task's lease must already be released."""
+        self._end(pool, task, status, message, now)
+        if self._deps.waiting and task.id in self._deps.waiting:
+            self._cascade(task, now)
+
+    def _end(self, pool: PoolState, task: Task, status: Status, message: str, now: float) -> None:
+        """End a task in terminal ``status`` without looking at its dependents (``_cascade`` does)."""
         spec = task.spec
         was = task.status
         if was is not RUNNING:
             pool.pending[spec.priority] -= 1
             self._pending_total -= 1
             if was is READY:
-                pool.queue.forget(task)
+                if self._parked.pop(task.id, None) is None:  # parked tasks are out of the queue already
+                    pool.queue.forget(task)
+            elif was is BLOCKED or was is SCHEDULED:
+                self._waiting[pool.name][spec.priority] -= 1
+                if was is BLOCKED:
+                    self._deps.forget(task)
+        if spec.start is not None:
+            self._reservations[pool.name].remove(task.id)
+            self._drop_hold(pool, task)
+            if self._occurrences:
+                self._occurrences.pop(task.id, None)
         task.status = status
         task.message = message
         task.finished = now
@@ -595,7 +822,29 @@ class Engine:
             return due if task is not None and task.status is RETRYING and task.attempt == token else None
         if kind is TimerKind.LEASE_EXPIRY:
             return self._expiry.get(target)
-        return due if target in self._leases else None
+        if kind is TimerKind.ATTEMPT_TIMEOUT:
+            return due if target in self._leases else None
+        if kind is TimerKind.RESOURCE_WAKE:
+            return due if self._parked else None
+        if kind is TimerKind.RECURRING:
+            schedule = self._numbered.get(target)
+            return due if schedule is not None and schedule.generation == token else None
+        task = self._table.by_id.get(target)
+        if task is None:
+            return None
+        status = task.status
+        if kind is TimerKind.FIXED_START:
+            return due if status is SCHEDULED else None
+        if kind is TimerKind.FIXED_MISS:
+            waiting = status is SCHEDULED or status is READY
+            return (
+                due if waiting and not task.attempt and task.spec.on_miss is not MissPolicy.RUN_LATE else None
+            )
+        if kind is TimerKind.FIXED_HOLD:
+            return due if status is SCHEDULED else None
+        # AWAIT_TIMEOUT: still BLOCKED on a key nobody holds
+        refs = self._deps.blocked_on(target) if status is BLOCKED else ()
+        return due if any(isinstance(ref, str) for ref in refs) else None
 
     def _fire(self, entry: TimerEntry, now: float) -> None:
         """Run a due timer that still applies."""
@@ -604,17 +853,418 @@ class Engine:
             task = self._table.by_id[target]
             self._make_ready(self._pools[task.spec.pool], task, due, now)
             return
-        task = self._leases[target]
+        if kind is TimerKind.ATTEMPT_TIMEOUT or kind is TimerKind.LEASE_EXPIRY:
+            task = self._leases[target]
+            pool = self._pools[task.spec.pool]
+            if kind is TimerKind.ATTEMPT_TIMEOUT:
+                message = TIMED_OUT
+                self._totals.timeouts += 1
+            else:
+                message = LEASE_EXPIRED
+                self._totals.lease_expiries += 1
+            self._actions.append(Abort(task.worker, target, message))
+            self._release(pool, task, now, Status.FAILED)
+            self._retry(pool, task, message, None, now)
+            return
+        if kind is TimerKind.RESOURCE_WAKE:
+            self._wake_parked()  # tick dispatches every pool next
+            return
+        if kind is TimerKind.RECURRING:
+            schedule = self._numbered[target]  # _due checked it
+            self._plan_occurrence(schedule, schedule.cron.next_after(due), now)
+            return
+        task = self._table.by_id[target]
         pool = self._pools[task.spec.pool]
-        if kind is TimerKind.ATTEMPT_TIMEOUT:
-            message = TIMED_OUT
-            self._totals.timeouts += 1
+        if kind is TimerKind.FIXED_START:
+            self._start_fixed(pool, task, now)
+        elif kind is TimerKind.FIXED_MISS:
+            self._miss(pool, task, now)
+        elif kind is TimerKind.FIXED_HOLD:
+            self._hold(pool, task)
+        else:  # AWAIT_TIMEOUT
+            self._deps.forget(task)
+            self._finish(pool, task, Status.SKIPPED, AWAIT_TIMED_OUT, now)
+            self._dispatch(pool, now)
+
+    # ------------------------------------------------------------------- dependencies (internals)
+
+    def _check_batch(self, specs: Sequence[TaskSpec], now: float) -> None:
+        """The checks only dependencies, fixed starts and resources need (plan() does the rest): raise
+        SubmitError with the spec's index, changing nothing."""
+        table = self._table
+        by_key = table.by_key
+        batch_keys = {spec.key: i for i, spec in enumerate(specs) if spec.key and spec.key not in by_key}
+        planned: dict[str, list[Window]] = {}
+        has_deps = False
+        for i, spec in enumerate(specs):
+            pool = self._pools.get(spec.pool)
+            if pool is None or (spec.key and spec.key in by_key):
+                continue  # plan() reports the unknown pool; a duplicate's options are ignored
+            if spec.resources:
+                problem = self._resources.check(spec.resources)
+                if problem is not None:
+                    raise SubmitError(problem[0], problem[1], i)
+            if spec.start is not None:
+                window = self._window(pool, spec)
+                mine = planned.setdefault(pool.name, [])
+                if not self._reservations[pool.name].fits(window, mine):
+                    raise SubmitError("reservation_conflict", "fixed-start reservation conflict", i)
+                mine.append(window)
+            for dep in spec.deps:
+                has_deps = True
+                target = dep.target
+                if isinstance(target, str):
+                    if target in batch_keys or target in by_key:
+                        continue
+                    if pool.config.unknown_dependency is UnknownDependency.AWAIT:
+                        continue
+                    raise SubmitError("unknown_dependency", f"unknown dependency '{target}'", i)
+                if target not in table.by_id:
+                    raise SubmitError("unknown_dependency", f"unknown dependency {target}", i)
+        if has_deps:
+            self._check_cycles(specs, batch_keys)
+
+    def _check_cycles(self, specs: Sequence[TaskSpec], batch_keys: Mapping[str, int]) -> None:
+        """Refuse a batch whose edges close a cycle. Tasks already admitted form no cycle among
+        themselves (edges only point at older tasks, or at keys not yet held), so a cycle must pass
+        through the batch: a depth-first search from each spec, over batch edges, edges of live tasks,
+        and awaited keys the batch provides, looks for a path back to a spec on the current path."""
+        table = self._table
+        deps = self._deps
+
+        def successors(node: int | str) -> list[int | str]:
+            # Batch specs are nodes "#<index>" (str), live tasks are their ids (int).
+            if isinstance(node, str):
+                out: list[int | str] = []
+                for dep in specs[int(node[1:])].deps:
+                    target = dep.target
+                    if isinstance(target, str) and target in batch_keys:
+                        out.append(f"#{batch_keys[target]}")
+                    else:
+                        task = table.get(target)
+                        if task is not None and task.status is BLOCKED:
+                            out.append(task.id)
+                return out
+            found: list[int | str] = []
+            for ref in deps.blocked_on(node):
+                if isinstance(ref, str):
+                    if ref in batch_keys:
+                        found.append(f"#{batch_keys[ref]}")
+                else:
+                    task = table.by_id.get(ref)
+                    if task is not None and task.status is BLOCKED:
+                        found.append(ref)
+            return found
+
+        done: set[int | str] = set()
+        for i, spec in enumerate(specs):
+            start: int | str = f"#{i}"
+            if not spec.deps or start in done:
+                continue
+            path = {start}
+            stack = [(start, iter(successors(start)))]
+            while stack:
+                node, todo = stack[-1]
+                nxt = next(todo, None)
+                if nxt is None:
+                    stack.pop()
+                    path.discard(node)
+                    done.add(node)
+                elif nxt in path:
+                    raise SubmitError("cycle", "dependency cycle", i)
+                elif nxt not in done:
+                    path.add(nxt)
+                    stack.append((nxt, iter(successors(nxt))))
+
+    def _link(self, created: Iterable[Task], blocked: list[Task], now: float) -> None:
+        """After a batch was inserted: edges awaiting the keys of new tasks now wait for them, and each
+        new BLOCKED task resolves its own edges."""
+        deps = self._deps
+        if deps.awaiting:
+            for task in created:
+                if task.spec.key in deps.awaiting:
+                    deps.arrived(task)
+        for task in blocked:
+            if task.status is BLOCKED:  # not shed by a later spec of the batch
+                self._resolve(task, now)
+
+    def _resolve(self, task: Task, now: float) -> None:
+        """Register the edges of a new BLOCKED task; targets already ended are judged at once."""
+        spec = task.spec
+        pool = self._pools[spec.pool]
+        deps = self._deps
+        awaited = False
+        awaits = pool.config.unknown_dependency is UnknownDependency.AWAIT
+        for dep in spec.deps:
+            target = self._table.get(dep.target)
+            if target is None:
+                if isinstance(dep.target, str) and awaits:  # a key no task holds yet
+                    deps.wait(task, dep.target, dep.on)
+                    awaited = True
+                # Otherwise only a restored task gets here: its target is gone from the store, so it
+                # ended long ago, and met this edge (had it not, the task would have been skipped then).
+            elif not target.status.terminal:
+                deps.wait(task, target, dep.on)
+            elif not edge_met(dep.on, target.status):
+                deps.forget(task)
+                self._finish(pool, task, Status.SKIPPED, f"dependency ended as {target.status.label}", now)
+                return
+        if task.id not in deps.unmet:
+            self._unblock(pool, task, now)
+        elif awaited and pool.config.await_timeout is not None:
+            self._arm(now + pool.config.await_timeout, TimerKind.AWAIT_TIMEOUT, task.id)
+
+    def _unblock(self, pool: PoolState, task: Task, now: float) -> None:
+        """Every edge of a BLOCKED task is met: READY, or SCHEDULED until its fixed start."""
+        self._waiting[pool.name][task.spec.priority] -= 1
+        if task.spec.start is not None:
+            self._schedule(pool, task, now)
+            return
+        self._make_ready(pool, task, now, now)
+        if self._autoscalers:
+            self._arrivals[pool.name] += 1
+        self._dispatch(pool, now)
+
+    def _cascade(self, ended: Task, now: float) -> None:
+        """``ended`` reached a terminal status: judge the edges waiting for it. A dependent whose edge
+        can no longer be met is skipped, which its own dependents judge in turn (iteratively: chains
+        may be long)."""
+        deps = self._deps
+        stack = [ended]
+        while stack:
+            target = stack.pop()
+            for dependent, on in deps.waiting.pop(target.id, ()):
+                if dependent.status is not BLOCKED or dependent.id not in deps.unmet:
+                    continue  # cancelled or skipped meanwhile
+                if edge_met(on, target.status):
+                    if deps.met(dependent):
+                        self._unblock(self._pools[dependent.spec.pool], dependent, now)
+                    continue
+                deps.forget(dependent)
+                message = f"dependency {target.id} ended as {target.status.label}"
+                self._end(self._pools[dependent.spec.pool], dependent, Status.SKIPPED, message, now)
+                if dependent.id in deps.waiting:
+                    stack.append(dependent)
+
+    # ------------------------------------------------------------------- fixed starts (internals)
+
+    def _window(self, pool: PoolState, spec: TaskSpec) -> Window:
+        """The reservation of a fixed start: [start - tolerance, start + estimate + tolerance]."""
+        assert spec.start is not None
+        estimate = spec.duration_hint if spec.duration_hint is not None else pool.config.default_duration
+        return (spec.start - spec.tolerance, spec.start + estimate + spec.tolerance)
+
+    def _schedule(self, pool: PoolState, task: Task, now: float) -> None:
+        """A fixed-start task whose dependencies are met: SCHEDULED until its start (a worker is held
+        from start - max(tolerance, 1 s)), READY within its tolerance, or missed already."""
+        spec = task.spec
+        start = spec.start
+        assert start is not None
+        late = start + spec.tolerance
+        if now < start:
+            task.status = SCHEDULED
+            self._waiting[pool.name][spec.priority] += 1
+            self._actions.append(StatusEvent(task.id, spec.pool, spec.key, SCHEDULED, 0, now, "", task))
+            self._arm(start, TimerKind.FIXED_START, task.id)
+            self._arm(late, TimerKind.FIXED_MISS, task.id)
+            hold_at = start - max(spec.tolerance, MIN_HOLD_AHEAD)
+            if hold_at <= now:
+                self._hold(pool, task)
+            else:
+                self._arm(hold_at, TimerKind.FIXED_HOLD, task.id)
+            return
+        if now <= late:
+            self._arm(late, TimerKind.FIXED_MISS, task.id)
+            self._make_ready(pool, task, start, now)
+        elif spec.on_miss is MissPolicy.RUN_LATE:
+            self._make_ready(pool, task, start, now)  # its dispatch counts as a non-hit
         else:
-            message = LEASE_EXPIRED
-            self._totals.lease_expiries += 1
-        self._actions.append(Abort(task.worker, target, message))
-        self._release(pool, task, now, Status.FAILED)
-        self._retry(pool, task, message, None, now)
+            self._miss(pool, task, now)
+            return
+        if self._autoscalers:
+            self._arrivals[pool.name] += 1
+        self._dispatch(pool, now)
+
+    def _hold(self, pool: PoolState, task: Task) -> None:
+        """Set a compatible worker slot aside for a fixed start; if none is free, the next dispatch of
+        the pool serves the hold before any queued task."""
+        if task.id in self._holds:
+            return
+        worker = pool.workers.take(label_set(task.spec.labels))
+        if worker is None:
+            self._hold_wanted[pool.name][task.id] = task
+        else:
+            self._holds[task.id] = worker
+
+    def _drop_hold(self, pool: PoolState, task: Task) -> bool:
+        """Give back the slot held for ``task``, if any; True when a slot came free."""
+        worker = self._holds.pop(task.id, None)
+        if worker is None:
+            self._hold_wanted[pool.name].pop(task.id, None)
+            return False
+        pool.workers.release(worker)
+        return True
+
+    def _move_holds(self, pool: PoolState, worker: Worker) -> None:
+        """Fixed starts holding a slot on ``worker`` (leaving, or drained) need a slot elsewhere."""
+        for task_id, held in list(self._holds.items()):
+            if held is worker:
+                del self._holds[task_id]
+                pool.workers.release(worker)
+                self._hold_wanted[pool.name][task_id] = self._table.by_id[task_id]
+
+    def _serve_holds(self, pool: PoolState) -> None:
+        """Give slots that came free to fixed starts waiting for a hold, oldest first."""
+        wanted = self._hold_wanted[pool.name]
+        for task in list(wanted.values()):
+            worker = pool.workers.take(label_set(task.spec.labels))
+            if worker is not None:
+                del wanted[task.id]
+                self._holds[task.id] = worker
+
+    def _start_fixed(self, pool: PoolState, task: Task, now: float) -> None:
+        """The start time of a SCHEDULED task arrived: run it on its held slot, or queue it."""
+        spec = task.spec
+        start = spec.start
+        assert start is not None
+        occurrence = self._occurrences.pop(task.id, None)
+        if occurrence is not None and occurrence[0].recurring.spec.overlap is Overlap.SKIP:
+            previous = self._table.by_id.get(occurrence[1])
+            if previous is not None and not previous.status.terminal:
+                self._finish(pool, task, Status.SKIPPED, OVERLAPPED, now)
+                self._dispatch(pool, now)
+                return
+        self._waiting[pool.name][spec.priority] -= 1
+        self._hold_wanted[pool.name].pop(task.id, None)
+        worker = self._holds.pop(task.id, None)
+        if worker is not None and (not spec.resources or self._resources.try_take(spec.resources, now)):
+            task.status = READY  # for the instant before it runs
+            self._actions.append(StatusEvent(task.id, spec.pool, spec.key, READY, 0, now, "", task))
+            self._run(pool, task, worker, start, False, now)
+            self._pending_total -= 1
+            self._totals.dispatched += 1
+            return
+        if worker is not None:
+            pool.workers.release(worker)
+        self._make_ready(pool, task, start, now)
+        if self._autoscalers:
+            self._arrivals[pool.name] += 1
+        self._dispatch(pool, now)
+
+    def _miss(self, pool: PoolState, task: Task, now: float) -> None:
+        """Start + tolerance passed before the task ran: MISSED or FAILED as ``on_miss`` says (run_late
+        tasks just stay READY and count as a non-hit when they run)."""
+        pool.stats.bucket(now).fixed_start(False)
+        status = Status.MISSED if task.spec.on_miss is MissPolicy.SKIP else Status.FAILED
+        self._finish(pool, task, status, FIXED_MISSED, now)
+        self._dispatch(pool, now)
+
+    # ----------------------------------------------------------------------- resources (internals)
+
+    def _park(self, task: Task, ready_at: float, now: float) -> None:
+        """A READY task whose resources are taken leaves the queue (so it blocks nobody) until a release
+        or a token refill may let it go; it keeps its sequence number for when it comes back."""
+        self._parked[task.id] = (task, ready_at)
+        wake = self._resources.available_at(task.spec.resources, now)
+        if wake is not None:
+            self._arm(wake, TimerKind.RESOURCE_WAKE, 0)
+
+    def _wake_parked(self) -> None:
+        """Put every parked task back in its queue at its original place. Their pools are dispatched by
+        the next ``_dispatch`` (every input ends with one), not from here: this runs while an attempt
+        is being released, when the engine is between two consistent states."""
+        parked = self._parked
+        self._parked = {}
+        for task, ready_at in parked.values():
+            pool = self._pools[task.spec.pool]
+            pool.queue.push(task, ready_at, requeue=True)
+            self._woken[pool.name] = pool
+
+    # ------------------------------------------------------------------- recurring (internals)
+
+    def _plan_occurrence(self, schedule: _Schedule, start: float | None, now: float) -> None:
+        """Create the occurrence starting at ``start`` (one ahead) and the timer that creates the next
+        one when it fires."""
+        recurring = schedule.recurring
+        recurring.next_start = start
+        if start is not None:
+            self._create_occurrence(schedule, start, now)
+            self._arm(start, TimerKind.RECURRING, schedule.number, schedule.generation)
+        self._actions.append(ScheduleChanged(recurring.spec.name, recurring))
+
+    def _create_occurrence(self, schedule: _Schedule, start: float, now: float) -> None:
+        spec = schedule.recurring.spec
+        template = spec.template
+        previous = schedule.recurring.last_task_id
+        deps: tuple[Dep, ...] = ()
+        if spec.overlap in (Overlap.QUEUE, Overlap.QUEUE_ON_SUCCESS) and previous in self._table.by_id:
+            on = DepOn.COMPLETE if spec.overlap is Overlap.QUEUE else DepOn.SUCCESS
+            deps = (Dep(previous, on),)
+        occurrence = dataclasses.replace(
+            template,
+            key=occurrence_key(template.key, start),
+            start=start,
+            deadline=None if spec.deadline_in is None else start + spec.deadline_in,
+            deps=deps,
+            tags=dict(template.tags),
+            labels=dict(template.labels),
+            resources=dict(template.resources),
+        )
+        try:
+            (submitted,) = self.submit([occurrence], now)
+        except SubmitError as err:
+            if err.code == "reservation_conflict":
+                self._totals.recurring_conflicts += 1
+            else:
+                self._totals.recurring_invalid += 1
+            return
+        if not submitted.duplicate:
+            schedule.recurring.last_task_id = submitted.id
+            self._occurrences[submitted.id] = (schedule, previous)
+
+    # ----------------------------------------------------------------------- autoscaling (internals)
+
+    def _autoscale(self, now: float) -> None:
+        """Evaluate every autoscaled pool whose interval is up; report targets that changed."""
+        for name, scaler in self._autoscalers.items():
+            if now < scaler.due_at:
+                continue
+            pool = self._pools[name]
+            run_total, runs = self._runs[name]
+            waiting = self._waiting[name]
+            backlog = [pending - waiting[c] for c, pending in enumerate(pool.pending)]
+            not_started = {
+                task_id
+                for task_id in self._reservations[name].windows
+                if (task := self._table.by_id.get(task_id)) is not None and task.status in _WAITING
+            }
+            reserved = self._reservations[name].peak_ahead(
+                now, scaler.config.reservation_horizon, not_started
+            )
+            target = scaler.evaluate(
+                now,
+                arrivals=self._arrivals[name],
+                service_time=run_total / runs if runs else None,
+                backlog=backlog,
+                capacity=pool.workers.capacity,
+                reserved=reserved,
+            )
+            self._arrivals[name] = 0
+            if target is not None:
+                self._actions.append(Scale(name, target))
+
+
+class _Schedule:
+    """A recurring schedule with its parsed cron; ``number`` names it in timers and ``generation``
+    tells the timers of a replaced schedule from the current ones."""
+
+    __slots__ = ("cron", "generation", "number", "recurring")
+
+    def __init__(self, number: int, generation: int, recurring: Recurring, cron: CronSchedule) -> None:
+        self.number = number
+        self.generation = generation
+        self.recurring = recurring
+        self.cron = cron
 
 
 def _grant(config: PoolConfig, requested: int) -> int:

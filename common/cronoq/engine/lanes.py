@@ -9,6 +9,9 @@ free compatible worker, so a dispatch costs O(lanes + log n) however long the qu
 Cancelled and shed tasks are not searched for: their entries stay in the heap and are dropped when they
 surface (an entry is live exactly while its task is READY, because a READY task has one entry and leaves
 the queue when dispatched).
+
+In a fair-share pool the FIFO part of each lane is shared between tenants by weighted fair queueing (see
+``FairLane``); the score between lanes and the EDF heaps are the same as in any pool.
 """
 
 from __future__ import annotations
@@ -16,10 +19,10 @@ from __future__ import annotations
 import math
 from collections import deque
 from collections.abc import Mapping
-from heapq import heapify, heappop, heappush
+from heapq import heapify, heappop, heappush, heapreplace
 from typing import Protocol
 
-from .model import Priority, Status, Task
+from .model import Priority, Status, Task, TaskSpec
 from .workers import NO_LABELS, LabelSet, label_set
 
 # Score = BASE[class] + min(AGING_RATE * wait, AGING_CAP) + urgency. The bases are far enough apart
@@ -38,6 +41,7 @@ _CEILING_EDF = tuple(ceiling + URGENCY_MAX + OVERDUE_CAP for ceiling in _CEILING
 
 _READY = Status.READY
 _COMPACT_SLACK = 64  # stale entries a lane may hold before it is worth compacting
+_SWEEP_MIN = 64  # tenants a fair lane may remember before it looks for idle ones to forget
 _CLASSES = range(len(Priority))
 
 FifoEntry = tuple[int, float, Task]  # (seq, ready_at, task): for retried tasks
@@ -80,6 +84,212 @@ class Lane:
         self.requeued: list[FifoEntry] = []
         self.edf: list[EdfEntry] = []
 
+    def entries(self) -> int:
+        """The entries the lane holds, those of tasks that left included."""
+        return len(self.fresh) + len(self.requeued) + len(self.edf)
+
+
+class Tenant:
+    """One tenant's FIFO tasks in a fair lane (``fresh`` and ``requeued`` as in ``Lane``) and its virtual
+    clock there.
+
+    The clock is kept as ``base + served / weight`` rather than summed 1/weight at a time, so shares that
+    are equal in exact arithmetic give equal floats (three dispatches at weight 3 weigh exactly one at
+    weight 1) and such ties go to the earlier submission, as the rule says, instead of to rounding.
+    """
+
+    __slots__ = ("base", "clock", "entry", "fresh", "requeued", "served", "weight")
+
+    def __init__(self, weight: float) -> None:
+        self.weight = weight
+        self.base = 0.0  # the clock when the tenant last became active
+        self.served = 0  # dispatches since then
+        self.clock = 0.0
+        self.fresh: deque[Task] = deque()
+        self.requeued: list[FifoEntry] = []
+        self.entry: TenantEntry | None = None  # its live entry in FairLane.order; None while it is idle
+
+    def head_seq(self) -> int:
+        """The sequence number of its first queued task (which may have left: a lower bound)."""
+        fresh = self.fresh
+        requeued = self.requeued
+        if fresh and (not requeued or fresh[0].seq < requeued[0][0]):
+            return fresh[0].seq
+        return requeued[0][0]
+
+
+# (clock, seq of the tenant's head, entry number, tenant): the lowest clock first, then the earlier
+# submission; the entry number is unique, so tuples never go on to compare tenants.
+TenantEntry = tuple[float, int, int, Tenant]
+
+
+class FairLane(Lane):
+    """A lane of a fair-share pool. Its FIFO tasks are kept per tenant (the inherited ``fresh`` and
+    ``requeued`` stay empty); deadline tasks use the inherited EDF heap as in any lane and are neither
+    held back by nor charged to a tenant's clock: fairness orders the FIFO part, urgency the rest.
+
+    Weighted fair queueing: a tenant's clock advances by 1/weight per dispatch of one of its tasks
+    (weights from the pool's ``tenant_weights``, 1 for any other tenant; untenanted tasks are the tenant
+    ""), and the next FIFO task is the head of the tenant with the lowest clock, the earlier submission on
+    a tie. ``order`` is a heap of the tenants with queued tasks by (clock, head seq), so a dispatch costs
+    O(log tenants). An entry is live while it is its tenant's ``entry``; a tenant whose key changes gets a
+    new entry and the old one is dropped when it surfaces.
+
+    Idle tenants: ``vtime`` is the clock at which the last FIFO task was served, i.e. the lowest clock
+    among the tenants waiting at that moment; it never decreases. A tenant that becomes active again (or
+    for the first time) starts from max(its clock, vtime). It cannot bank the turns it did not use while
+    away and then monopolise the lane: it rejoins level with the least-served tenant still waiting. A
+    tenant that has had its turn keeps its higher clock; that is how the reference's untenanted group
+    could stand at 1 while new tenants started at 0. No clock is ever more than one turn (1/weight) ahead
+    of vtime (a tenant is served only at the lowest clock), so that is all an idle tenant's record holds
+    over a tenant never seen, which starts from vtime; ``_sweep`` forgets idle records so that tenants
+    seen once cost no memory for ever.
+
+    A task taken and then handed back with ``requeue`` (it waited for a resource) stays charged to its
+    tenant: the turn was used. A labelled lane is dropped when it empties, as in any pool, and its clocks
+    with it.
+    """
+
+    __slots__ = ("order", "queued", "serial", "sweep_at", "tenants", "vtime", "weights")
+
+    def __init__(self, priority: int, required: LabelSet, weights: Mapping[str, float]) -> None:
+        super().__init__(priority, required)
+        self.weights = weights
+        self.tenants: dict[str, Tenant] = {}
+        self.order: list[TenantEntry] = []
+        self.vtime = 0.0
+        self.queued = 0  # tasks the tenants hold, stale ones included
+        self.serial = 0  # the number of the last entry made
+        self.sweep_at = _SWEEP_MIN
+
+    def entries(self) -> int:
+        return super().entries() + self.queued
+
+    def add(self, task: Task, ready_at: float, requeue: bool) -> None:
+        """Queue a FIFO task with its tenant, (re)activating the tenant if it had nothing queued; a
+        retried or ``requeue``d task goes back at its original place (see ``PoolQueue.push``)."""
+        name = task.spec.tenant
+        tenant = self.tenants.get(name)
+        if tenant is None:
+            if len(self.tenants) >= self.sweep_at:
+                self._sweep()
+            tenant = self.tenants[name] = Tenant(self.weights.get(name, 1.0))
+        seq = task.seq
+        if task.attempt or requeue:
+            heappush(tenant.requeued, (seq, ready_at, task))
+        else:
+            tenant.fresh.append(task)  # its ready_at is ``ready_at``
+        self.queued += 1
+        entry = tenant.entry
+        if entry is None:
+            tenant.base = tenant.clock = max(tenant.clock, self.vtime)
+            tenant.served = 0
+            self._enter(tenant, seq)
+        elif seq < entry[1]:  # a retried task went back ahead of the tenant's head
+            self._enter(tenant, seq)
+
+    def head(self) -> tuple[int, float] | None:
+        """The sequence number and ready time of the next FIFO task, leaving its tenant's entry on top of
+        ``order`` for ``take``; None if no tenant has a READY task. Tasks that left are dropped here."""
+        order = self.order
+        while order:
+            entry = order[0]
+            tenant = entry[3]
+            if entry is not tenant.entry:
+                heappop(order)
+                continue
+            fresh = tenant.fresh
+            requeued = tenant.requeued
+            dropped = 0
+            while fresh and fresh[0].status is not _READY:
+                fresh.popleft()
+                dropped += 1
+            while requeued and requeued[0][2].status is not _READY:
+                heappop(requeued)
+                dropped += 1
+            if dropped:
+                self.stale -= dropped
+                self.queued -= dropped
+            if not (fresh or requeued):
+                tenant.entry = None
+                heappop(order)
+                continue
+            seq = tenant.head_seq()
+            if seq != entry[1]:  # its head left: re-key the tenant and look again
+                self._enter(tenant, seq, replace=True)
+                continue
+            if fresh and fresh[0].seq == seq:
+                ready_at = fresh[0].ready_at
+                assert ready_at is not None  # set with READY
+                return seq, ready_at
+            return seq, requeued[0][1]
+        return None
+
+    def take(self) -> tuple[Task, float]:
+        """Remove the task ``head`` found, charge it to its tenant and move ``vtime`` to the clock it was
+        served at."""
+        tenant = self.order[0][3]
+        fresh = tenant.fresh
+        requeued = tenant.requeued
+        if fresh and (not requeued or fresh[0].seq < requeued[0][0]):
+            task = fresh.popleft()
+            ready_at = task.ready_at
+            assert ready_at is not None
+        else:
+            _, ready_at, task = heappop(requeued)
+        self.queued -= 1
+        self.vtime = tenant.clock
+        tenant.served += 1
+        tenant.clock = tenant.base + tenant.served / tenant.weight
+        if fresh or requeued:
+            self._enter(tenant, tenant.head_seq(), replace=True)
+        else:
+            tenant.entry = None
+            heappop(self.order)
+        return task, ready_at
+
+    def compact(self) -> None:
+        """Drop the tenants' tasks that are no longer READY and rebuild ``order`` from the live keys."""
+        order: list[TenantEntry] = []
+        queued = 0
+        for tenant in self.tenants.values():
+            if tenant.entry is None:
+                continue
+            tenant.fresh = deque(task for task in tenant.fresh if task.status is _READY)
+            requeued = [entry for entry in tenant.requeued if entry[2].status is _READY]
+            heapify(requeued)
+            tenant.requeued = requeued
+            held = len(tenant.fresh) + len(requeued)
+            if held:
+                queued += held
+                self.serial += 1
+                entry = tenant.entry = (tenant.clock, tenant.head_seq(), self.serial, tenant)
+                order.append(entry)
+            else:
+                tenant.entry = None
+        heapify(order)
+        self.order = order
+        self.queued = queued
+
+    def _enter(self, tenant: Tenant, seq: int, *, replace: bool = False) -> None:
+        """Give ``tenant`` a new live entry keyed by its clock and ``seq``; with ``replace`` it takes the
+        place of the top entry (the tenant's own, just served or re-keyed)."""
+        self.serial += 1
+        entry = tenant.entry = (tenant.clock, seq, self.serial, tenant)
+        if replace:
+            heapreplace(self.order, entry)
+        else:
+            heappush(self.order, entry)
+
+    def _sweep(self) -> None:
+        """Forget the idle tenants. One that comes back starts from vtime, at most the one turn its record
+        was ahead earlier (not at all once vtime has caught up with it). This runs when a new tenant
+        arrives and the table holds max(_SWEEP_MIN, twice what the last sweep kept): memory follows the
+        tenants recently active, a lane that sees fewer than _SWEEP_MIN tenants forgets nothing, and the
+        cost is O(1) per tenant added."""
+        self.tenants = {name: tenant for name, tenant in self.tenants.items() if tenant.entry is not None}
+        self.sweep_at = max(_SWEEP_MIN, 2 * len(self.tenants))
+
 
 class PoolQueue:
     """The lanes of one pool. ``active`` lists the lanes that may hold READY tasks, Critical first, so
@@ -89,16 +299,17 @@ class PoolQueue:
 
     def __init__(self, default_duration: float) -> None:
         self.default_duration = default_duration
-        self._plain = [Lane(c, NO_LABELS) for c in _CLASSES]
+        self._plain = [self._new_lane(c, NO_LABELS) for c in _CLASSES]
         self._labelled: dict[tuple[int, LabelSet], Lane] = {}
         self.active: list[Lane] = []
         # EDF entries per class, stale ones included: an upper bound on whether a class can have urgency.
         self._edf_entries = [0 for _ in _CLASSES]
         self.ready = 0
 
-    def push(self, task: Task, ready_at: float) -> None:
+    def push(self, task: Task, ready_at: float, *, requeue: bool = False) -> None:
         """Queue a task that became READY at ``ready_at``: at the back of its lane when it is new, at its
-        original place when it comes back from a retry, or by latest start time when it has a deadline."""
+        original place when it comes back from a retry or, with ``requeue``, after it was taken without
+        running (it waited for a resource), or by latest start time when it has a deadline."""
         spec = task.spec
         priority = spec.priority
         lane = self._labelled_lane(priority, spec.labels) if spec.labels else self._plain[priority]
@@ -109,38 +320,47 @@ class PoolQueue:
             window = max(URGENCY_MIN_WINDOW, estimate)
             heappush(lane.edf, (deadline - estimate, task.seq, ready_at, window, task))
             self._edf_entries[priority] += 1
-        elif task.attempt:
+        elif task.attempt or requeue:
             heappush(lane.requeued, (task.seq, ready_at, task))
         else:
             lane.fresh.append(task)  # its ready_at is ``ready_at``
         self.ready += 1
         if not lane.active:
-            lane.active = True
-            active = self.active
-            at = len(active)
-            while at and active[at - 1].priority > priority:
-                at -= 1
-            active.insert(at, lane)
+            self._activate(lane)
 
     def forget(self, task: Task) -> None:
         """A READY task left the queue without being dispatched (cancelled, shed). Its entry is dropped
         when it surfaces, or when such entries make up half of its lane: a lane nobody can serve (no
         worker has its labels) never surfaces anything, and must not keep finished tasks alive."""
         self.ready -= 1
-        spec = task.spec
-        lane = self._labelled_lane(spec.priority, spec.labels) if spec.labels else self._plain[spec.priority]
+        lane = self._lane_of(task.spec)
         lane.stale += 1
-        if lane.stale > _COMPACT_SLACK and 2 * lane.stale > len(lane.fresh) + len(lane.requeued) + len(
-            lane.edf
-        ):
+        if lane.stale > _COMPACT_SLACK and 2 * lane.stale > lane.entries():
             self._compact(lane)
+
+    def _lane_of(self, spec: TaskSpec) -> Lane:
+        return self._labelled_lane(spec.priority, spec.labels) if spec.labels else self._plain[spec.priority]
+
+    def _activate(self, lane: Lane) -> None:
+        """Put a lane that was out of the scan back in ``active``, after the lanes of its own and higher
+        classes."""
+        lane.active = True
+        active = self.active
+        priority = lane.priority
+        at = len(active)
+        while at and active[at - 1].priority > priority:
+            at -= 1
+        active.insert(at, lane)
 
     def _labelled_lane(self, priority: int, labels: Mapping[str, str]) -> Lane:
         key = (priority, label_set(labels))
         lane = self._labelled.get(key)
         if lane is None:
-            lane = self._labelled[key] = Lane(*key)
+            lane = self._labelled[key] = self._new_lane(*key)
         return lane
+
+    def _new_lane(self, priority: int, required: LabelSet) -> Lane:
+        return Lane(priority, required)
 
     def _compact(self, lane: Lane) -> None:
         """Drop the entries of tasks that are no longer READY from every structure of ``lane``."""
@@ -165,7 +385,7 @@ class PoolQueue:
         best_score = -math.inf
         best_seq = 0
         best_lane: Lane | None = None
-        best_from = 0  # 1 fresh, 2 requeued, 3 edf
+        best_from = 0  # 1 fresh, 2 requeued, 3 edf, 4 a fair lane's tenants
         top_class = -1
         edf_entries = self._edf_entries
         drained: list[Lane] | None = None  # lanes found holding only stale entries
@@ -184,16 +404,21 @@ class PoolQueue:
             while requeued and requeued[0][2].status is not _READY:
                 heappop(requeued)
                 lane.stale -= 1
-            if fresh or requeued:
-                if fresh and (not requeued or fresh[0].seq < requeued[0][0]):
-                    head = fresh[0]
-                    seq = head.seq
-                    ready_at = head.ready_at
-                    assert ready_at is not None  # set with READY
-                    source = 1
-                else:
-                    seq, ready_at, _ = requeued[0]
-                    source = 2
+            if fresh and (not requeued or fresh[0].seq < requeued[0][0]):
+                head = fresh[0]
+                seq = head.seq
+                ready_at = head.ready_at
+                source = 1
+            elif requeued:
+                seq, ready_at, _ = requeued[0]
+                source = 2
+            elif type(lane) is FairLane and (fair_head := lane.head()) is not None:
+                seq, ready_at = fair_head
+                source = 4
+            else:
+                source = 0
+            if source:
+                assert ready_at is not None  # set with READY
                 aging = AGING_RATE * (now - ready_at)
                 s = BASE[cls] + (aging if aging < AGING_CAP else AGING_CAP)
                 if s > best_score or (s == best_score and seq < best_seq):
@@ -213,7 +438,7 @@ class PoolQueue:
                     best_score, best_seq, best_lane, best_from = s, seq, lane, 3
                 if top_class < 0:
                     top_class = cls
-            elif not (fresh or requeued):
+            elif not source:
                 drained = [lane] if drained is None else [*drained, lane]
         if drained is not None:
             self._deactivate(drained)
@@ -226,6 +451,9 @@ class PoolQueue:
             assert ready_at is not None
         elif best_from == 2:
             _, ready_at, task = heappop(best_lane.requeued)
+        elif best_from == 4:
+            assert type(best_lane) is FairLane
+            task, ready_at = best_lane.take()
         else:
             edf_entries[best_lane.priority] -= 1
             _, _, ready_at, _, task = heappop(best_lane.edf)
@@ -239,3 +467,40 @@ class PoolQueue:
             self.active.remove(lane)
             if lane.required:
                 del self._labelled[(lane.priority, lane.required)]
+
+
+class FairPoolQueue(PoolQueue):
+    """The queue of a fair-share pool: its lanes are ``FairLane``s, whose FIFO tasks wait per tenant.
+
+    ``push`` is overridden rather than branched on, so that a plain pool's push pays nothing for
+    fairness. ``pop_best`` is shared: it asks a lane's tenants only when the lane has no task in its
+    plain FIFO structures, which in a plain pool happens only for lanes holding nothing but deadline
+    tasks or nothing at all.
+    """
+
+    __slots__ = ("_weights",)
+
+    def __init__(self, default_duration: float, tenant_weights: Mapping[str, float]) -> None:
+        self._weights = tenant_weights  # before the base class makes the lanes
+        super().__init__(default_duration)
+
+    def push(self, task: Task, ready_at: float, *, requeue: bool = False) -> None:
+        """As in any pool, except that a FIFO task waits with its tenant (``FairLane.add``)."""
+        spec = task.spec
+        if spec.deadline is not None:
+            super().push(task, ready_at, requeue=requeue)
+            return
+        lane = self._lane_of(spec)
+        assert type(lane) is FairLane
+        lane.add(task, ready_at, requeue)
+        self.ready += 1
+        if not lane.active:
+            self._activate(lane)
+
+    def _new_lane(self, priority: int, required: LabelSet) -> FairLane:
+        return FairLane(priority, required, self._weights)
+
+    def _compact(self, lane: Lane) -> None:
+        super()._compact(lane)
+        assert type(lane) is FairLane
+        lane.compact()

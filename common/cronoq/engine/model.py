@@ -8,6 +8,7 @@ floats, injected by the caller (the engine never reads a clock).
 from __future__ import annotations
 
 import enum
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -64,6 +65,85 @@ class Overflow(enum.Enum):
     SHED_OLDEST = "shed_oldest"
 
 
+class MissPolicy(enum.Enum):
+    """What happens to a fixed-start task not dispatched by start + tolerance."""
+
+    RUN_LATE = "run_late"  # stays READY and runs when a worker frees (a non-hit)
+    SKIP = "skip"  # MISSED
+    FAIL = "fail"  # FAILED ("fixed start missed")
+
+
+class DepOn(enum.Enum):
+    """The outcome of its target that meets a dependency edge."""
+
+    SUCCESS = "success"  # succeeded
+    FAILURE = "failure"  # failed or dead_lettered
+    COMPLETE = "complete"  # any terminal status
+
+
+class UnknownDependency(enum.Enum):
+    """What a pool does with a dependency on a key no task has (yet)."""
+
+    REJECT = "reject"  # SubmitError('unknown_dependency')
+    AWAIT = "await"  # stay BLOCKED until a task with that key arrives (or ``await_timeout``)
+
+
+class Overlap(enum.Enum):
+    """What a recurring schedule does when an occurrence starts while the previous one still runs."""
+
+    SKIP = "skip"  # the new occurrence ends SKIPPED ("previous occurrence still running")
+    ALLOW = "allow"  # both run
+    QUEUE = "queue"  # the new one waits for the previous one to finish (a complete edge)
+    QUEUE_ON_SUCCESS = "queue_on_success"  # ... to succeed (a success edge)
+
+
+@dataclass(slots=True, frozen=True)
+class Dep:
+    """A dependency edge: the task waits until ``target`` (a task id, or a key) ends as ``on`` says."""
+
+    target: int | str
+    on: DepOn = DepOn.SUCCESS
+
+
+@dataclass(slots=True, frozen=True)
+class Semaphore:
+    """A resource of which running attempts hold at most ``permits`` units at once."""
+
+    name: str
+    permits: int
+
+
+@dataclass(slots=True, frozen=True)
+class TokenBucket:
+    """A resource refilled at ``rate`` units per second up to ``burst``; each dispatch takes its amount."""
+
+    name: str
+    rate: float
+    burst: float
+
+
+ResourceConfig = Semaphore | TokenBucket
+
+
+@dataclass(slots=True, frozen=True)
+class AutoscaleConfig:
+    """How a pool's desired capacity follows queue pressure (engine-behaviour §6); ``slo`` maps a class
+    to the seconds within which its backlog should drain."""
+
+    interval: float = 1.0
+    target_utilization: float = 0.75
+    drain_time: float = 30.0
+    slo: Mapping[Priority, float] = field(default_factory=dict)
+    reservation_horizon: float = 60.0
+    stabilization_window: float = 60.0
+    cooldown: float = 30.0
+    max_step_up_abs: int = 4
+    max_step_up_ratio: float = 1.0
+    max_step_down: int = 1
+    ewma_alpha: float = 0.3
+    cost_per_worker_second: float = 0.0
+
+
 @dataclass(slots=True, frozen=True)
 class RetryPolicy:
     """Attempts and backoff; delay after attempt k is min(max, initial * multiplier**(k-1))."""
@@ -89,6 +169,12 @@ class PoolConfig:
     default_duration: float = 1.0
     max_slots_per_worker: int | None = None
     cost_per_worker_second: float = 0.0
+    autoscale: AutoscaleConfig | None = None  # None: desired = capacity
+    unknown_dependency: UnknownDependency = UnknownDependency.REJECT
+    await_timeout: float | None = None  # with AWAIT: skip after this long; None: wait for ever
+    reservable_fraction: float = 0.5  # overlapping fixed-start reservations <= max(1, max x this)
+    fair_share: bool = False
+    tenant_weights: Mapping[str, float] = field(default_factory=dict)  # unnamed tenants weigh 1
 
 
 @dataclass(slots=True)
@@ -118,6 +204,37 @@ class TaskSpec:
     tags: dict[str, str] = field(default_factory=dict)
     labels: dict[str, str] = field(default_factory=dict)
     tenant: str = ""
+    start: float | None = None  # fixed start, absolute Unix seconds
+    tolerance: float = 1.0  # allowed lateness of the fixed start
+    on_miss: MissPolicy = MissPolicy.RUN_LATE
+    deps: tuple[Dep, ...] = ()
+    resources: dict[str, int] = field(default_factory=dict)  # resource name -> amount (> 0)
+
+
+@dataclass(slots=True)
+class RecurringSpec:
+    """A cron schedule whose occurrences are fixed-start tasks built from ``template``.
+
+    The template has no fixed start, no dependencies and no absolute deadline; ``deadline_in`` is
+    relative to each occurrence's start, and ``template.key`` (if any) prefixes occurrence keys as
+    ``{key}@{UTC start}``.
+    """
+
+    name: str
+    cron: str
+    template: TaskSpec
+    tz: str = "UTC"
+    overlap: Overlap = Overlap.SKIP
+    deadline_in: float | None = None
+
+
+@dataclass(slots=True)
+class Recurring:
+    """A schedule as the engine runs it: its next occurrence's start and the last task it created."""
+
+    spec: RecurringSpec
+    next_start: float | None = None
+    last_task_id: int = 0
 
 
 @dataclass(slots=True)
@@ -188,7 +305,25 @@ class StatusEvent:
     task: Task
 
 
-Action = Dispatch | Abort | StatusEvent
+@dataclass(slots=True)
+class Scale:
+    """A pool's autoscaler target changed (emitted only on change): library mode sets its capacity to
+    it, the server exports it and calls the pool's webhook scaler."""
+
+    pool: str
+    desired: int
+
+
+@dataclass(slots=True)
+class ScheduleChanged:
+    """A recurring schedule was added, advanced to its next occurrence, or removed (``recurring`` None):
+    what a durable runtime must write."""
+
+    name: str
+    recurring: Recurring | None
+
+
+Action = Dispatch | Abort | StatusEvent | Scale | ScheduleChanged
 
 
 # -------------------------------------------------------------------------------------------- errors

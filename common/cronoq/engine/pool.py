@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from .lanes import PoolQueue
+from .lanes import FairPoolQueue, PoolQueue
 from .model import Overflow, PoolConfig, Priority
 from .overflow import ShedIndex
 from .stats import WindowStats
@@ -18,7 +18,11 @@ class PoolState:
     def __init__(self, config: PoolConfig, metrics_window: float) -> None:
         self.config = config
         self.name = config.name
-        self.queue = PoolQueue(config.default_duration)
+        self.queue = (
+            FairPoolQueue(config.default_duration, config.tenant_weights)
+            if config.fair_share
+            else PoolQueue(config.default_duration)
+        )
         self.workers = PoolWorkers()
         self.stats = WindowStats(metrics_window)
         self.pending = [0 for _ in Priority]

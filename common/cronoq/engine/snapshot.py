@@ -62,6 +62,8 @@ class Totals:
     timeouts: int = 0
     lease_expiries: int = 0
     stale_completions: int = 0
+    recurring_conflicts: int = 0  # occurrences not created: no reservation left for them
+    recurring_invalid: int = 0  # occurrences or schedules that could not be created or restored
 
 
 @dataclass(slots=True)

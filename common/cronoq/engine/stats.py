@@ -64,6 +64,8 @@ class Bucket:
         "capacity_area",
         "dispatched",
         "failed",
+        "fixed_hits",
+        "fixed_total",
         "index",
         "inversions",
         "run_ok",
@@ -85,6 +87,8 @@ class Bucket:
         self.run_total = 0.0
         self.run_ok = 0.0
         self.capacity_area = 0.0
+        self.fixed_hits = 0
+        self.fixed_total = 0
         self.waits[:] = _NO_WAITS
 
     def dispatch(self, wait: float, inverted: bool) -> None:
@@ -94,6 +98,12 @@ class Bucket:
         if inverted:
             self.inversions += 1
         self.waits[0 if wait < _UNIT else wait_bin(wait)] += 1
+
+    def fixed_start(self, hit: bool) -> None:
+        """A fixed-start task started within its tolerance (a hit), or started late or missed."""
+        self.fixed_total += 1
+        if hit:
+            self.fixed_hits += 1
 
     def attempt(self, run: float, outcome: Status) -> None:
         """An attempt ended after ``run`` seconds as SUCCEEDED, FAILED (retryable or not) or CANCELLED."""
@@ -114,6 +124,7 @@ class WindowView:
     __slots__ = (
         "dispatched",
         "failed",
+        "fixed_start_hit_rate",
         "priority_adherence",
         "schedule_efficiency",
         "succeeded",
@@ -124,7 +135,7 @@ class WindowView:
     )
 
     def __init__(self, buckets: list[Bucket]) -> None:
-        dispatched = inversions = succeeded = failed = 0
+        dispatched = inversions = succeeded = failed = fixed_hits = fixed_total = 0
         run_total = run_ok = capacity_area = 0.0
         waits = [0] * BINS
         for b in buckets:
@@ -135,12 +146,15 @@ class WindowView:
             run_total += b.run_total
             run_ok += b.run_ok
             capacity_area += b.capacity_area
+            fixed_hits += b.fixed_hits
+            fixed_total += b.fixed_total
             if b.dispatched:
                 waits = [x + y for x, y in zip(waits, b.waits, strict=True)]
         self.dispatched = dispatched
         self.succeeded = succeeded
         self.failed = failed
         self.priority_adherence = 1.0 - inversions / dispatched if dispatched else 1.0
+        self.fixed_start_hit_rate = fixed_hits / fixed_total if fixed_total else 1.0
         # Attempts are credited when they end, so one that began before the window can overshoot.
         self.utilization = min(1.0, run_total / capacity_area) if capacity_area > 0 else 0.0
         self.schedule_efficiency = min(self.utilization, run_ok / capacity_area) if capacity_area > 0 else 0.0

@@ -20,6 +20,12 @@ class TimerKind(enum.IntEnum):
     ATTEMPT_TIMEOUT = 1  # target: lease id
     LEASE_EXPIRY = 2  # target: lease id
     RETRY_READY = 3  # target: task id; token: the attempt that failed
+    FIXED_HOLD = 4  # target: task id; hold a worker for its fixed start
+    FIXED_START = 5  # target: task id; its fixed start arrived
+    FIXED_MISS = 6  # target: task id; start + tolerance passed
+    AWAIT_TIMEOUT = 7  # target: task id; stop awaiting unknown dependencies
+    RESOURCE_WAKE = 8  # target: 0; token buckets may have refilled enough for parked tasks
+    RECURRING = 9  # target: schedule number; token: its generation
 
 
 # (due, tie-breaker, kind, target, token): the tie-breaker keeps entries due at the same time in the

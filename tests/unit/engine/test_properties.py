@@ -56,6 +56,8 @@ LABELS = [{}, {"gpu": "1"}, {"gpu": "1", "zone": "eu"}, {"zone": "eu"}]
 
 
 class EngineMachine(RuleBasedStateMachine):
+    transitions = NEXT  # the status changes allowed; subclasses with more features allow more
+
     def __init__(self) -> None:
         super().__init__()
         self.engine = Engine(POOLS, rng=random.Random(0))
@@ -207,7 +209,7 @@ class EngineMachine(RuleBasedStateMachine):
                 self.leases[action.lease] = (action.worker_id, task_id)
             elif isinstance(action, Abort):
                 assert self.leases.pop(action.lease)[0] == action.worker_id
-            else:
+            elif isinstance(action, StatusEvent):
                 self.event(action)
 
     def event(self, event: StatusEvent) -> None:
@@ -215,7 +217,7 @@ class EngineMachine(RuleBasedStateMachine):
         if before is None:
             assert event.status is S.BLOCKED and event.attempt == 0
         else:
-            assert event.status in NEXT.get(before, set()), (before, event.status)
+            assert event.status in self.transitions.get(before, set()), (before, event.status)
         if event.status is S.RUNNING:
             self.attempts[event.id] += 1
             assert event.attempt == self.attempts[event.id]

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import copy
+import dataclasses
 import random
 
-from cronoq.engine import Engine, PoolConfig, RetryPolicy, Status, Task
+from cronoq.engine import Dep, Engine, PoolConfig, RetryPolicy, Status, Task
 
 from .helpers import FIXED, drain, spec, task_of
 
@@ -103,3 +104,22 @@ def test_listing_pages_across_the_epoch_gap() -> None:
             break
     assert seen == sorted(seen) and len(seen) == 8
     assert seen[-3:] == [EPOCH2, EPOCH2 + 1, EPOCH2 + 2]
+
+
+def test_restored_blocked_task_whose_met_target_was_pruned_waits_for_the_rest() -> None:
+    old = Engine([PoolConfig("p", retry=FIXED)])
+    old.add_worker(1, "p", 1, {}, 0.0)
+    [a] = old.submit([spec(key="a")], 0.0)
+    [b] = old.submit([spec(key="b", labels={"gpu": "1"})], 0.0)  # no worker can run it yet
+    [c] = old.submit([dataclasses.replace(spec(key="c"), deps=(Dep(a.id), Dep("b")))], 0.0)
+    lease = next(d for d in drain(old).dispatches if d.task.id == a.id)
+    old.complete(1, lease.lease, 1.0)
+    # The store pruned a; b and c survive.
+    survivors = [copy.deepcopy(task_of(old, ref)) for ref in (b.id, c.id)]
+    new = Engine([PoolConfig("p", retry=FIXED)], first_id=100)
+    new.restore(survivors, 2.0)
+    assert task_of(new, c.id).status is Status.BLOCKED
+    new.add_worker(1, "p", 1, {"gpu": "1"}, 2.0)
+    lease_b = next(d for d in drain(new).dispatches if d.task.id == b.id)
+    new.complete(1, lease_b.lease, 3.0)
+    assert task_of(new, c.id).status is Status.RUNNING

@@ -1,0 +1,147 @@
+"""The autoscaler: a pool's desired worker count from queue pressure (engine-behaviour §6).
+
+Once per ``interval`` the engine hands it what it saw: arrivals since the last evaluation, the mean
+service time, the backlog per class, the current capacity and the workers fixed starts will need. The
+desired count is what the arrival rate needs at the target utilization, plus what drains the backlog in
+``drain_time`` (or faster where a class has an SLO), plus the reservations:
+
+    lambda  = EWMA of arrivals / dt (alpha ``ewma_alpha``), started with the first sample
+    slots(x) = 0 if x < 0.01 else ceil(x)
+    base    = slots(lambda * S / target_utilization) + slots(total_backlog * S / drain_time)
+    slo_c   = slots(backlog_c * S / slo[c])   for each class c with an SLO
+    raw     = clamp(max(base, max slo_c) + reserved, min, max)
+
+The target then moves towards ``raw`` asymmetrically, because starting workers late costs latency while
+stopping them early costs a restart: up at once, at most max(capacity * max_step_up_ratio,
+max_step_up_abs) per evaluation; down only to the highest ``raw`` of the last ``stabilization_window``
+seconds, by at most ``max_step_down``, and no sooner than ``cooldown`` after the previous step down.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from collections.abc import Sequence
+
+from .model import AutoscaleConfig
+
+_NEGLIGIBLE = 0.01  # below this many workers' worth of demand, slots() asks for none
+
+
+def slots(workers: float) -> int:
+    """Whole workers for a fractional demand; a negligible demand (rounding noise, a trickle) needs none."""
+    return 0 if workers < _NEGLIGIBLE else math.ceil(workers)
+
+
+class Autoscaler:
+    """One pool's autoscaler; sans-IO, the engine calls ``evaluate`` once ``due_at`` has come.
+
+    ``due_at`` is minus infinity before the first evaluation (due at once, whatever the clock's origin),
+    then the previous evaluation's time plus ``interval``. ``config`` is read by the engine for
+    ``reservation_horizon``.
+    """
+
+    __slots__ = (
+        "_default_duration",
+        "_history",
+        "_last_at",
+        "_last_down_at",
+        "_max",
+        "_min",
+        "_rate",
+        "_target",
+        "_unsampled",
+        "config",
+        "due_at",
+    )
+
+    def __init__(
+        self, config: AutoscaleConfig, min_workers: int, max_workers: int, default_duration: float
+    ) -> None:
+        if min_workers > max_workers:
+            raise ValueError(f"min_workers ({min_workers}) must not exceed max_workers ({max_workers})")
+        self.config = config
+        self.due_at = -math.inf
+        self._min = min_workers
+        self._max = max_workers
+        self._default_duration = default_duration
+        self._target = min_workers
+        self._rate: float | None = None  # lambda, arrivals per second; None until the first sample
+        self._last_at: float | None = None  # time of the previous evaluation
+        self._unsampled = 0  # arrivals seen in evaluations that had no elapsed time to divide them by
+        self._history: deque[tuple[float, int]] = deque()  # (time, raw) within the stabilization window
+        self._last_down_at: float | None = None
+
+    @property
+    def desired(self) -> int:
+        """The current target: the last one returned by ``evaluate``, or ``min_workers`` before that."""
+        return self._target
+
+    def evaluate(
+        self,
+        now: float,
+        *,
+        arrivals: int,
+        service_time: float | None,
+        backlog: Sequence[int],
+        capacity: int,
+        reserved: int,
+    ) -> int | None:
+        """One evaluation at ``now``; the new target if it changed, else None.
+
+        ``arrivals``: tasks that became eligible since the previous evaluation. ``service_time``: the mean
+        observed run time (None: nothing observed yet, use the pool's default duration). ``backlog``: ready,
+        due and retrying tasks per class, indexed by ``Priority``. ``capacity``: the pool's workers now.
+        ``reserved``: peak concurrent fixed-start reservations ahead within the reservation horizon.
+        """
+        self.due_at = now + self.config.interval
+        self._sample(now, arrivals)
+        raw = self._raw(service_time, backlog, reserved)
+        window = self.config.stabilization_window
+        while self._history and now - self._history[0][0] >= window:
+            self._history.popleft()
+        self._history.append((now, raw))
+
+        current = self._target
+        target = current
+        if raw > current:
+            step = max(math.floor(capacity * self.config.max_step_up_ratio), self.config.max_step_up_abs)
+            target = min(raw, current + step)
+        else:
+            peak = max(r for _, r in self._history)
+            cooled = self._last_down_at is None or now - self._last_down_at >= self.config.cooldown
+            if peak < current and cooled:
+                target = max(peak, current - self.config.max_step_down)
+                self._last_down_at = now
+        if target == current:
+            return None
+        self._target = target
+        return target
+
+    def _sample(self, now: float, arrivals: int) -> None:
+        """Fold the arrival rate since the previous evaluation into the EWMA.
+
+        The first evaluation (and any at the same instant as the previous one) has no elapsed time to
+        measure a rate over, so its arrivals are carried into the next sample instead of inventing a dt;
+        the EWMA then starts with that first real sample, which is what makes a burst right after start
+        count in full (30 arrivals in the first second: lambda = 30, not 0.3 x 30).
+        """
+        previous, self._last_at = self._last_at, now
+        dt = 0.0 if previous is None else now - previous
+        if dt <= 0:
+            self._unsampled += arrivals
+            return
+        sample = (arrivals + self._unsampled) / dt
+        self._unsampled = 0
+        alpha = self.config.ewma_alpha
+        self._rate = sample if self._rate is None else alpha * sample + (1 - alpha) * self._rate
+
+    def _raw(self, service_time: float | None, backlog: Sequence[int], reserved: int) -> int:
+        """The desired count before step limits, clamped to [min, max]."""
+        config = self.config
+        s = self._default_duration if service_time is None else service_time
+        rate = self._rate or 0.0
+        needed = slots(rate * s / config.target_utilization) + slots(sum(backlog) * s / config.drain_time)
+        for cls, seconds in config.slo.items():
+            needed = max(needed, slots(backlog[cls] * s / seconds))
+        return min(max(needed + reserved, self._min), self._max)

@@ -1,0 +1,55 @@
+"""The engine drives each autoscaled pool's Autoscaler: inputs from its own state, ``Scale`` actions
+when the target changes, ``desired`` in the snapshot. (The formula itself: test_autoscale.py.)"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from cronoq.engine import AutoscaleConfig, Engine, MissPolicy, PoolConfig, Scale
+
+from .helpers import NO_RETRY, drain, spec
+
+
+def scaled_engine(**config: object) -> Engine:
+    autoscale = AutoscaleConfig(max_step_up_abs=1000, **config)  # type: ignore[arg-type]
+    return Engine([PoolConfig("p", min=1, max=1000, retry=NO_RETRY, autoscale=autoscale)])
+
+
+def scales(engine: Engine) -> list[Scale]:
+    return [a for a in drain(engine).actions if isinstance(a, Scale)]
+
+
+def test_a_burst_of_30_with_one_running_wants_41() -> None:
+    engine = scaled_engine()
+    assert engine.next_wakeup() == 0.0  # the first evaluation is due at once
+    engine.tick(0.0)
+    engine.add_worker(1, "p", 1, {}, 0.0)
+    engine.submit([spec() for _ in range(30)], 0.5)
+    drain(engine)
+    assert engine.next_wakeup() == 1.0
+    engine.tick(1.0)
+    assert scales(engine) == [Scale("p", 41)]
+    assert engine.snapshot(1.0).pools[0].desired == 41
+    engine.tick(2.0)
+    assert engine.snapshot(2.0).pools[0].desired == 41
+
+
+def test_upcoming_fixed_starts_add_their_reservations() -> None:
+    engine = scaled_engine()
+    engine.tick(0.0)
+    fixed = [
+        dataclasses.replace(spec(), start=30.0 + 0.1 * i, tolerance=1.0, on_miss=MissPolicy.SKIP)
+        for i in range(5)
+    ]
+    engine.submit(fixed, 0.5)
+    engine.tick(1.0)
+    assert scales(engine) == [Scale("p", 5)]
+
+
+def test_pools_without_autoscaling_report_capacity_as_desired_and_emit_nothing() -> None:
+    engine = Engine([PoolConfig("p", retry=NO_RETRY)])
+    assert engine.next_wakeup() is None
+    engine.add_worker(1, "p", 3, {}, 0.0)
+    engine.submit([spec() for _ in range(30)], 0.0)
+    engine.tick(5.0)
+    assert scales(engine) == [] and engine.snapshot(5.0).pools[0].desired == 3

@@ -1,0 +1,104 @@
+"""Resources in the engine: checked at submit, taken at dispatch, released when the attempt ends, shared
+by all pools; a task waiting for a resource does not block others and keeps its place."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from cronoq.engine import Engine, PoolConfig, Priority, Semaphore, Status, SubmitError, TaskSpec, TokenBucket
+
+from .helpers import NO_RETRY, drain, spec, task_of
+
+
+def needs(base: TaskSpec, **amounts: int) -> TaskSpec:
+    return dataclasses.replace(base, resources=amounts)
+
+
+def make(*pools: str) -> Engine:
+    names = pools or ("p",)
+    return Engine(
+        [PoolConfig(name, retry=NO_RETRY) for name in names],
+        resources=[Semaphore("gpu", 2), TokenBucket("api", rate=4.0, burst=2.0)],
+    )
+
+
+@pytest.mark.parametrize(
+    ("amounts", "code", "message"),
+    [
+        ({"nope": 1}, "unknown_resource", "unknown resource 'nope'"),
+        ({"gpu": 3}, "resource_exceeds_capacity", "requested amount exceeds capacity of resource 'gpu'"),
+        ({"gpu": 0}, "invalid", "invalid task: resource amount must be > 0"),
+    ],
+)
+def test_bad_amounts_are_refused_at_submit(amounts: dict[str, int], code: str, message: str) -> None:
+    engine = make()
+    with pytest.raises(SubmitError) as err:
+        engine.submit([spec(key="first"), needs(spec(), **amounts)], 0.0)
+    assert (err.value.code, err.value.message, err.value.index) == (code, message, 1)
+    assert engine.get("first") is None
+
+
+def test_a_semaphore_bounds_running_attempts_across_pools_and_is_released() -> None:
+    engine = make("p", "q")
+    engine.add_worker(1, "p", 5, {}, 0.0)
+    engine.add_worker(2, "q", 5, {}, 0.0)
+    a, b = engine.submit([needs(spec("p"), gpu=1), needs(spec("p"), gpu=1)], 0.0)
+    [c] = engine.submit([needs(spec("q"), gpu=1)], 0.0)
+    running = drain(engine).dispatches
+    assert [d.task.id for d in running] == [a.id, b.id]
+    assert task_of(engine, c.id).status is Status.READY
+    engine.complete(1, running[0].lease, 1.0)
+    [d] = drain(engine).dispatches
+    assert (d.task.id, d.worker_id) == (c.id, 2)
+
+
+def test_a_task_waiting_for_a_resource_does_not_block_a_later_one() -> None:
+    engine = make()
+    engine.add_worker(1, "p", 5, {}, 0.0)
+    engine.submit([needs(spec(), gpu=2)], 0.0)
+    drain(engine)
+    high, normal = engine.submit([needs(spec(priority=Priority.HIGH), gpu=1), spec()], 0.0)
+    assert [d.task.id for d in drain(engine).dispatches] == [normal.id]
+    assert task_of(engine, high.id).status is Status.READY
+    assert engine.snapshot(0.0).pools[0].priority_adherence == 1.0
+
+
+def test_woken_tasks_keep_their_original_order() -> None:
+    engine = make()
+    engine.add_worker(1, "p", 5, {}, 0.0)
+    [hog] = engine.submit([needs(spec(), gpu=2)], 0.0)
+    lease = drain(engine).dispatches[0]
+    first, second = engine.submit([needs(spec(), gpu=2), needs(spec(), gpu=2)], 0.0)
+    engine.complete(1, lease.lease, 1.0)
+    [d] = drain(engine).dispatches
+    assert d.task.id == first.id and hog.id != first.id
+    assert task_of(engine, second.id).status is Status.READY
+
+
+def test_a_token_bucket_paces_dispatches() -> None:
+    engine = make()
+    engine.add_worker(1, "p", 10, {}, 0.0)
+    engine.submit([needs(spec(), api=1) for _ in range(5)], 0.0)
+    times = [0.0] * len(drain(engine).dispatches)
+    assert len(times) == 2  # the burst
+    while len(times) < 5:
+        wake = engine.next_wakeup()
+        assert wake is not None
+        engine.tick(wake)
+        times += [wake] * len(drain(engine).dispatches)
+    assert times == [0.0, 0.0, 0.25, 0.5, 0.75]
+
+
+def test_cancelling_a_task_waiting_for_a_resource() -> None:
+    engine = make()
+    engine.add_worker(1, "p", 5, {}, 0.0)
+    engine.submit([needs(spec(), gpu=2)], 0.0)
+    lease = drain(engine).dispatches[0]
+    [waiting] = engine.submit([needs(spec(), gpu=1)], 0.0)
+    assert engine.cancel(waiting.id, 0.5)
+    engine.complete(1, lease.lease, 1.0)
+    assert drain(engine).dispatches == []
+    snap = engine.snapshot(1.0)
+    assert snap.pending == 0 and snap.pools[0].pending_by_class == [0, 0, 0, 0]

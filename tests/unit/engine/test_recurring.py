@@ -1,0 +1,196 @@
+"""Recurring schedules in the engine: occurrences as fixed starts created one ahead, occurrence keys,
+overlap policies, template rules, conflicts, replacement, removal and restore."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import pytest
+
+from cronoq.engine import (
+    Dep,
+    Engine,
+    Overlap,
+    PoolConfig,
+    Recurring,
+    RecurringSpec,
+    ScheduleChanged,
+    Status,
+    Task,
+)
+
+from .helpers import NO_RETRY, drain, spec, task_of
+
+EVERY_10S = "*/10 * * * * *"  # 6 fields: seconds first
+
+
+def make(max_workers: int = 10) -> Engine:
+    return Engine([PoolConfig("p", max=max_workers, retry=NO_RETRY)])
+
+
+def schedule(
+    cron: str = EVERY_10S,
+    *,
+    name: str = "sh",
+    key: str = "sh",
+    overlap: Overlap = Overlap.SKIP,
+    **template: Any,
+) -> RecurringSpec:
+    base = dataclasses.replace(spec(key=key), **template)
+    return RecurringSpec(name=name, cron=cron, template=base, overlap=overlap)
+
+
+def occurrences(engine: Engine) -> list[Task]:
+    tasks, _ = engine.list_tasks(pools=None, statuses=None, after=0, limit=100)
+    return tasks
+
+
+def test_first_occurrence_is_created_when_added_and_the_next_when_it_fires() -> None:
+    e = make()
+    recurring = e.add_recurring(schedule(), 3.0)
+    assert recurring.next_start == 10.0
+    actions = drain(e).actions
+    changed = [a for a in actions if isinstance(a, ScheduleChanged)]
+    assert [(c.name, c.recurring) for c in changed] == [("sh", recurring)]
+    [first] = occurrences(e)
+    assert (first.spec.key, first.spec.start, first.status) == (
+        "sh@1970-01-01T00:00:10Z",
+        10.0,
+        Status.SCHEDULED,
+    )
+    assert recurring.last_task_id == first.id
+    e.tick(10.0)
+    first_again, second = occurrences(e)
+    assert first_again.status is Status.READY  # no worker
+    assert (second.spec.key, second.spec.start) == ("sh@1970-01-01T00:00:20Z", 20.0)
+    assert (recurring.next_start, recurring.last_task_id) == (20.0, second.id)
+
+
+def test_without_a_key_occurrences_have_none_and_deadline_in_is_relative() -> None:
+    e = make()
+    e.add_recurring(dataclasses.replace(schedule(key=""), deadline_in=5.0), 0.0)
+    [first] = occurrences(e)
+    assert (first.spec.key, first.spec.deadline) == ("", 15.0)
+
+
+def test_overlap_skip_skips_an_occurrence_while_the_previous_one_runs() -> None:
+    e = make()
+    e.add_worker(1, "p", 2, {}, 0.0)
+    e.add_recurring(schedule(), 0.0)
+    e.tick(10.0)
+    assert len(drain(e).dispatches) == 1  # the first occurrence runs (and is not completed)
+    e.tick(20.0)
+    first, second, third = occurrences(e)
+    assert first.status is Status.RUNNING
+    assert (second.status, second.message) == (Status.SKIPPED, "previous occurrence still running")
+    assert third.status is Status.SCHEDULED
+    assert e.snapshot(20.0).totals.skipped == 1
+
+
+def test_overlap_allow_runs_both() -> None:
+    e = make()
+    e.add_worker(1, "p", 2, {}, 0.0)
+    e.add_recurring(schedule(overlap=Overlap.ALLOW), 0.0)
+    e.tick(10.0)
+    e.tick(20.0)
+    first, second, _ = occurrences(e)
+    assert (first.status, second.status) == (Status.RUNNING, Status.RUNNING)
+
+
+def test_overlap_queue_chains_on_completion_even_late() -> None:
+    e = make()
+    e.add_worker(1, "p", 2, {}, 0.0)
+    e.add_recurring(schedule(overlap=Overlap.QUEUE), 0.0)
+    e.tick(10.0)
+    lease = drain(e).dispatches[0]
+    e.tick(20.0)
+    first, second, _ = occurrences(e)
+    assert second.spec.deps == (Dep(first.id, second.spec.deps[0].on),)
+    assert second.status is Status.BLOCKED
+    e.fail(1, lease.lease, "boom", True, None, 25.0)
+    assert task_of(e, second.id).status is Status.RUNNING  # late, but it runs
+
+
+def test_overlap_queue_on_success_skips_after_a_failure() -> None:
+    e = make()
+    e.add_worker(1, "p", 2, {}, 0.0)
+    e.add_recurring(schedule(overlap=Overlap.QUEUE_ON_SUCCESS), 0.0)
+    e.tick(10.0)
+    lease = drain(e).dispatches[0]
+    e.tick(20.0)
+    _, second, _ = occurrences(e)
+    e.fail(1, lease.lease, "boom", True, None, 21.0)
+    assert task_of(e, second.id).status is Status.SKIPPED
+
+
+@pytest.mark.parametrize(
+    ("template", "field"),
+    [
+        ({"deps": (Dep("x"),)}, "template.deps"),
+        ({"start": 50.0}, "template.start"),
+        ({"deadline": 50.0}, "template.deadline"),
+        ({"pool": "nope"}, "template.pool"),
+    ],
+)
+def test_template_rules(template: dict[str, Any], field: str) -> None:
+    e = make()
+    with pytest.raises(ValueError, match=f"^{field}: "):
+        e.add_recurring(RecurringSpec("sh", EVERY_10S, dataclasses.replace(spec(key="sh"), **template)), 0.0)
+    assert e.list_recurring() == [] and occurrences(e) == []
+
+
+@pytest.mark.parametrize(
+    ("cron", "tz", "field"), [("61 * * * *", "UTC", "cron"), ("* * * * *", "Mars/X", "tz")]
+)
+def test_bad_cron_or_zone_names_the_field(cron: str, tz: str, field: str) -> None:
+    e = make()
+    with pytest.raises(ValueError, match=f"^{field}: "):
+        e.add_recurring(dataclasses.replace(schedule(cron), tz=tz), 0.0)
+    assert e.list_recurring() == []
+
+
+def test_an_occurrence_without_a_reservation_is_not_created_and_counted() -> None:
+    e = make(max_workers=1)  # one reservation at a time
+    e.add_recurring(schedule("* * * * * *"), 0.0)  # every second: windows [s-1, s+2] overlap
+    e.tick(1.0)
+    assert len(occurrences(e)) == 1
+    assert e.snapshot(1.0).totals.recurring_conflicts == 1
+    e.tick(2.0)  # the schedule goes on
+    assert e.list_recurring()[0].next_start == 3.0
+
+
+def test_replacing_keeps_the_name_and_stale_timers_do_nothing() -> None:
+    e = make()
+    e.add_recurring(schedule(), 0.0)
+    e.add_recurring(schedule("*/30 * * * * *", key="v2"), 1.0)
+    [recurring] = e.list_recurring()
+    assert recurring.spec.cron == "*/30 * * * * *"
+    e.tick(10.0)  # the replaced schedule's timer must not create an occurrence
+    assert [t.spec.key for t in occurrences(e)] == ["sh@1970-01-01T00:00:10Z", "v2@1970-01-01T00:00:30Z"]
+
+
+def test_remove_stops_new_occurrences_but_keeps_the_created_one() -> None:
+    e = make()
+    e.add_recurring(schedule(), 0.0)
+    drain(e)
+    assert e.remove_recurring("sh", 1.0)
+    assert not e.remove_recurring("sh", 1.0)
+    assert [a for a in drain(e).actions if isinstance(a, ScheduleChanged)] == [ScheduleChanged("sh", None)]
+    e.tick(10.0)
+    e.tick(20.0)
+    assert len(occurrences(e)) == 1 and e.list_recurring() == []
+
+
+def test_restored_schedules_continue_and_invalid_ones_are_counted() -> None:
+    e = make()
+    recurring = e.add_recurring(schedule(), 0.0)
+    [first] = occurrences(e)
+    broken = Recurring(schedule("not a cron", name="bad"), 10.0, 0)
+    fresh = Engine([PoolConfig("p", retry=NO_RETRY)], first_id=1000)
+    fresh.restore([dataclasses.replace(first)], 5.0, [dataclasses.replace(recurring), broken])
+    assert [r.spec.name for r in fresh.list_recurring()] == ["sh"]
+    assert fresh.snapshot(5.0).totals.recurring_invalid == 1
+    fresh.tick(10.0)
+    keys = [t.spec.key for t in occurrences(fresh)]
+    assert keys == ["sh@1970-01-01T00:00:10Z", "sh@1970-01-01T00:00:20Z"]

@@ -1,0 +1,196 @@
+"""Resources gating dispatch: submit validation, all-or-nothing takes, token refill and wake-up times."""
+
+from __future__ import annotations
+
+import pytest
+
+from cronoq.engine import Semaphore, TokenBucket
+from cronoq.engine.resources import Resources, ResourceView
+
+UNIX = 1_700_000_000.1  # a present-day timestamp: floats there resolve only about 0.24 us
+
+
+def dispatch_times(resources: Resources, amounts: dict[str, int], count: int, start: float) -> list[float]:
+    """Drive the resources as the engine does: take when possible, else wait until ``available_at``."""
+    times: list[float] = []
+    now = start
+    while len(times) < count:
+        if resources.try_take(amounts, now):
+            times.append(now)
+        else:
+            wake = resources.available_at(amounts, now)
+            assert wake is not None and wake > now
+            now = wake
+    return times
+
+
+# ------------------------------------------------------------------------------------------ validation
+
+
+def test_check_accepts_known_resources_within_capacity() -> None:
+    resources = Resources([Semaphore("db", 2), TokenBucket("api", 4.0, 2.0)])
+    assert resources.check({"db": 2, "api": 2}) is None
+    assert resources.check({}) is None
+
+
+def test_check_refuses_an_unknown_resource() -> None:
+    resources = Resources([Semaphore("db", 2)])
+    assert resources.check({"db": 1, "gpu": 1}) == ("unknown_resource", "unknown resource 'gpu'")
+
+
+@pytest.mark.parametrize("amounts", [{"db": 3}, {"api": 3}])
+def test_check_refuses_more_than_permits_or_burst(amounts: dict[str, int]) -> None:
+    resources = Resources([Semaphore("db", 2), TokenBucket("api", 4.0, 2.5)])
+    name = next(iter(amounts))
+    assert resources.check(amounts) == (
+        "resource_exceeds_capacity",
+        f"requested amount exceeds capacity of resource '{name}'",
+    )
+
+
+@pytest.mark.parametrize("amount", [0, -1])
+def test_check_refuses_an_amount_below_one(amount: int) -> None:
+    resources = Resources([Semaphore("db", 2)])
+    assert resources.check({"db": amount}) == ("invalid", "invalid task: resource amount must be > 0")
+
+
+def test_check_reports_the_first_problem_in_request_order() -> None:
+    resources = Resources([Semaphore("db", 2)])
+    assert resources.check({"gpu": 1, "db": 0}) == ("unknown_resource", "unknown resource 'gpu'")
+    assert resources.check({"db": 0, "gpu": 1}) == ("invalid", "invalid task: resource amount must be > 0")
+
+
+@pytest.mark.parametrize(
+    ("configs", "message"),
+    [
+        ([Semaphore("x", 1), TokenBucket("x", 1.0, 1.0)], "duplicate resource name 'x'"),
+        ([Semaphore("x", 0)], "permits must be >= 1"),
+        ([TokenBucket("x", 0.0, 1.0)], "rate must be a finite number > 0"),
+        ([TokenBucket("x", float("inf"), 1.0)], "rate must be a finite number > 0"),
+        ([TokenBucket("x", 1.0, 0.5)], "burst must be a finite number >= 1"),
+    ],
+)
+def test_invalid_configurations_are_refused(configs: list[Semaphore | TokenBucket], message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        Resources(configs)
+
+
+# ----------------------------------------------------------------------------------------- semaphores
+
+
+def test_semaphore_holds_at_most_its_permits_until_released() -> None:
+    resources = Resources([Semaphore("db", 3)])
+    assert resources.try_take({"db": 2}, 0.0)
+    assert not resources.try_take({"db": 2}, 0.0)
+    assert resources.try_take({"db": 1}, 0.0)
+    assert not resources.try_take({"db": 1}, 0.0)
+    resources.release({"db": 2})
+    assert resources.try_take({"db": 2}, 0.0)
+
+
+def test_a_take_is_all_or_nothing() -> None:
+    resources = Resources([Semaphore("db", 2), Semaphore("gpu", 1)])
+    assert resources.try_take({"gpu": 1}, 0.0)
+    assert not resources.try_take({"db": 2, "gpu": 1}, 0.0)
+    assert resources.view(0.0) == [
+        ResourceView("db", "semaphore", 2.0, 2.0),  # nothing taken from db by the refused request
+        ResourceView("gpu", "semaphore", 1.0, 0.0),
+    ]
+
+
+def test_a_refused_take_leaves_buckets_untouched() -> None:
+    resources = Resources([TokenBucket("api", 1.0, 1.0), Semaphore("db", 1)])
+    assert resources.try_take({"db": 1}, 0.0)
+    assert not resources.try_take({"api": 1, "db": 1}, 0.0)
+    assert resources.view(0.0)[0] == ResourceView("api", "token_bucket", 1.0, 1.0)
+
+
+def test_a_request_without_resources_always_goes() -> None:
+    resources = Resources([])
+    assert resources.try_take({}, 0.0)
+    assert resources.available_at({}, 5.0) == 5.0
+
+
+# -------------------------------------------------------------------------------------- token buckets
+
+
+def test_rate_four_burst_two_gives_two_at_once_then_one_every_quarter_second() -> None:
+    resources = Resources([TokenBucket("api", 4.0, 2.0)])
+    assert dispatch_times(resources, {"api": 1}, 6, 0.0) == [0.0, 0.0, 0.25, 0.5, 0.75, 1.0]
+
+
+def test_available_at_names_the_refill_time_and_not_a_moment_earlier() -> None:
+    resources = Resources([TokenBucket("api", 4.0, 2.0)])
+    assert resources.try_take({"api": 2}, 10.0)
+    assert resources.available_at({"api": 1}, 10.0) == 10.25
+    assert resources.available_at({"api": 2}, 10.0) == 10.5
+    assert not resources.try_take({"api": 1}, 10.249)
+    assert resources.try_take({"api": 1}, 10.25)
+
+
+def test_burst_survives_float_rounding_at_unix_timestamps() -> None:
+    resources = Resources([TokenBucket("api", 3.0, 5.0)])
+    assert dispatch_times(resources, {"api": 1}, 5, UNIX) == [UNIX] * 5
+    later = UNIX + 100.0  # idle long enough to refill to exactly 5 again
+    assert dispatch_times(resources, {"api": 1}, 5, later) == [later] * 5
+
+
+def test_every_wake_up_time_succeeds_with_an_awkward_rate() -> None:
+    resources = Resources([TokenBucket("api", 3.0, 2.0)])
+    times = dispatch_times(resources, {"api": 1}, 302, UNIX)  # asserts each wake-up lets the take through
+    assert times[:2] == [UNIX, UNIX]
+    # the rate holds exactly: waking a fraction of a microsecond late (the next float) costs nothing
+    assert times[301] - times[1] == pytest.approx(100.0, abs=1e-6)
+
+
+def test_refill_stops_at_burst() -> None:
+    resources = Resources([TokenBucket("api", 4.0, 2.0)])
+    assert dispatch_times(resources, {"api": 1}, 2, 0.0) == [0.0, 0.0]
+    assert dispatch_times(resources, {"api": 1}, 3, 100.0) == [100.0, 100.0, 100.25]
+
+
+def test_a_dispatch_consumes_its_amount_of_tokens() -> None:
+    resources = Resources([TokenBucket("api", 2.0, 3.0)])
+    assert resources.try_take({"api": 3}, 0.0)
+    assert resources.available_at({"api": 3}, 0.0) == 1.5
+    assert resources.view(1.0) == [ResourceView("api", "token_bucket", 3.0, 2.0)]
+
+
+def test_release_does_not_give_tokens_back() -> None:
+    resources = Resources([TokenBucket("api", 1.0, 1.0)])
+    assert resources.try_take({"api": 1}, 0.0)
+    resources.release({"api": 1})
+    assert not resources.try_take({"api": 1}, 0.5)
+
+
+# ------------------------------------------------------------------------------------ mixed requests
+
+
+def test_available_at_is_none_while_a_semaphore_is_short() -> None:
+    resources = Resources([Semaphore("db", 1), TokenBucket("api", 1.0, 1.0)])
+    assert resources.try_take({"db": 1, "api": 1}, 0.0)
+    assert resources.available_at({"db": 1, "api": 1}, 0.0) is None  # only a release helps
+    resources.release({"db": 1})
+    assert resources.available_at({"db": 1, "api": 1}, 0.0) == 1.0
+
+
+def test_available_at_waits_for_the_scarcest_bucket() -> None:
+    resources = Resources([TokenBucket("fast", 10.0, 1.0), TokenBucket("slow", 0.5, 1.0)])
+    assert resources.try_take({"fast": 1, "slow": 1}, 0.0)
+    assert resources.available_at({"fast": 1, "slow": 1}, 0.0) == 2.0
+    assert resources.available_at({"fast": 1}, 0.0) == 0.1
+
+
+def test_available_at_is_now_when_everything_is_there() -> None:
+    resources = Resources([Semaphore("db", 1), TokenBucket("api", 1.0, 1.0)])
+    assert resources.try_take({"api": 1}, 0.0)
+    assert resources.available_at({"db": 1, "api": 1}, 3.0) == 3.0
+
+
+def test_view_lists_resources_in_configuration_order() -> None:
+    resources = Resources([TokenBucket("api", 4.0, 2.0), Semaphore("db", 3)])
+    assert resources.try_take({"api": 2, "db": 1}, 0.0)
+    assert resources.view(0.125) == [
+        ResourceView("api", "token_bucket", 2.0, 0.5),
+        ResourceView("db", "semaphore", 3.0, 2.0),
+    ]
