@@ -71,6 +71,7 @@ KEYS = ["", "", "k1", "k2", "k3", "k4"]
 
 class FeatureMachine(EngineMachine):
     transitions = NEXT
+
     def __init__(self) -> None:
         super().__init__()
         self.engine = Engine(POOLS, rng=random.Random(0), resources=RESOURCES)
