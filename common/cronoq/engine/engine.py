@@ -727,6 +727,8 @@ class Engine:
             started = task.started
             assert started is not None  # set at dispatch
             pool.stats.bucket(now).attempt(now - started, outcome)
+            if outcome is Status.SUCCEEDED:
+                pool.queue.durations.learn(task.spec.kind, now - started)
             if pool.config.autoscale is not None:
                 runs = self._runs[pool.name]
                 runs[0] += now - started
@@ -1051,7 +1053,8 @@ class Engine:
     def _window(self, pool: PoolState, spec: TaskSpec) -> Window:
         """The reservation of a fixed start: [start - tolerance, start + estimate + tolerance]."""
         assert spec.start is not None
-        estimate = spec.duration_hint if spec.duration_hint is not None else pool.config.default_duration
+        hint = spec.duration_hint
+        estimate = pool.queue.durations.of(spec.kind) if hint is None else hint
         return (spec.start - spec.tolerance, spec.start + estimate + spec.tolerance)
 
     def _schedule(self, pool: PoolState, task: Task, now: float) -> None:

@@ -58,6 +58,36 @@ def urgency(slack: float, window: float) -> float:
     return URGENCY_MAX + min(-slack * OVERDUE_RATE, OVERDUE_CAP)
 
 
+class Durations:
+    """How long a pool's attempts of each kind take, learned from successful attempts: the duration
+    estimate of tasks without a ``duration_hint`` (their urgency and their fixed-start reservation),
+    the pool's ``default_duration`` until a kind has succeeded once.
+
+    An exponentially weighted mean, so the estimate follows a kind whose run time drifts; kinds are
+    free-form, so at most ``MAX_KINDS`` are learned per pool and the rest use the default.
+    """
+
+    __slots__ = ("default", "mean")
+
+    MAX_KINDS = 1024
+    WEIGHT = 0.2  # of the newest run time
+
+    def __init__(self, default: float) -> None:
+        self.default = default
+        self.mean: dict[str, float] = {}
+
+    def of(self, kind: str) -> float:
+        return self.mean.get(kind, self.default)
+
+    def learn(self, kind: str, seconds: float) -> None:
+        mean = self.mean
+        old = mean.get(kind)
+        if old is not None:
+            mean[kind] = old + (seconds - old) * self.WEIGHT
+        elif len(mean) < self.MAX_KINDS:
+            mean[kind] = seconds
+
+
 class HasFree(Protocol):
     """Whether some worker with all of these labels has a free slot (``PoolWorkers.has_free``)."""
 
@@ -295,10 +325,11 @@ class PoolQueue:
     """The lanes of one pool. ``active`` lists the lanes that may hold READY tasks, Critical first, so
     a dispatch looks only at lanes with something in them; ``ready`` counts the READY tasks."""
 
-    __slots__ = ("_edf_entries", "_labelled", "_plain", "active", "default_duration", "ready")
+    __slots__ = ("_edf_entries", "_labelled", "_plain", "active", "default_duration", "durations", "ready")
 
     def __init__(self, default_duration: float) -> None:
         self.default_duration = default_duration
+        self.durations = Durations(default_duration)
         self._plain = [self._new_lane(c, NO_LABELS) for c in _CLASSES]
         self._labelled: dict[tuple[int, LabelSet], Lane] = {}
         self.active: list[Lane] = []
@@ -316,7 +347,7 @@ class PoolQueue:
         deadline = spec.deadline
         if deadline is not None:
             hint = spec.duration_hint
-            estimate = self.default_duration if hint is None else hint
+            estimate = self.durations.of(spec.kind) if hint is None else hint
             window = max(URGENCY_MIN_WINDOW, estimate)
             heappush(lane.edf, (deadline - estimate, task.seq, ready_at, window, task))
             self._edf_entries[priority] += 1

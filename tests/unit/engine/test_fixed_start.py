@@ -216,3 +216,14 @@ def test_labelled_fixed_start_holds_a_matching_worker() -> None:
     e.tick(5.0)
     [d] = drain(e).dispatches
     assert d.worker_id == 2
+
+
+def test_reservations_use_the_learned_run_time_of_the_kind() -> None:
+    e = engine(2)  # one reservation at a time
+    e.add_worker(1, "p", 1, {}, 0.0)
+    e.submit([dataclasses.replace(spec(), kind="render")], 0.0)
+    e.complete(1, drain(e).dispatches[0].lease, 10.0)  # render takes 10 s
+    e.submit([dataclasses.replace(fixed(100.0), kind="render")], 10.0)  # [99, 111]
+    e.submit([fixed(97.0)], 10.0)  # other kinds still use default_duration: [96, 99] touches only
+    with pytest.raises(SubmitError):
+        e.submit([dataclasses.replace(fixed(109.0), kind="other")], 10.0)  # [108, 111] overlaps
