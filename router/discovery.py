@@ -61,6 +61,15 @@ class LeaderFinder:
         self._found = {name: asyncio.Event() for name in self._shards}  # set while a leader is known
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
+        self.changes: dict[str, int] = dict.fromkeys(self._shards, 0)  # leader changes seen, per shard
+
+    def tracks(self, shard: Shard) -> bool:
+        """Whether this finder looks for ``shard``'s leader (it has ``members``)."""
+        return shard.name in self._shards
+
+    def leader(self, shard: Shard) -> str | None:
+        """The member of a tracked shard seen serving, None while none is (or before the first round)."""
+        return self._leaders.get(shard.name)
 
     def endpoint(self, shard: Shard) -> str:
         """Where to send ``shard``'s calls now: its member last seen serving, else its ``endpoint``."""
@@ -163,6 +172,8 @@ class LeaderFinder:
             self._found[name].set()
         if name in self._leaders and leader == current:
             return
+        if name in self._leaders:  # the first round's choice is no change
+            self.changes[name] += 1
         self._leaders[name] = leader
         if leader is None:
             log.warning("shard_no_leader", shard=name, members=[m.url for m in self._members[name]])

@@ -16,15 +16,17 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from cronoq.api.grpc_api import AdminServicer, Ctx, TasksServicer, authorize, call
 from cronoq.api.http_api import build_http_app
+from cronoq.api.limits import LimitsInterceptor, RequestLimits, grpc_receive_limit
 from cronoq.auth import Authenticator, Role
 from cronoq.config import Config
 from cronoq.errors import InvalidArgument, NotFound, PermissionDenied
 from cronoq.forward import Peers, WrongShard
 from cronoq.logs import get_logger
 from cronoq.shards import ShardMap
-from cronoq.tls import load_server_tls
+from cronoq.tls import load_server_tls, peer_credentials
 from cronoq.v1 import cronoq_pb2_grpc as pbg
 
+from . import metrics
 from .discovery import LeaderFinder
 from .service import RouterService
 
@@ -53,6 +55,7 @@ class RedirectWorkers(pbg.WorkersServicer):  # type: ignore[misc]
                 raise PermissionDenied(f"register.pool: this credential may not serve pool '{pool}'")
             # The shard's leader as last seen, so that workers need not go through a balancer that may
             # hand them to a standby; after a failover they come back here and are sent on again.
+            self.service.redirects[(shard.name, pool)] += 1
             raise WrongShard(
                 shard,
                 "register.pool: workers connect to their shard, not to the router",
@@ -67,7 +70,9 @@ class RouterServer:
         self.config = config
         limits = config.limits
         shards = ShardMap.from_config(config)
-        self.finder = LeaderFinder(shards)
+        # Shards are reached over https:// with [server.peer_tls], as shards reach each other.
+        credentials = peer_credentials(config)
+        self.finder = LeaderFinder(shards, credentials=credentials)
         self.peers = Peers(
             shards,
             insecure_peer_http=config.server.insecure_peer_http,
@@ -75,6 +80,7 @@ class RouterServer:
             resolve=self.finder.endpoint,
             suspect=self.finder.suspect,
             retries=RETRIES,
+            credentials=credentials,
         )
         self.auth = Authenticator(config.auth.token_entries(), config.auth.cert_entries())
         self.service = RouterService(
@@ -86,8 +92,14 @@ class RouterServer:
             max_wait_s=limits.max_wait_s,
             max_list=limits.max_list,
         )
+        # The server-wide [limits] gates both listeners share; hits counted with the service's.
+        self.request_limits = RequestLimits(limits, self.service.limit_hits)
         self.grpc_server: Any = None
         self.http_runner: web.AppRunner | None = None
+
+    def render_metrics(self) -> str:
+        text = metrics.render(self.service.shards, self.finder, self.peers, self.service)
+        return text + self.request_limits.render() + self.service.limit_hits.render()
 
     async def start(self) -> None:
         cfg = self.config
@@ -95,11 +107,13 @@ class RouterServer:
         await self.finder.start()
         server = grpc.aio.server(
             options=[
-                ("grpc.max_receive_message_length", limits.max_message_bytes),
+                ("grpc.max_receive_message_length", grpc_receive_limit(limits.max_message_bytes)),
                 ("grpc.max_send_message_length", limits.max_message_bytes),
                 ("grpc.so_reuseport", 0),
             ],
-            maximum_concurrent_rpcs=limits.max_concurrent_requests,
+            interceptors=[LimitsInterceptor(self.request_limits)],
+            # A backstop for what the interceptor does not count (health checks).
+            maximum_concurrent_rpcs=limits.max_concurrent_requests + limits.max_concurrent_streams + 64,
         )
         pbg.add_TasksServicer_to_server(TasksServicer(self.service), server)
         pbg.add_AdminServicer_to_server(AdminServicer(self.service), server)
@@ -125,9 +139,12 @@ class RouterServer:
             self.service,
             max_body_bytes=limits.max_http_body_bytes,
             loopback_only_guard=not self.auth.enabled,
+            metrics=self.render_metrics,
             require_client_cert=tls is not None and tls.client_certs_required,
+            limits=self.request_limits,
         )
-        runner = web.AppRunner(app, access_log=None, shutdown_timeout=DRAIN_S)
+        # A request whose client went away is cancelled (and stops holding a concurrent-request place).
+        runner = web.AppRunner(app, access_log=None, shutdown_timeout=DRAIN_S, handler_cancellation=True)
         await runner.setup()
         host, _, http_port = cfg.router.http_addr.rpartition(":")
         try:

@@ -7,7 +7,7 @@ owning shard's leader, which authenticates it again and decides by its own confi
 
 from __future__ import annotations
 
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import replace
 from typing import Any
@@ -15,11 +15,14 @@ from typing import Any
 from cronoq.auth import Authenticator, Principal, Role
 from cronoq.errors import InvalidArgument, NotFound
 from cronoq.forward import Peers
+from cronoq.limits import LimitHits
 from cronoq.routing import Routing, check_batch
 from cronoq.shards import Shard, ShardMap
 from cronoq.v1 import cronoq_pb2 as pb
 
+DEFAULT_PAGE = 100  # ListTasks without a limit
 OUTPUT_TYPES_KEPT = 10_000  # content types of recently forwarded outputs, for HTTP rendering
+FAN_OUTS = ("ListTasks", "Snapshot", "ListWorkers", "ListRecurring")  # answers naming unavailable_shards
 
 
 def _never_local(caller: Principal, request: Any) -> Any:
@@ -43,6 +46,8 @@ class RouterService:
         self.auth = auth
         self.shards = shards
         self.max_tasks_per_batch = max_tasks_per_batch
+        self.max_list = max_list
+        self.limit_hits = LimitHits()  # [limits] hits at the router (cronoq_limit_hits_total)
         self.default_pool = "default" if "default" in pools else pools[0]
         self._types: OrderedDict[int, str] = OrderedDict()
         self.routing = Routing(
@@ -54,6 +59,21 @@ class RouterService:
             on_output=self._keep_type,
         )
         self.peers = peers
+        # For /metrics: fan-out answers that named unreachable shards, by method (and by shard), and
+        # worker streams sent to their shard, by (shard, pool).
+        self.partial: Counter[str] = Counter(dict.fromkeys(FAN_OUTS, 0))
+        self.unavailable: Counter[tuple[str, str]] = Counter(
+            dict.fromkeys(((s.name, m) for s in shards for m in FAN_OUTS), 0)
+        )
+        self.redirects: Counter[tuple[str, str]] = Counter(
+            dict.fromkeys(((s.name, pool) for s in shards for pool in s.pools), 0)
+        )
+
+    def _count_partial(self, method: str, unavailable_shards: Sequence[str]) -> None:
+        if unavailable_shards:
+            self.partial[method] += 1
+            for name in unavailable_shards:
+                self.unavailable[(name, method)] += 1
 
     @property
     def ready(self) -> bool:
@@ -62,7 +82,8 @@ class RouterService:
     def authorize(
         self, authorization: str | None, role: Role, forwarded: bool = False, cert_names: Sequence[str] = ()
     ) -> Principal:
-        principal = self.auth.require(authorization, role, cert_names)
+        # A forwarded call's certificate is a peer's, not the caller's (see the shard Service).
+        principal = self.auth.require(authorization, role, () if forwarded else cert_names)
         return replace(principal, credential=authorization or "", forwarded=forwarded)
 
     def _keep_type(self, task_id: int, output: bytes, content_type: str) -> None:
@@ -95,7 +116,8 @@ class RouterService:
         return await self.routing.forward(self._owner("task.pool", req.task.pool), "Submit", req, caller)
 
     async def submit_batch(self, caller: Principal, req: pb.SubmitBatchRequest) -> pb.SubmitBatchResponse:
-        check_batch(req, self.max_tasks_per_batch)
+        with self.limit_hits.counting():
+            check_batch(req, self.max_tasks_per_batch)
         owner = self.routing.batch_owner(req)
         if owner is None:
             raise NotFound(f"tasks[0].pool: unknown pool '{req.tasks[0].pool or self.default_pool}'")
@@ -111,7 +133,11 @@ class RouterService:
         return await self.routing.forward(await self._ref_owner(caller, req.task), "Wait", req, caller)
 
     async def list_tasks(self, caller: Principal, req: pb.ListTasksRequest) -> pb.ListTasksResponse:
-        return await self.routing.list_tasks(caller, req, _never_local)
+        if (req.limit or DEFAULT_PAGE) > self.max_list:
+            self.limit_hits.hit("max_list")  # the page is cut to it (the shards see forwarded parts)
+        answer = await self.routing.list_tasks(caller, req, _never_local)
+        self._count_partial("ListTasks", answer.unavailable_shards)
+        return answer
 
     def watch(self, caller: Principal, req: pb.WatchRequest) -> AsyncIterator[pb.StatusEvent]:
         return self.routing.watch(caller, req, None)
@@ -119,10 +145,14 @@ class RouterService:
     # ------------------------------------------------------------------------------------ admin
 
     async def snapshot(self, caller: Principal) -> pb.SnapshotResponse:
-        return await self.routing.snapshot(caller, _never_local)
+        answer = await self.routing.snapshot(caller, _never_local)
+        self._count_partial("Snapshot", answer.unavailable_shards)
+        return answer
 
     async def list_workers(self, caller: Principal) -> pb.ListWorkersResponse:
-        return await self.routing.list_workers(caller, _never_local)
+        answer = await self.routing.list_workers(caller, _never_local)
+        self._count_partial("ListWorkers", answer.unavailable_shards)
+        return answer
 
     async def add_recurring(self, caller: Principal, req: pb.RecurringRequest) -> pb.Empty:
         """To the shard owning the template's pool, which validates and keeps the schedule."""
@@ -137,4 +167,6 @@ class RouterService:
         return await self.routing.remove_recurring(caller, req, None)
 
     async def list_recurring(self, caller: Principal) -> pb.ListRecurringResponse:
-        return await self.routing.list_recurring(caller, _never_local)
+        answer = await self.routing.list_recurring(caller, _never_local)
+        self._count_partial("ListRecurring", answer.unavailable_shards)
+        return answer

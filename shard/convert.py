@@ -27,6 +27,7 @@ from cronoq.engine.model import (
     TaskSpec,
 )
 from cronoq.errors import InvalidArgument, NotFound
+from cronoq.limits import exceeded
 from cronoq.v1 import cronoq_pb2 as pb
 
 HUNDRED_YEARS_S = 100 * 365 * 86_400.0
@@ -34,6 +35,10 @@ MAX_CONTENT_TYPE = 128
 MAX_WORKER_MESSAGE = 8192
 MAX_RESOURCE_NAME = 64  # resource names follow the pool-name rule of the configuration
 NS = 1_000_000_000
+# A lease on the wire beyond its payload and strings: ids, numbers, field tags and lengths (generous).
+LEASE_OVERHEAD = 128
+LEASE_FIELD_OVERHEAD = 6  # tag and length prefix of one string field
+LEASE_TAG_OVERHEAD = 18  # one map entry: its own tag and length, its key's and its value's
 
 _ON_MISS = {
     pb.MISS_POLICY_UNSPECIFIED: MissPolicy.RUN_LATE,
@@ -72,13 +77,21 @@ class SpecLimits:
     max_tag_len: int
     max_deps: int = 100
     max_resources: int = 8
+    max_message_bytes: int = 4 * 1024 * 1024
 
 
-def check_text(field: str, value: str, max_len: int) -> str:
+def check_text(field: str, value: str, max_len: int, limit: str | None = None) -> str:
+    """``value`` unless it holds NUL or is longer than ``max_len``; ``limit`` names the ``[limits]`` key
+    that sets ``max_len``, if one does (the error then names it and counts as its hit)."""
     if "\x00" in value:
         raise InvalidArgument(f"{field}: must not contain NUL characters")
     if len(value) > max_len:
-        raise InvalidArgument(f"{field}: longer than {max_len} characters ({len(value)})")
+        if limit is None:
+            raise InvalidArgument(f"{field}: longer than {max_len} characters ({len(value)})")
+        raise exceeded(
+            limit,
+            InvalidArgument(f"{field}: longer than {max_len} characters ({len(value)}); limits.{limit}"),
+        )
     return value
 
 
@@ -92,11 +105,16 @@ def check_duration(field: str, value: float) -> float:
 
 def check_map(field: str, values: Mapping[str, str], limits: SpecLimits) -> dict[str, str]:
     if len(values) > limits.max_tags:
-        raise InvalidArgument(f"{field}: more than {limits.max_tags} entries ({len(values)})")
+        raise exceeded(
+            "max_tags",
+            InvalidArgument(
+                f"{field}: more than limits.max_tags ({limits.max_tags}) entries ({len(values)})"
+            ),
+        )
     out: dict[str, str] = {}
     for k, v in values.items():
-        check_text(f"{field} key {k[:40]!r}", k, limits.max_tag_len)
-        check_text(f"{field}[{k[:40]!r}]", v, limits.max_tag_len)
+        check_text(f"{field} key {k[:40]!r}", k, limits.max_tag_len, "max_tag_len")
+        check_text(f"{field}[{k[:40]!r}]", v, limits.max_tag_len, "max_tag_len")
         if not k:
             raise InvalidArgument(f"{field}: keys must not be empty")
         out[k] = v
@@ -170,13 +188,13 @@ def spec_from_wire(
     retry: RetryPolicy | None = None
     if msg.HasField("retry"):
         retry = retry_from_wire(f"{field}.retry", msg.retry, pools[pool])
-    return TaskSpec(
+    spec = TaskSpec(
         pool=pool,
         payload=msg.payload,
         content_type=content_type,
-        kind=check_text(f"{field}.kind", msg.kind, limits.max_kind_len) or "default",
+        kind=check_text(f"{field}.kind", msg.kind, limits.max_kind_len, "max_kind_len") or "default",
         priority=priority_from_wire(f"{field}.priority", msg.priority),
-        key=check_text(f"{field}.key", msg.key, limits.max_key_len),
+        key=check_text(f"{field}.key", msg.key, limits.max_key_len, "max_key_len"),
         deadline=deadline,
         duration_hint=(
             check_duration(f"{field}.duration_hint_s", msg.duration_hint_s)
@@ -187,12 +205,37 @@ def spec_from_wire(
         retry=retry,
         tags=check_map(f"{field}.tags", msg.tags, limits),
         labels=check_map(f"{field}.labels", msg.labels, limits),
-        tenant=check_text(f"{field}.tenant", msg.tenant, limits.max_key_len),
+        tenant=check_text(f"{field}.tenant", msg.tenant, limits.max_key_len, "max_key_len"),
         start=start,
         tolerance=tolerance,
         on_miss=on_miss,
         deps=deps_from_wire(f"{field}.deps", msg.deps, limits),
         resources=resources_from_wire(f"{field}.resources", msg.resources, limits),
+    )
+    size = lease_size(spec)
+    if size > limits.max_message_bytes:
+        raise exceeded(
+            "max_message_bytes",
+            InvalidArgument(
+                f"{field}.payload: {len(spec.payload)} bytes; the lease sent to a worker would take {size} "
+                f"bytes, more than limits.max_message_bytes ({limits.max_message_bytes})"
+            ),
+        )
+    return spec
+
+
+def lease_size(spec: TaskSpec) -> int:
+    """At most how many bytes a lease of this task takes on the wire (a ServerMessage): its payload,
+    content type, kind, key, pool and tags with their framing, plus numbers. A task whose lease would
+    exceed ``limits.max_message_bytes`` could never be sent to a worker, so it is refused at submission
+    (over HTTP, where bodies may be larger than gRPC messages, or with many tags)."""
+    strings = (spec.content_type, spec.kind, spec.key, spec.pool)
+    return (
+        LEASE_OVERHEAD
+        + len(spec.payload)
+        + LEASE_FIELD_OVERHEAD
+        + sum(len(s.encode()) + LEASE_FIELD_OVERHEAD for s in strings)
+        + sum(len(k.encode()) + len(v.encode()) + LEASE_TAG_OVERHEAD for k, v in spec.tags.items())
     )
 
 
@@ -235,8 +278,11 @@ def _start(field: str, msg: pb.TaskSpec, now: float) -> float | None:
 def deps_from_wire(field: str, deps: Sequence[pb.Dep], limits: SpecLimits) -> tuple[Dep, ...]:
     """Dependency edges, each naming its target by id or key (``deps[0].key``, as in the HTTP API)."""
     if len(deps) > limits.max_deps:
-        raise InvalidArgument(
-            f"{field}: more than limits.max_deps ({limits.max_deps}) dependencies ({len(deps)})"
+        raise exceeded(
+            "max_deps",
+            InvalidArgument(
+                f"{field}: more than limits.max_deps ({limits.max_deps}) dependencies ({len(deps)})"
+            ),
         )
     out: list[Dep] = []
     for i, dep in enumerate(deps):
@@ -250,7 +296,7 @@ def deps_from_wire(field: str, deps: Sequence[pb.Dep], limits: SpecLimits) -> tu
         elif which == "key":
             if not dep.target.key:
                 raise InvalidArgument(f"{where}.key: must not be empty")
-            out.append(Dep(check_text(f"{where}.key", dep.target.key, limits.max_key_len), on))
+            out.append(Dep(check_text(f"{where}.key", dep.target.key, limits.max_key_len, "max_key_len"), on))
         else:
             raise InvalidArgument(f"{where}: name the task it waits for by id or key")
     return tuple(out)
@@ -259,8 +305,11 @@ def deps_from_wire(field: str, deps: Sequence[pb.Dep], limits: SpecLimits) -> tu
 def resources_from_wire(field: str, resources: Mapping[str, int], limits: SpecLimits) -> dict[str, int]:
     """Resource name -> amount; whether the resource exists is the engine's to say (NOT_FOUND)."""
     if len(resources) > limits.max_resources:
-        raise InvalidArgument(
-            f"{field}: more than limits.max_resources ({limits.max_resources}) entries ({len(resources)})"
+        raise exceeded(
+            "max_resources",
+            InvalidArgument(
+                f"{field}: more than limits.max_resources ({limits.max_resources}) entries ({len(resources)})"
+            ),
         )
     out: dict[str, int] = {}
     for name, amount in resources.items():
@@ -336,7 +385,7 @@ def recurring_from_wire(
     (its ValueErrors name them)."""
     if not msg.name:
         raise InvalidArgument("name: required: schedules are added, replaced and removed by name")
-    check_text("name", msg.name, limits.max_key_len)
+    check_text("name", msg.name, limits.max_key_len, "max_key_len")
     if not msg.cron.strip():
         raise InvalidArgument("cron: required: 5 fields, or 6 with a leading seconds field")
     tz = check_text("tz", msg.tz, 128) or "UTC"

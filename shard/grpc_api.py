@@ -3,6 +3,8 @@ Admin servicers are shared with the router, in :mod:`cronoq.api.grpc_api`)."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 from collections.abc import Callable
 
 from cronoq.api.grpc_api import Ctx, authorize, call
@@ -15,6 +17,7 @@ from .service import Service
 from .workers import WorkerStream
 
 log = get_logger("cronoq.grpc")
+REFUSAL_READ_S = 2.0  # how long a refused Work call waits for the first message before answering
 
 
 class WorkersServicer(pbg.WorkersServicer):  # type: ignore[misc]
@@ -25,7 +28,14 @@ class WorkersServicer(pbg.WorkersServicer):  # type: ignore[misc]
 
     async def Work(self, request_iterator: object, context: Ctx) -> None:
         async def run() -> None:
-            caller = authorize(self.service, context, Role.WORKER)
+            try:
+                caller = authorize(self.service, context, Role.WORKER)
+            except ApiError:
+                # Take the register the worker is sending first: refused while its write is still in
+                # flight, gRPC's Python client reports INTERNAL instead of this (fatal) status.
+                with contextlib.suppress(Exception):
+                    await asyncio.wait_for(context.read(), REFUSAL_READ_S)
+                raise
             stream = self.make_stream(context, caller)
             self.streams.add(stream)
             try:

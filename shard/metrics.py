@@ -8,10 +8,11 @@ costs one snapshot and no background work. ``cronoq_pool_desired_workers`` is th
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 
 from cronoq.engine.model import Priority, Status
 from cronoq.engine.snapshot import Snapshot
+from cronoq.prometheus import Writer as _Writer
 
 from .runtime import CommitStats
 
@@ -25,37 +26,6 @@ OUTCOMES = (
     Status.MISSED,
     Status.SHED,
 )
-
-
-def _escape(value: str) -> str:
-    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
-
-
-def _number(value: float) -> str:
-    if math.isnan(value):
-        return "NaN"
-    if math.isinf(value):
-        return "+Inf" if value > 0 else "-Inf"
-    return repr(float(value)) if not float(value).is_integer() else str(int(value))
-
-
-class _Writer:
-    def __init__(self) -> None:
-        self.lines: list[str] = []
-
-    def family(
-        self, name: str, kind: str, help_text: str, samples: Iterable[tuple[Mapping[str, str], float]]
-    ) -> None:
-        self.lines.append(f"# HELP {name} {help_text}")
-        self.lines.append(f"# TYPE {name} {kind}")
-        for labels, value in samples:
-            label_text = ",".join(f'{k}="{_escape(v)}"' for k, v in labels.items())
-            self.lines.append(
-                f"{name}{{{label_text}}} {_number(value)}" if label_text else f"{name} {_number(value)}"
-            )
-
-    def text(self) -> str:
-        return "\n".join(self.lines) + "\n"
 
 
 def render_standby(shard: str) -> str:

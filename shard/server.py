@@ -7,6 +7,13 @@ engine, tells workers ``Shutdown{not_leader}`` so they reconnect to the new lead
 again. Shutdown follows SPEC §2: stop admitting work, give running attempts ``shutdown_grace_s``, commit
 what is pending, tell workers to reconnect, step down cleanly (a standby takes over at once), drain
 listeners for at most 5 s.
+
+A standby does not keep clients: it closes every connection about a second after accepting it, so
+that clients (balancers, the SDK) connect again and reach the leader. On HTTP every standby answer says
+``Connection: close`` and idle connections are closed by a sweep. gRPC fixes connection limits when a
+server is created, so the gRPC listener is one ``grpc.aio`` server while leading and another (with a
+one-second ``max_connection_age``) while standing by, swapped on the same port when the role changes
+(the port is closed for about a millisecond); the leader's connections live as long as clients like.
 """
 
 from __future__ import annotations
@@ -14,27 +21,32 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import os
 import random
+import signal
 import ssl
 import time
 from typing import Any
 
 import grpc
-from aiohttp import web
+from aiohttp import hdrs, web
+from aiohttp.web_protocol import RequestHandler
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from cronoq.api.grpc_api import AdminServicer, TasksServicer
 from cronoq.api.http_api import build_http_app, build_metrics_app
+from cronoq.api.limits import LimitsInterceptor, RequestLimits, grpc_receive_limit
 from cronoq.auth import Authenticator, Principal
 from cronoq.config import Config
 from cronoq.config.model import WebhookScaler
 from cronoq.engine import Engine
 from cronoq.errors import Unavailable
 from cronoq.forward import Peers
+from cronoq.limits import LimitHits
 from cronoq.logs import get_logger
 from cronoq.shards import ShardMap
-from cronoq.tls import load_server_tls
+from cronoq.tls import ServerTls, load_server_tls, peer_credentials
 from cronoq.v1 import cronoq_pb2_grpc as pbg
 
 from . import metrics
@@ -55,6 +67,18 @@ PRUNE_EVERY_S = 60.0
 # (polling every 0.5 s) takes over rather than the instance that just failed.
 REACQUIRE_AFTER_S = 2.0
 GRPC_SERVICES = ("", "cronoq.v1.Tasks", "cronoq.v1.Workers", "cronoq.v1.Admin")
+UNLIMITED_RPCS = 64  # health and reflection calls at once, beyond the limited cronoq.v1 ones
+# A standby closes connections about this long after accepting them (gRPC: max_connection_age, which
+# gRPC jitters by 10 %; HTTP: a sweep every STANDBY_SWEEP_S), so clients go back to their balancer.
+STANDBY_CONNECTION_S = 1.0
+STANDBY_SWEEP_S = 0.2
+# Calls still running on a connection a standby closes get this long to finish (standby answers are
+# immediate; this bounds a health Watch).
+STANDBY_CLOSE_GRACE_S = 0.5
+# How long stepping down waits for calls on the leader's gRPC server it replaces (its workers were told
+# to reconnect already; a standby's server is replaced at once), and how often binding is retried.
+SWAP_GRACE_S = 1.0
+REBIND_TRIES = 50
 log = get_logger("cronoq.server")
 
 
@@ -83,6 +107,7 @@ class ShardServer:
                 self.shards,
                 insecure_peer_http=config.server.insecure_peer_http,
                 timeout=limits.request_timeout_s,
+                credentials=peer_credentials(config),
             )
             if self.shards.sharded
             else None
@@ -105,7 +130,12 @@ class ShardServer:
             max_tag_len=limits.max_tag_len,
             max_deps=limits.max_deps,
             max_resources=limits.max_resources,
+            max_message_bytes=limits.max_message_bytes,
         )
+        # One count of [limits] hits for the process (cronoq_limit_hits_total), and the server-wide
+        # gates both listeners share.
+        self.limit_hits = LimitHits()
+        self.request_limits = RequestLimits(limits, self.limit_hits)
         self.service = Service(
             all_pools,
             self.auth,
@@ -116,14 +146,19 @@ class ShardServer:
             max_list=limits.max_list,
             shards=self.shards,
             peers=self.peers,
+            limit_hits=self.limit_hits,
         )
         self.connected = self.service.connected
         self.workers = WorkersServicer(self.service, self._make_stream)
         self.health = health.aio.HealthServicer()
         self.grpc_server: grpc.aio.Server | None = None
+        self._grpc_leading = False  # which kind of gRPC server listens now (see _use_grpc)
+        self._grpc_lock = asyncio.Lock()  # a role change swaps the server; shutdown stops it
+        self._tls: ServerTls | None = None
         self.http_runner: web.AppRunner | None = None
         self.metrics_runner: web.AppRunner | None = None
         self.grpc_port = 0
+        self._sweeper: asyncio.Task[None] | None = None
         self._stopped = asyncio.Event()
         self._stopping = False
         self._serving = asyncio.Event()  # set while leading
@@ -140,13 +175,16 @@ class ShardServer:
             max_message_bytes=limits.max_message_bytes,
             connected=self.connected,
             shards=self.shards,
+            limit_hits=self.limit_hits,
         )
 
     async def _listen(
         self, key: str, addr: str, app: web.Application, ssl_context: ssl.SSLContext | None
     ) -> web.AppRunner:
         """Serve ``app`` on ``addr``; a failure names the config key."""
-        runner = web.AppRunner(app, access_log=None, shutdown_timeout=DRAIN_S)
+        # A request whose client went away is cancelled, so that it stops holding one of
+        # limits.max_concurrent_requests (a Wait could otherwise hold it for max_wait_s).
+        runner = web.AppRunner(app, access_log=None, shutdown_timeout=DRAIN_S, handler_cancellation=True)
         await runner.setup()
         host, port = _split(addr)
         try:
@@ -160,14 +198,15 @@ class ShardServer:
         runtime = self.runtime
         shard = self.config.server.shard or ""
         if runtime is None:
-            return metrics.render_standby(shard)
-        return metrics.render(
+            return metrics.render_standby(shard) + self.request_limits.render() + self.limit_hits.render()
+        text = metrics.render(
             runtime.engine.snapshot(runtime.clock()),
             runtime.outcomes,
             shard=shard,
             watch_streams=runtime.watch_count,
             commits=runtime.commit_stats if runtime.store is not None else None,
         )
+        return text + self.request_limits.render() + self.limit_hits.render()
 
     async def start(self) -> None:
         """Open the store, listen, and begin leading (memory: before returning) or standing by."""
@@ -202,6 +241,7 @@ class ShardServer:
             if self._stopping:
                 break
             await self._step_down(leadership.reason)
+            await self._use_grpc(leading=False)
             await asyncio.sleep(REACQUIRE_AFTER_S)
 
     async def _take_over(self, leadership: Leadership) -> None:
@@ -230,6 +270,7 @@ class ShardServer:
         if leadership.lost.is_set():
             await runtime.abandon()
             return
+        await self._use_grpc(leading=True)
         self.runtime = runtime
         self.service.serve(runtime)
         for name in GRPC_SERVICES:
@@ -284,21 +325,34 @@ class ShardServer:
                 log.warning("prune_failed", error=str(err))
             await asyncio.sleep(PRUNE_EVERY_S)
 
-    async def _listen_all(self) -> None:
-        cfg = self.config
-        limits = cfg.limits
+    def _new_grpc_server(self, leading: bool) -> grpc.aio.Server:
+        """A gRPC server with every service, configured for leading or for standing by (not bound)."""
+        limits = self.config.limits
+        # Messages up to twice max_message_bytes reach the LimitsInterceptor, which refuses those above
+        # the limit by name; max_concurrent_streams bounds Work and Watch streams server-wide (there).
+        options: list[tuple[str, Any]] = [
+            ("grpc.max_receive_message_length", grpc_receive_limit(limits.max_message_bytes)),
+            ("grpc.max_send_message_length", limits.max_message_bytes),
+            ("grpc.keepalive_time_ms", int(limits.keepalive_interval_s * 1000)),
+            ("grpc.keepalive_timeout_ms", int(limits.keepalive_timeout_s * 1000)),
+            ("grpc.keepalive_permit_without_calls", 1),
+            ("grpc.http2.min_ping_interval_without_data_ms", 5000),
+            ("grpc.so_reuseport", 0),
+        ]
+        if not leading:
+            # GOAWAY a second after accepting, busy or not: the client's next call connects again.
+            options += [
+                ("grpc.max_connection_age_ms", int(STANDBY_CONNECTION_S * 1000)),
+                ("grpc.max_connection_age_grace_ms", int(STANDBY_CLOSE_GRACE_S * 1000)),
+                ("grpc.max_connection_idle_ms", int(STANDBY_CONNECTION_S * 1000)),
+            ]
         server = grpc.aio.server(
-            options=[
-                ("grpc.max_receive_message_length", limits.max_message_bytes),
-                ("grpc.max_send_message_length", limits.max_message_bytes),
-                ("grpc.max_concurrent_streams", limits.max_concurrent_streams),
-                ("grpc.keepalive_time_ms", int(limits.keepalive_interval_s * 1000)),
-                ("grpc.keepalive_timeout_ms", int(limits.keepalive_timeout_s * 1000)),
-                ("grpc.keepalive_permit_without_calls", 1),
-                ("grpc.http2.min_ping_interval_without_data_ms", 5000),
-                ("grpc.so_reuseport", 0),
-            ],
-            maximum_concurrent_rpcs=limits.max_concurrent_requests,
+            options=options,
+            interceptors=[LimitsInterceptor(self.request_limits)],
+            # A backstop for what the interceptor does not count (health checks, reflection).
+            maximum_concurrent_rpcs=limits.max_concurrent_requests
+            + limits.max_concurrent_streams
+            + UNLIMITED_RPCS,
         )
         pbg.add_TasksServicer_to_server(TasksServicer(self.service), server)
         pbg.add_WorkersServicer_to_server(self.workers, server)
@@ -312,20 +366,63 @@ class ShardServer:
             ],
             server,
         )
-        tls = load_server_tls(cfg.server.tls) if cfg.server.tls is not None else None
+        return server
+
+    def _bind_grpc(self, server: grpc.aio.Server, addr: str) -> int:
+        """Add the listening port; 0 when it cannot be bound."""
         try:
-            if tls is None:
-                self.grpc_port = server.add_insecure_port(cfg.server.grpc_addr)
-            else:
-                self.grpc_port = server.add_secure_port(cfg.server.grpc_addr, tls.grpc_credentials)
+            if self._tls is None:
+                return int(server.add_insecure_port(addr))
+            return int(server.add_secure_port(addr, self._tls.grpc_credentials))
         except RuntimeError:  # grpc's way of saying the bind failed
-            self.grpc_port = 0
+            return 0
+
+    async def _use_grpc(self, leading: bool) -> None:
+        """Serve gRPC with a server configured for this role: swap servers on the same port when the
+        role changed. Shielded, so that shutdown (which cancels the leadership loop) never finds a half
+        swapped listener; it waits for the swap on the lock instead."""
+        if self._grpc_leading != leading:
+            await asyncio.shield(self._swap_grpc(leading))
+
+    async def _swap_grpc(self, leading: bool) -> None:
+        async with self._grpc_lock:
+            old = self.grpc_server
+            if self._stopping or old is None or self._grpc_leading == leading:
+                return
+            new = self._new_grpc_server(leading)
+            await old.stop(SWAP_GRACE_S if self._grpc_leading else 0)
+            host = _split(self.config.server.grpc_addr)[0]
+            addr = f"[{host}]:{self.grpc_port}" if ":" in host else f"{host}:{self.grpc_port}"
+            for _ in range(REBIND_TRIES):
+                if self._bind_grpc(new, addr) == self.grpc_port:
+                    break
+                await asyncio.sleep(0.02)
+            else:
+                # Another process took the port in the moment it was free: without a gRPC listener this
+                # process is of no use, so it shuts down (and its supervisor starts it again).
+                log.error("grpc_rebind_failed", grpc_addr=addr)
+                os.kill(os.getpid(), signal.SIGTERM)
+                return
+            await new.start()
+            self.grpc_server = new
+            self._grpc_leading = leading
+            log.debug("grpc_listener", leading=leading)
+
+    async def _listen_all(self) -> None:
+        cfg = self.config
+        limits = cfg.limits
+        tls = self._tls = load_server_tls(cfg.server.tls) if cfg.server.tls is not None else None
+        # The memory store leads at once: start with the leader's server rather than swap at once.
+        leading = not self.store.durable
+        server = self._new_grpc_server(leading)
+        self.grpc_port = self._bind_grpc(server, cfg.server.grpc_addr)
         if self.grpc_port == 0:
             raise OSError(
                 f"server.grpc_addr: cannot listen on {cfg.server.grpc_addr} (in use, or not an address here)"
             )
         await server.start()
         self.grpc_server = server
+        self._grpc_leading = leading
         for name in GRPC_SERVICES:
             await self.health.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
 
@@ -335,7 +432,9 @@ class ShardServer:
             loopback_only_guard=not self.auth.enabled,
             metrics=self.render_metrics,
             require_client_cert=tls is not None and tls.client_certs_required,
+            limits=self.request_limits,
         )
+        app.on_response_prepare.append(self._close_unless_serving)
         ssl_context = tls.ssl_context if tls is not None else None
         try:
             self.http_runner = await self._listen("server.http_addr", cfg.server.http_addr, app, ssl_context)
@@ -351,6 +450,7 @@ class ShardServer:
             if self.http_runner is not None:
                 await self.http_runner.cleanup()
             raise
+        self._sweeper = asyncio.get_running_loop().create_task(self._sweep_standby_connections())
         log.info(
             "serving",
             grpc_addr=cfg.server.grpc_addr,
@@ -358,6 +458,32 @@ class ShardServer:
             pools=[p.name for p in self.engine_pools],
             auth=self.auth.enabled,
         )
+
+    async def _close_unless_serving(self, request: web.Request, response: web.StreamResponse) -> None:
+        """A standby's (or a stopping server's) HTTP answers close their connection, probes included."""
+        if not self.service.ready:
+            response.force_close()
+            # aiohttp has written its Connection header into the response by now (this hook runs
+            # after it); the answer must still tell the client.
+            response.headers[hdrs.CONNECTION] = "close"
+
+    async def _sweep_standby_connections(self) -> None:
+        """While not serving, close each idle HTTP API connection about a second after it was accepted
+        (or after this server stopped serving). A connection busy with a request is left to its answer,
+        which closes it (:meth:`_close_unless_serving`)."""
+        loop = asyncio.get_running_loop()
+        seen: dict[RequestHandler, float] = {}  # connection -> when first seen while not serving
+        while True:
+            await asyncio.sleep(STANDBY_SWEEP_S)
+            server = self.http_runner.server if self.http_runner is not None else None
+            if self.service.ready or server is None:
+                seen.clear()
+                continue
+            now = loop.time()
+            seen = {conn: seen.get(conn, now) for conn in server.connections}
+            for conn, since in seen.items():
+                if now - since >= STANDBY_CONNECTION_S and _idle(conn):
+                    conn.force_close()
 
     async def shutdown(self, reason: str = "server shutting down") -> None:
         """Stop admitting, let running attempts finish within the grace, commit, tell workers, step down,
@@ -398,13 +524,23 @@ class ShardServer:
         await self.scalers.close()
         if self.peers is not None:
             await self.peers.close()
-        if self.grpc_server is not None:
-            await self.grpc_server.stop(DRAIN_S)
+        async with self._grpc_lock:
+            if self.grpc_server is not None:
+                await self.grpc_server.stop(DRAIN_S)
+        if self._sweeper is not None:
+            self._sweeper.cancel()
         for runner in (self.http_runner, self.metrics_runner):
             if runner is not None:
                 await runner.cleanup()
         log.info("stopped", left_running=runtime.busy() if runtime is not None else 0)
         self._stopped.set()
+
+
+def _idle(connection: RequestHandler) -> bool:
+    """Whether an HTTP connection waits for its next request (or its first). aiohttp has no public
+    flag for it; this is the test its own keep-alive timeout makes."""
+    waiter = getattr(connection, "_waiter", None)
+    return isinstance(waiter, asyncio.Future) and not waiter.done()
 
 
 def _split(addr: str) -> tuple[str, int]:

@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import contextlib
 import math
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Collection, Sequence
 from dataclasses import replace
 
 from cronoq.auth import Authenticator, Principal, Role
 from cronoq.engine.fixed import reservation_limit
 from cronoq.engine.model import PoolConfig, RetryPolicy, Status, SubmitError, Task, TaskSpec
-from cronoq.engine.snapshot import Snapshot
+from cronoq.engine.snapshot import Snapshot, Totals
 from cronoq.errors import (
     ApiError,
     DeadlineExceeded,
@@ -27,6 +27,7 @@ from cronoq.errors import (
     Unavailable,
 )
 from cronoq.forward import Peers
+from cronoq.limits import LimitHits
 from cronoq.routing import Routing, check_batch
 from cronoq.shards import Shard, ShardMap
 from cronoq.v1 import cronoq_pb2 as pb
@@ -45,6 +46,12 @@ from .convert import (
 from .runtime import Runtime
 from .store import StoredTask, StoreError
 
+# A full pool's bound, as error messages name it.
+POOL_BOUND = "(its max_pending; by default limits.max_pending_per_pool)"
+# A Submit parks on a full ``overflow = wait`` pool until this much before ``request_timeout_s``.
+PARK_MARGIN_S = 1.0
+PARK_MARGIN_SHARE = 0.1
+DEFAULT_PAGE = 100  # ListTasks without a limit
 _NOT_FOUND_CODES = frozenset({"unknown_pool", "unknown_resource", "unknown_dependency"})
 _EXHAUSTED_CODES = frozenset({"full", "overloaded"})
 
@@ -99,8 +106,11 @@ class Service:
         max_list: int,
         shards: ShardMap | None = None,
         peers: Peers | None = None,
+        limit_hits: LimitHits | None = None,
     ) -> None:
         self._runtime: Runtime | None = None
+        # Hits of [limits] enforced here (refusals, and waits and pages cut short), for /metrics.
+        self.limit_hits = limit_hits if limit_hits is not None else LimitHits()
         # Worker id -> (name, connected Unix ns), kept by the worker streams, for ListWorkers.
         self.connected: dict[int, tuple[str, int]] = {}
         self.auth = auth
@@ -160,7 +170,9 @@ class Service:
         """Authenticate, check the role, and refuse while the server is not serving (``/metrics``
         excepted: a standby reports that it is one). Where calls may be forwarded to other shards, the
         principal keeps the caller's credential to present there."""
-        principal = self.auth.require(authorization, role, cert_names)
+        # A forwarded call comes over a peer's connection: its certificate ([server.peer_tls]) is the
+        # peer's, never the caller's identity; the caller's token is.
+        principal = self.auth.require(authorization, role, () if forwarded else cert_names)
         if self.routing is not None:
             principal = replace(principal, credential=authorization or "", forwarded=forwarded)
         if role is not Role.METRICS and not self.runtime.accepting:
@@ -197,16 +209,37 @@ class Service:
     # ---------------------------------------------------------------------------------- submit
 
     def _spec(self, caller: Principal, field: str, msg: pb.TaskSpec) -> TaskSpec:
-        spec = spec_from_wire(
-            field,
-            msg,
-            default_pool=self.default_pool,
-            pools=self.retry_defaults,
-            limits=self.spec_limits,
-            now=self.runtime.clock(),
-        )
+        with self.limit_hits.counting():
+            spec = spec_from_wire(
+                field,
+                msg,
+                default_pool=self.default_pool,
+                pools=self.retry_defaults,
+                limits=self.spec_limits,
+                now=self.runtime.clock(),
+            )
         self._own(caller, field, spec)
+        self._scoped_refs(caller, field, spec)
         return spec
+
+    def _scoped_refs(self, caller: Principal, field: str, spec: TaskSpec) -> None:
+        """A pool-scoped caller may name only tasks of its pools: a key held by a task it may not see is
+        refused (not answered with that task's id as a duplicate), and a dependency on such a task is
+        refused as unknown, as looking it up would be."""
+        if caller.pools is None:
+            return
+        engine = self.runtime.engine
+        held = engine.get(spec.key) if spec.key else None
+        if held is not None and not caller.may_use_pool(held.spec.pool):
+            raise PermissionDenied(
+                f"{field}.key: key '{spec.key}' is held by a task outside this credential's pools"
+            )
+        for j, dep in enumerate(spec.deps):
+            target = engine.get(dep.target)
+            if target is not None and not caller.may_use_pool(target.spec.pool):
+                if isinstance(dep.target, str):
+                    raise NotFound(f"{field}.deps[{j}].key: unknown dependency '{dep.target}'")
+                raise NotFound(f"{field}.deps[{j}].id: unknown dependency {dep.target}")
 
     def _own(self, caller: Principal, field: str, spec: TaskSpec) -> None:
         """The caller may use the spec's pool; a credential's tenant becomes the spec's."""
@@ -219,9 +252,12 @@ class Service:
             spec.tenant = caller.tenant
 
     async def _admit(self, specs: list[TaskSpec], prefix: str) -> list[tuple[int, bool]]:
-        """Submit atomically; a full ``overflow = wait`` pool parks the request until space frees."""
+        """Submit atomically; a full ``overflow = wait`` pool parks the request until space frees, for
+        a little less than ``request_timeout_s``, so that "pool full" rather than the call's timeout
+        answers it."""
         runtime = self.runtime
-        deadline = runtime.clock() + self.request_timeout_s
+        park_s = self.request_timeout_s - min(PARK_MARGIN_S, PARK_MARGIN_SHARE * self.request_timeout_s)
+        deadline = runtime.clock() + park_s
         while True:
             if not runtime.accepting:
                 raise Unavailable("server is shutting down; retry against the new leader")
@@ -229,13 +265,19 @@ class Service:
                 submitted = runtime.engine.submit(specs, runtime.clock())
             except SubmitError as err:
                 where = prefix if err.index is None or prefix == "task" else f"{prefix}[{err.index}]"
+                if err.code == "overloaded":
+                    raise self._overloaded(where, err) from None
                 if err.code != "full":
                     raise self._refusal(where, err, specs) from None
                 remaining = deadline - runtime.clock()
                 pool = specs[err.index or 0].pool
                 if remaining <= 0:
-                    raise ResourceExhausted(
-                        f"{where}: pool '{pool}' stayed full for {self.request_timeout_s:g} s (max_pending)"
+                    raise self.limit_hits.refuse(
+                        "max_pending_per_pool",
+                        ResourceExhausted(
+                            f"{where}: pool '{pool}' stayed full {POOL_BOUND} for {park_s:g} s, as long as "
+                            f"this call may wait (limits.request_timeout_s is {self.request_timeout_s:g} s)"
+                        ),
                     ) from None
                 with contextlib.suppress(TimeoutError):  # the loop re-checks the deadline
                     await runtime.wait_for_space(pool, remaining)
@@ -243,6 +285,14 @@ class Service:
             runtime.flush()
             await runtime.sync()
             return [(s.id, s.duplicate) for s in submitted]
+
+    def _overloaded(self, where: str, err: SubmitError) -> ApiError:
+        """A refusal for want of room, counted: the pool's bound (``overflow = reject``, or nothing to
+        shed), or ``limits.max_pending_total``."""
+        if "limits.max_pending_total" in err.message:
+            return self.limit_hits.refuse("max_pending_total", ResourceExhausted(f"{where}: {err.message}"))
+        message = err.message.replace("(max_pending)", POOL_BOUND)
+        return self.limit_hits.refuse("max_pending_per_pool", ResourceExhausted(f"{where}: {message}"))
 
     def _refusal(self, where: str, err: SubmitError, specs: Sequence[TaskSpec]) -> ApiError:
         """The engine's refusal as an API error naming the field (``tasks[2].deps[0].key``)."""
@@ -292,7 +342,8 @@ class Service:
         return response
 
     async def submit_batch(self, caller: Principal, req: pb.SubmitBatchRequest) -> pb.SubmitBatchResponse:
-        check_batch(req, self.max_tasks_per_batch)
+        with self.limit_hits.counting():
+            check_batch(req, self.max_tasks_per_batch)
         if self.routing is not None:
             remote = self.routing.batch_owner(req)
             if remote is not None:
@@ -329,7 +380,10 @@ class Service:
 
     async def list_tasks(self, caller: Principal, req: pb.ListTasksRequest) -> pb.ListTasksResponse:
         """One page in id order; with [[shards]], every shard's page merged (the requested pools split by
-        shard), and shards that did not answer named in ``unavailable_shards``."""
+        shard), and shards that did not answer named in ``unavailable_shards``. A page larger than
+        ``limits.max_list`` is cut to it (counted where the call arrived)."""
+        if not caller.forwarded and (req.limit or DEFAULT_PAGE) > self.max_list:
+            self.limit_hits.hit("max_list")
         if self.routing is None or caller.forwarded:
             return self._list_local(caller, req)
         return await self.routing.list_tasks(caller, req, self._list_local)
@@ -344,16 +398,21 @@ class Service:
         if pools is None and caller.pools is not None:
             pools = set(caller.pools)
         statuses = {status_from_wire("statuses", s) for s in req.statuses} or None
-        limit = min(req.limit or 100, self.max_list)
+        limit = min(req.limit or DEFAULT_PAGE, self.max_list)
         page, next_after = engine.list_tasks(pools=pools, statuses=statuses, after=req.after, limit=limit)
         return pb.ListTasksResponse(
             tasks=[task_info(t, self.runtime.output_available(t)) for t in page], next_after=next_after
         )
 
     def _wait_limit(self, field: str, requested: float | None) -> float:
+        """The server-side wait: as requested, but at most ``limits.max_wait_s`` (a longer request is cut,
+        and counted); that limit when none is requested."""
         if requested is None:
             return self.max_wait_s
-        return min(check_duration(field, requested), self.max_wait_s)
+        if check_duration(field, requested) > self.max_wait_s:
+            self.limit_hits.hit("max_wait_s")
+            return self.max_wait_s
+        return requested
 
     async def result(self, task: Task) -> pb.TaskResult:
         """A finished task's result; its output from the cache, else from a durable store."""
@@ -374,7 +433,8 @@ class Service:
 
     async def _await_result(self, task_id: int, timeout: float) -> pb.TaskResult:
         if not await self.runtime.wait_terminal(task_id, timeout):
-            raise DeadlineExceeded(f"task {task_id} is still not finished after waiting {timeout:g} s")
+            cap = " (limits.max_wait_s)" if timeout >= self.max_wait_s else ""
+            raise DeadlineExceeded(f"task {task_id} is still not finished after waiting {timeout:g} s{cap}")
         task = self.runtime.engine.get(task_id)
         if task is None:
             raise NotFound(f"task {task_id} finished and is no longer retained")
@@ -436,7 +496,10 @@ class Service:
         return await self.routing.snapshot(caller, self._snapshot_local)
 
     def _snapshot_local(self, caller: Principal, req: pb.Empty) -> pb.SnapshotResponse:
-        return snapshot_to_wire(self.runtime.engine.snapshot(self.runtime.clock()))
+        snap = self.runtime.engine.snapshot(self.runtime.clock())
+        if caller.pools is not None:
+            snap = scoped_snapshot(snap, caller.pools)
+        return snapshot_to_wire(snap)
 
     async def list_workers(self, caller: Principal) -> pb.ListWorkersResponse:
         """Connected workers; with [[shards]], every shard's."""
@@ -448,6 +511,8 @@ class Service:
         connected = self.connected
         workers = []
         for view in self.runtime.engine.workers():
+            if not caller.may_use_pool(view.pool):
+                continue
             name, since = connected.get(view.id, ("", 0))
             workers.append(
                 pb.WorkerInfo(
@@ -472,14 +537,20 @@ class Service:
             if remote is not None:
                 return await self.routing.forward(remote, "AddRecurring", req, caller, service="admin")
         runtime = self.runtime
-        spec = recurring_from_wire(
-            req,
-            default_pool=self.default_pool,
-            pools=self.retry_defaults,
-            limits=self.spec_limits,
-            now=runtime.clock(),
-        )
+        with self.limit_hits.counting():
+            spec = recurring_from_wire(
+                req,
+                default_pool=self.default_pool,
+                pools=self.retry_defaults,
+                limits=self.spec_limits,
+                now=runtime.clock(),
+            )
         self._own(caller, "template", spec.template)
+        held = next((r for r in runtime.engine.list_recurring() if r.spec.name == spec.name), None)
+        if held is not None and not caller.may_use_pool(held.spec.template.pool):  # would replace it
+            raise PermissionDenied(
+                f"name: schedule '{spec.name}' exists in a pool this credential may not use"
+            )
         if not runtime.accepting:
             raise Unavailable("server is shutting down; retry against the new leader")
         try:
@@ -494,7 +565,8 @@ class Service:
     def _schedule_name(self, name: str) -> str:
         if not name:
             raise InvalidArgument("name: required")
-        return check_text("name", name, self.spec_limits.max_key_len)
+        with self.limit_hits.counting():
+            return check_text("name", name, self.spec_limits.max_key_len, "max_key_len")
 
     async def remove_recurring(
         self, caller: Principal, req: pb.RemoveRecurringRequest
@@ -533,6 +605,22 @@ class Service:
                 if caller.may_use_pool(r.spec.template.pool)
             ]
         )
+
+
+def scoped_snapshot(snap: Snapshot, pools: Collection[str]) -> Snapshot:
+    """What a pool-scoped credential sees: its pools only, with the counts that add up over pools
+    (running, pending, workers) summed over them; the process-wide ``live_tasks`` and ``totals``, kept
+    for no single pool, are zero."""
+    mine = [p for p in snap.pools if p.name in pools]
+    return replace(
+        snap,
+        pools=mine,
+        live_tasks=0,
+        running=sum(p.busy for p in mine),
+        pending=sum(sum(p.pending_by_class) for p in mine),
+        totals=Totals(),
+        workers_connected=sum(p.workers_connected for p in mine),
+    )
 
 
 def snapshot_to_wire(snap: Snapshot) -> pb.SnapshotResponse:
@@ -591,4 +679,4 @@ def _finite(value: float) -> float:
     return value if math.isfinite(value) else 0.0
 
 
-__all__ = ["Service", "snapshot_to_wire", "submit_error"]
+__all__ = ["Service", "scoped_snapshot", "snapshot_to_wire", "submit_error"]

@@ -1,8 +1,8 @@
 """What this server version cannot do yet, found in a configuration that asks for it.
 
 The configuration layer accepts every key of the reference server so files stay portable, but a server
-must never *silently* ignore a setting a user relies on: gRPC-Web or peer TLS that quietly do nothing
-would be worse than a refusal. ``--check`` reports these and startup refuses them, each naming its key.
+must never *silently* ignore a setting a user relies on: gRPC-Web that quietly did nothing would be
+worse than a refusal. ``--check`` reports these and startup refuses them, each naming its key.
 """
 
 from __future__ import annotations
@@ -14,12 +14,8 @@ def unsupported(config: Config) -> list[str]:
     """One message per setting this version would otherwise ignore."""
     problems: list[str] = []
     server = config.server
-    for key, value in (
-        ("server.grpc_web", server.grpc_web),
-        ("server.peer_tls", server.peer_tls),
-    ):
-        if value is not None:
-            problems.append(f"{key}: not supported by this server version yet")
+    if server.grpc_web is not None:
+        problems.append("server.grpc_web: not supported by this server version yet")
     return problems
 
 

@@ -19,6 +19,7 @@ from cronoq.auth import Principal
 from cronoq.engine.model import Abort, Dispatch
 from cronoq.errors import ApiError, FailedPrecondition, InvalidArgument, NotFound, PermissionDenied
 from cronoq.forward import WrongShard
+from cronoq.limits import LimitHits
 from cronoq.logs import get_logger
 from cronoq.shards import ShardMap
 from cronoq.v1 import cronoq_pb2 as pb
@@ -62,7 +63,9 @@ class WorkerStream:
         max_message_bytes: int,
         connected: dict[int, tuple[str, int]],
         shards: ShardMap | None = None,
+        limit_hits: LimitHits | None = None,
     ) -> None:
+        self.limit_hits = limit_hits if limit_hits is not None else LimitHits()
         self.shards = shards if shards is not None else ShardMap([])
         self.runtime = runtime
         self.context = context
@@ -71,6 +74,7 @@ class WorkerStream:
         self.max_message_bytes = max_message_bytes
         self.connected = connected
         self.worker_id = 0
+        self.pool = ""  # set by register
         self.leases: dict[int, int] = {}  # lease id -> task id, for leases this worker holds
         self.queue: asyncio.Queue[pb.ServerMessage] = asyncio.Queue()
         self.queue_limit = 64
@@ -133,16 +137,24 @@ class WorkerStream:
         """End the writer after its current write: gRPC cannot finish a call while a write is pending
         (cancelling one mid-flight leaves the call unable to send its status)."""
         writer = self._writer
-        if writer is None or writer.done():
+        if writer is None:
             return
-        while not self.queue.empty():
-            self.queue.get_nowait()
-            self.queue.task_done()
-        self.queue.put_nowait(_STOP)
-        try:
-            await asyncio.wait_for(asyncio.shield(writer), WRITER_STOP_S)
-        except TimeoutError:
-            writer.cancel()  # the peer stopped reading; the call ends when its connection does
+        if not writer.done():
+            while not self.queue.empty():
+                self.queue.get_nowait()
+                self.queue.task_done()
+            self.queue.put_nowait(_STOP)
+            with contextlib.suppress(Exception):  # a failed write is reported below
+                await asyncio.wait_for(asyncio.shield(writer), WRITER_STOP_S)
+            if not writer.done():
+                writer.cancel()  # the peer stopped reading; the call ends when its connection does
+                return
+        # A write fails when the worker went away (cancelled its call, lost its connection) while a
+        # message was on its way: nothing to report to anyone, but the error must be collected here,
+        # or asyncio logs it (with a traceback) as "never retrieved".
+        error = None if writer.cancelled() else writer.exception()
+        if error is not None:
+            log.info("worker_write_failed", worker_id=self.worker_id, error=type(error).__name__)
 
     def _register(self, msg: pb.WorkerMessage) -> tuple[str, int, dict[str, str]]:
         if msg.WhichOneof("msg") != "register":
@@ -163,9 +175,12 @@ class WorkerStream:
             raise PermissionDenied(f"register.pool: this credential may not serve pool '{reg.pool}'")
         allowed = self.caller.labels
         if allowed is not None:
-            for k, v in labels.items():
-                if allowed.get(k) != v:
-                    raise PermissionDenied(f"register.labels: this credential may not claim label {k}={v}")
+            refused = [f"{k}={v}" for k, v in sorted(labels.items()) if allowed.get(k) != v]
+            if refused:
+                raise PermissionDenied(
+                    f"register.labels: this credential may not claim {', '.join(refused)} "
+                    f"(it allows {', '.join(f'{k}={v}' for k, v in sorted(allowed.items())) or 'no labels'})"
+                )
         if reg.slots < 1:
             raise InvalidArgument("register.slots: must be at least 1")
         return reg.pool, reg.slots, labels
@@ -175,10 +190,13 @@ class WorkerStream:
         first = await context.read()
         if first is grpc.aio.EOF:
             return
-        pool, requested, labels = self._register(first)
+        with self.limit_hits.counting():  # labels beyond limits.max_tags / max_tag_len
+            pool, requested, labels = self._register(first)
         runtime = self.runtime
         self.worker_id = worker_id = runtime.new_worker_id()
+        self.pool = pool
         granted = runtime.engine.grant(pool, requested)
+        self._count_slot_cap(pool, requested, granted)
         self.queue_limit = _queue_limit(granted)
         cfg = runtime.engine.pool_config(pool)
         registered = pb.Registered(
@@ -213,6 +231,13 @@ class WorkerStream:
             log.info("worker_disconnected", worker_id=worker_id)
         if self.failure is not None:
             raise self.failure
+
+    def _count_slot_cap(self, pool: str, requested: int, granted: int) -> None:
+        """A worker granted fewer slots than it asked because of ``max_slots_per_worker`` (not because
+        of the pool's ``max``) is a hit of that limit."""
+        cap = self.runtime.engine.pool_config(pool).max_slots_per_worker
+        if cap is not None and granted == cap < requested:
+            self.limit_hits.hit("max_slots_per_worker")
 
     async def finish_writes(self, timeout: float) -> None:
         """Wait (bounded) until queued messages, e.g. a Shutdown, were handed to gRPC."""
@@ -253,6 +278,7 @@ class WorkerStream:
             engine.cancelled(wid, msg.cancelled.lease, now)
         elif which == "set_slots":
             granted = engine.set_worker_slots(wid, msg.set_slots.slots, now)
+            self._count_slot_cap(self.pool, msg.set_slots.slots, granted)
             self.queue_limit = max(self.queue_limit, _queue_limit(granted))
         elif which == "register":
             raise FailedPrecondition("register may be sent only once per stream")

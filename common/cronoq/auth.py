@@ -43,6 +43,8 @@ class Principal:
     certificate: bool = False
 
     def may(self, needed: Role) -> bool:
+        """Each call needs one role; ``admin`` covers all of them, the others only themselves (the
+        table is in docs/configuration.md, "Who may call what")."""
         return self.role is Role.ADMIN or self.role is needed
 
     def may_use_pool(self, pool: str) -> bool:
@@ -54,9 +56,9 @@ ANONYMOUS_ADMIN = Principal(Role.ADMIN)
 
 @dataclass(slots=True, frozen=True)
 class TokenEntry:
-    """One configured token, already resolved from ``token``/``token_env``."""
+    """One configured token, already resolved from ``token``/``token_env`` (never in its repr)."""
 
-    token: str
+    token: str = field(repr=False)
     role: Role
     pools: frozenset[str] | None = None
     labels: Mapping[str, str] | None = None

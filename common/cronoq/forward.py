@@ -10,6 +10,7 @@ the call was already forwarded, or when it would send the caller's token in the 
 from __future__ import annotations
 
 import asyncio
+from collections import Counter
 from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
 from urllib.parse import urlsplit
@@ -40,11 +41,18 @@ class WrongShard(FailedPrecondition):
         self.metadata = ((SHARD_KEY, shard.name), (SHARD_ENDPOINT_KEY, url))
 
 
-def _error(err: grpc.aio.AioRpcError, shard: Shard) -> ApiError:
-    """The peer's answer as our error, keeping a redirect's metadata; an unreachable peer says which."""
+def _error(err: grpc.aio.AioRpcError, shard: Shard, url: str) -> ApiError:
+    """The peer's answer as our error, keeping a redirect's metadata; an unreachable peer says which,
+    and a TLS handshake that failed points at ``[server.peer_tls]``."""
     error = api_error(err)
-    if isinstance(error, Unavailable) and not err.details():
+    details = err.details() or ""
+    if isinstance(error, Unavailable) and not details:
         error = Unavailable(f"shard '{shard.name}' is unavailable")
+    elif isinstance(error, Unavailable) and "handshake" in details.lower():
+        error = Unavailable(
+            f"shard '{shard.name}': the TLS handshake with {url} failed; check server.peer_tls (ca_path "
+            f"must verify the shard's certificate, cert_path/key_path be accepted by it): {details}"
+        )
     keep = tuple(
         (key, value if isinstance(value, str) else bytes(value).decode())
         for key, value in (err.trailing_metadata() or ())
@@ -87,6 +95,12 @@ class Peers:
     ``resolve`` gives the URL to use for a shard now (the router's leader discovery; default: its
     configured endpoint); ``suspect(shard, url)`` hears of a call there that failed UNAVAILABLE, and
     ``retries`` bounds how often such a call is tried again (only when that cannot run it twice).
+    ``credentials`` (from ``[server.peer_tls]``) are used for ``https://`` endpoints; without them the
+    system trust store verifies peers and no client certificate is presented.
+
+    ``calls`` counts every call by (shard, method, outcome), outcome ``ok`` or the error's code
+    (``failed_precondition`` includes calls refused here rather than forwarded); ``retried`` counts the
+    calls sent again after UNAVAILABLE by (shard, method). A router reports both on ``/metrics``.
     """
 
     def __init__(
@@ -98,14 +112,18 @@ class Peers:
         resolve: Callable[[Shard], str] | None = None,
         suspect: Callable[[Shard, str], None] | None = None,
         retries: int = 0,
+        credentials: Any = None,
     ) -> None:
         self.shards = shards
+        self.credentials = credentials
         self.insecure_peer_http = insecure_peer_http
         self.timeout = timeout
         self._resolve = resolve
         self._suspect = suspect
         self.retries = min(retries, len(RETRY_DELAYS_S))
         self._stubs: dict[str, tuple[Any, Any, Any]] = {}  # endpoint URL -> (channel, Tasks, Admin)
+        self.calls: Counter[tuple[str, str, str]] = Counter()
+        self.retried: Counter[tuple[str, str]] = Counter()
 
     def url(self, shard: Shard) -> str:
         return self._resolve(shard) if self._resolve is not None else shard.endpoint
@@ -133,7 +151,7 @@ class Peers:
     def _stub(self, url: str) -> tuple[Any, Any, Any]:
         stubs = self._stubs.get(url)
         if stubs is None:
-            channel = open_channel(Endpoint.parse(url, secure=False), None, PEER_CHANNEL_OPTIONS)
+            channel = open_channel(Endpoint.parse(url, secure=False), self.credentials, PEER_CHANNEL_OPTIONS)
             stubs = self._stubs[url] = (channel, pbg.TasksStub(channel), pbg.AdminStub(channel))
         return stubs
 
@@ -149,6 +167,17 @@ class Peers:
         """Forward one unary call (``service`` "tasks" or "admin"); ``wait`` extends the deadline of
         calls that wait for a task. Returns the answer and the content type of the output it carries,
         if the owner said (the wire result has no field for it; HTTP needs it)."""
+        try:
+            answer = await self._call(shard, service, method, request, caller, wait)
+        except ApiError as err:
+            self.calls[(shard.name, method, err.code)] += 1
+            raise
+        self.calls[(shard.name, method, "ok")] += 1
+        return answer
+
+    async def _call(
+        self, shard: Shard, service: str, method: str, request: Any, caller: Principal, wait: float
+    ) -> tuple[Any, str | None]:
         attempt = 0
         while True:
             url = self.url(shard)
@@ -163,7 +192,7 @@ class Peers:
                     return response, None
                 return response, metadata_value(await call.trailing_metadata(), OUTPUT_TYPE_KEY)
             except grpc.aio.AioRpcError as err:
-                error = _error(err, shard)
+                error = _error(err, shard, url)
             if not isinstance(error, Unavailable):
                 raise error
             if self._suspect is not None:
@@ -172,6 +201,7 @@ class Peers:
                 raise error
             await asyncio.sleep(RETRY_DELAYS_S[attempt])
             attempt += 1
+            self.retried[(shard.name, method)] += 1
 
     async def fan_out(
         self, shards: Sequence[Shard], service: str, method: str, requests: Sequence[Any], caller: Principal
@@ -187,18 +217,25 @@ class Peers:
         return list(await asyncio.gather(*(one(s, r) for s, r in zip(shards, requests, strict=True))))
 
     async def stream(self, shard: Shard, method: str, request: Any, caller: Principal) -> AsyncIterator[Any]:
-        """Forward a server-streaming Tasks call (Watch)."""
-        url = self.url(shard)
-        self.check(shard, caller, url)
-        _, tasks, _ = self._stub(url)
-        call = getattr(tasks, method)(request, metadata=self._metadata(caller))
+        """Forward a server-streaming Tasks call (Watch); counted in ``calls`` when it ends."""
+        outcome = "ok"
         try:
-            async for message in call:
-                yield message
-        except grpc.aio.AioRpcError as err:
-            raise _error(err, shard) from None
+            url = self.url(shard)
+            self.check(shard, caller, url)
+            _, tasks, _ = self._stub(url)
+            call = getattr(tasks, method)(request, metadata=self._metadata(caller))
+            try:
+                async for message in call:
+                    yield message
+            except grpc.aio.AioRpcError as err:
+                raise _error(err, shard, url) from None
+            finally:
+                call.cancel()
+        except ApiError as err:
+            outcome = err.code
+            raise
         finally:
-            call.cancel()
+            self.calls[(shard.name, method, outcome)] += 1
 
     async def close(self) -> None:
         channels = [stubs[0] for stubs in self._stubs.values()]

@@ -59,6 +59,26 @@ def configure(env: Mapping[str, str] | None = None, *, stream: object = None) ->
         cache_logger_on_first_use=True,
     )
     logging.basicConfig(level=max(level, logging.WARNING), stream=sys.stderr)
+    server_log = logging.getLogger("aiohttp.server")
+    if not any(isinstance(f, MalformedHttpFilter) for f in server_log.filters):
+        server_log.addFilter(MalformedHttpFilter())
+
+
+class MalformedHttpFilter(logging.Filter):
+    """aiohttp logs a request it cannot parse (a control character in a header, a bad request line) with
+    a traceback whose message quotes the offending raw line, so a client that sent its token followed by
+    a stray byte would put the token into the log, as an error, in a format that is not ours. Such a
+    request is the client's fault and was answered 400: log one debug line naming only the kind of
+    error, never the bytes."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        from aiohttp.http_exceptions import HttpProcessingError
+
+        exc = record.exc_info[1] if record.exc_info else None
+        if not isinstance(exc, HttpProcessingError):
+            return True
+        get_logger("cronoq.http").debug("http_request_malformed", error=type(exc).__name__)
+        return False
 
 
 def get_logger(name: str) -> structlog.typing.FilteringBoundLogger:

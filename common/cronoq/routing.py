@@ -17,6 +17,7 @@ from . import fanout
 from .auth import Principal
 from .errors import ApiError, InvalidArgument, NotFound, Unavailable
 from .forward import Peers
+from .limits import exceeded
 from .shards import SHARD_SHIFT, Shard, ShardMap
 from .v1 import cronoq_pb2 as pb
 
@@ -31,8 +32,11 @@ def check_batch(req: pb.SubmitBatchRequest, max_tasks_per_batch: int) -> None:
     if not req.tasks:
         raise InvalidArgument("tasks: at least one task is required")
     if len(req.tasks) > max_tasks_per_batch:
-        raise InvalidArgument(
-            f"tasks: {len(req.tasks)} tasks exceed limits.max_tasks_per_batch ({max_tasks_per_batch})"
+        raise exceeded(
+            "max_tasks_per_batch",
+            InvalidArgument(
+                f"tasks: {len(req.tasks)} tasks exceed limits.max_tasks_per_batch ({max_tasks_per_batch})"
+            ),
         )
 
 

@@ -206,7 +206,6 @@ def test_version_flags() -> None:
     ("body", "key"),
     [
         ('[server.grpc_web]\nallowed_origins = ["https://app.example.com"]\n', "server.grpc_web"),
-        ('[server.peer_tls]\nca_path = "/etc/ca.pem"\n', "server.peer_tls"),
     ],
 )
 def test_settings_this_version_cannot_honour_are_refused(tmp_path: Path, body: str, key: str) -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import re
 import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -74,6 +75,35 @@ def cluster(
             proc.stop()
 
 
+SAMPLE = re.compile(r"^(?P<name>[a-z_]+)(?:\{(?P<labels>.*)\})? (?P<value>\S+)$")
+LABEL = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
+
+
+class Metrics:
+    """The router's /metrics; ``metrics(name, **labels)`` is one sample's value (KeyError if absent)."""
+
+    def __init__(self, text: str) -> None:
+        self.samples: dict[tuple[str, frozenset[tuple[str, str]]], float] = {}
+        for line in text.splitlines():
+            if not line.startswith("#"):
+                match = SAMPLE.match(line)
+                assert match is not None, line
+                labels = frozenset(LABEL.findall(match["labels"] or ""))
+                self.samples[(match["name"], labels)] = float(match["value"])
+
+    def __call__(self, name: str, **labels: str) -> float:
+        return self.samples[(name, frozenset(labels.items()))]
+
+    def total(self, name: str) -> float:
+        return sum(value for (family, _), value in self.samples.items() if family == name)
+
+
+async def router_metrics(router: ServerProcess) -> Metrics:
+    async with aiohttp.ClientSession() as http, http.get(f"{router.http}/metrics") as resp:
+        assert resp.status == 200 and resp.headers["content-type"].startswith("text/plain; version=0.0.4")
+        return Metrics(await resp.text())
+
+
 async def echo(lease: Lease) -> str:
     return f"{lease.pool}:{lease.payload.decode()}"
 
@@ -81,7 +111,7 @@ async def echo(lease: Lease) -> str:
 async def test_producers_and_workers_use_only_the_router(
     tmp_path: Path, postgres_url: str, pg_schema: str
 ) -> None:
-    with cluster(tmp_path, postgres_url, pg_schema) as (router, _):
+    with cluster(tmp_path, postgres_url, pg_schema) as (router, shards):
         async with (
             worker(router.target, echo, pool="a1") as wa,
             worker(router.target, echo, pool="b1") as wb,
@@ -106,6 +136,18 @@ async def test_producers_and_workers_use_only_the_router(
             snapshot = await client.snapshot()
             assert {p.name for p in snapshot.pools} == {"a1", "b1"} and not snapshot.unavailable_shards
             assert {w.pool for w in await client.list_workers()} == {"a1", "b1"}
+
+            m = await router_metrics(router)
+            for name, (_, pool) in SHARDS.items():
+                leader = f"http://127.0.0.1:{shards[name][0].grpc_port}"
+                assert m("cronoq_router_shard_leader", shard=name, endpoint=leader) == 1
+                assert m("cronoq_router_worker_redirects_total", shard=name, pool=pool) == 1
+                assert m("cronoq_router_forwarded_total", shard=name, method="Submit", outcome="ok") == 1
+                assert m("cronoq_router_fanout_unavailable_total", shard=name, method="ListTasks") == 0
+            assert m("cronoq_router_forwarded_total", shard="b", method="SubmitBatch", outcome="ok") == 1
+            # By key: every shard is asked; the one without the key answers NOT_FOUND.
+            assert m("cronoq_router_forwarded_total", shard="b", method="Get", outcome="not_found") >= 1
+            assert m("cronoq_router_fanout_partial_total", method="Snapshot") == 0
 
         async with (
             aiohttp.ClientSession(base_url=router.http) as http,
@@ -158,6 +200,20 @@ async def test_the_router_follows_a_failover_and_names_a_shard_that_is_down(
             assert snapshot.unavailable_shards == ["b"] and [p.name for p in snapshot.pools] == ["a1"]
             with pytest.raises(Unavailable):
                 await client.submit(b"z", pool="b1")
+
+        m = await router_metrics(router)
+        # Shard a's leader moved twice and is known; shard b has none (both members killed).
+        assert m("cronoq_router_shard_leader", shard="a", endpoint=f"http://{first.target}") == 1
+        assert m("cronoq_router_shard_leader", shard="b", endpoint="") == 0
+        assert m("cronoq_router_leader_changes_total", shard="a") >= 2
+        assert m("cronoq_router_leader_changes_total", shard="b") >= 1
+        for method in ("ListTasks", "Snapshot"):
+            assert m("cronoq_router_fanout_partial_total", method=method) == 1
+            assert m("cronoq_router_fanout_unavailable_total", shard="b", method=method) == 1
+            assert m("cronoq_router_fanout_unavailable_total", shard="a", method=method) == 0
+        assert m("cronoq_router_forwarded_total", shard="b", method="Submit", outcome="unavailable") == 1
+        assert m("cronoq_router_forwarded_total", shard="a", method="Submit", outcome="ok") == 3
+        assert m.total("cronoq_router_retries_total") >= 1  # calls that met the failover went again
 
 
 async def test_a_watch_through_the_router_sees_every_shard(

@@ -630,6 +630,7 @@ BAD: list[tuple[str, str, str]] = [
     ("[store]\nkind = 'sqlite'\npath = ''", "store.path", "must not be empty"),
     ("[server.tls]\ncert_path = 'a'", "server.tls.key_path", "required"),
     ("[server.peer_tls]\ncert_path = 'a'", "server.peer_tls", "cert_path and key_path go together"),
+    ("[server.peer_tls]\nca_path = 'ca.pem'", "server.peer_tls", "no [[shards]] endpoint or member"),
     # auth
     ("[[auth.tokens]]\ntoken = 'short'\nrole = 'client'", "auth.tokens[0].token", "at least 16 characters"),
     (

@@ -111,7 +111,19 @@ def test_enums_match_the_wire_names() -> None:
     schemas = OPENAPI["components"]["schemas"]
     assert schemas["Status"]["enum"] == list(codec.STATUS_NAMES.values())
     assert schemas["Priority"]["enum"] == list(codec.PRIORITY_NAMES.values())
-    assert schemas["Dep"]["properties"]["on"]["enum"] == sorted(
-        codec.COND_NAMES.values(), key=["success", "failure", "complete"].index
-    )
-    assert schemas["SubmitRequest"]["properties"]["on_miss"]["enum"] == list(codec.MISS_NAMES.values())
+    # Optional request fields may be null ("not given"); OpenAPI 3.0 wants null listed in a nullable enum.
+    assert schemas["Dep"]["properties"]["on"]["enum"] == [
+        *sorted(codec.COND_NAMES.values(), key=["success", "failure", "complete"].index),
+        None,
+    ]
+    assert schemas["SubmitRequest"]["properties"]["on_miss"]["enum"] == [*codec.MISS_NAMES.values(), None]
+
+
+def test_optional_request_fields_are_nullable_and_required_ones_are_not() -> None:
+    """The gateway reads ``null`` as "not given" for every field, so a required field cannot be null."""
+    schemas = OPENAPI["components"]["schemas"]
+    for name in ("TaskSpec", "SubmitRequest", "SubmitBatchRequest", "RetryPolicy", "Dep", "RecurringRequest"):
+        required = set(schemas[name].get("required", ()))
+        for field, schema in schemas[name]["properties"].items():
+            typed = "type" in schema or "allOf" in schema
+            assert schema.get("nullable", False) is (field not in required and typed), f"{name}.{field}"

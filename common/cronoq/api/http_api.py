@@ -29,12 +29,14 @@ from cronoq.errors import (
     Unauthenticated,
     Unavailable,
 )
+from cronoq.limits import LimitHits
 from cronoq.logs import get_logger
 from cronoq.transport import FORWARDED_KEY
 from cronoq.v1 import cronoq_pb2 as pb
 
 from . import http_codec as codec
 from .handler import RequestHandler
+from .limits import RequestLimits, limits_middleware
 from .openapi import OPENAPI
 
 PROMETHEUS_TYPE = "text/plain; version=0.0.4; charset=utf-8"
@@ -166,8 +168,10 @@ class _Gateway:
         max_body_bytes: int,
         metrics: Callable[[], str] | None,
         sse_keepalive_s: float,
+        limit_hits: LimitHits | None = None,
     ) -> None:
         self.service = service
+        self.limit_hits = limit_hits
         self.max_body_bytes = max_body_bytes
         self.metrics_text = metrics
         self.sse_keepalive_s = sse_keepalive_s
@@ -193,18 +197,22 @@ class _Gateway:
         limit = self.max_body_bytes
         too_large = BodyTooLarge(f"request body: larger than limits.max_http_body_bytes ({limit} bytes)")
         if request.content_length is not None and request.content_length > limit:
-            raise too_large
+            raise self._refused_body(too_large)
         if codec.media_type(request.headers.get(hdrs.CONTENT_TYPE, "")) != codec.JSON_TYPE:
             raise UnsupportedMediaType("request body: send it as JSON with content-type: application/json")
         body = bytearray()
         async for chunk in request.content.iter_any():
             body += chunk
             if len(body) > limit:
-                raise too_large
+                raise self._refused_body(too_large)
         try:
             return codec.parse_json(bytes(body))
         except ValueError as err:
             raise InvalidArgument(f"request body: invalid JSON: {err}") from None
+
+    def _refused_body(self, err: BodyTooLarge) -> BodyTooLarge:
+        """``err``, counted as a hit of ``limits.max_http_body_bytes``."""
+        return err if self.limit_hits is None else self.limit_hits.refuse("max_http_body_bytes", err)
 
     def _content_type(self, task_id: int) -> str:
         """The stored content type of a task's output (the wire TaskResult carries none)."""
@@ -295,6 +303,8 @@ class _Gateway:
 
     def metrics(self, render: Callable[[], str]) -> Endpoint:
         async def text(caller: Principal, request: web.Request) -> web.StreamResponse:
+            if caller.pools is not None:  # the text covers every pool and process-wide counters
+                raise PermissionDenied("/metrics covers every pool: it needs a credential without pools")
             return _prometheus(render)
 
         return text
@@ -388,21 +398,27 @@ def build_http_app(
     metrics: Callable[[], str] | None = None,
     sse_keepalive_s: float = SSE_KEEPALIVE_S,
     require_client_cert: bool = False,
+    limits: RequestLimits | None = None,
 ) -> web.Application:
     """The HTTP/JSON application of a shard server or a router.
 
     ``loopback_only_guard`` (set when no credential is configured) refuses requests whose ``Host`` is not
     a loopback name, except the probes. ``metrics`` renders the Prometheus text for ``/metrics`` (the
     route is absent without it). ``require_client_cert`` (mTLS) refuses every route but the probes to a caller
-    without a verified client certificate.
+    without a verified client certificate. ``limits`` (shared with the process's gRPC server) bounds
+    concurrent requests and streams and each request's time, and counts limit hits.
     """
     gateway = _Gateway(
         service,
         max_body_bytes=max_body_bytes,
         metrics=metrics,
         sse_keepalive_s=sse_keepalive_s,
+        limit_hits=limits.hits if limits is not None else None,
     )
-    app = web.Application(middlewares=[_middleware(loopback_only_guard, require_client_cert)])
+    middlewares = [_middleware(loopback_only_guard, require_client_cert)]
+    if limits is not None:
+        middlewares.append(limits_middleware(limits))
+    app = web.Application(middlewares=middlewares)
     gateway.add_routes(app.router)
     return app
 

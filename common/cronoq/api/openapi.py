@@ -35,6 +35,26 @@ def _nullable(schema: Schema) -> Schema:
     return {**schema, "nullable": True}
 
 
+def _optional(schema: Schema) -> Schema:
+    """A request field that may also be ``null``, which means "not given" (the gateway reads every
+    ``null`` that way). OpenAPI 3.0 honours ``nullable`` only next to ``type`` (and a nullable enum must
+    list ``null``), so a reference or a combination is wrapped in ``allOf``."""
+    if "type" in schema:
+        nullable = {**schema, "nullable": True}
+        if "enum" in schema:
+            nullable["enum"] = [*schema["enum"], None]
+        return nullable
+    notes = {k: v for k, v in schema.items() if k in ("description", "default")}
+    core = {k: v for k, v in schema.items() if k not in notes}
+    return {**notes, "nullable": True, "allOf": [core]} if core else schema
+
+
+def _request(properties: dict[str, Schema], *, required: tuple[str, ...] = ()) -> Schema:
+    """A request body object: closed, and every field but the required ones may be ``null``."""
+    fields = {name: s if name in required else _optional(s) for name, s in properties.items()}
+    return _obj(fields, required=required)
+
+
 STRING: Final[Schema] = {"type": "string"}
 BOOL: Final[Schema] = {"type": "boolean"}
 UINT: Final[Schema] = {"type": "integer", "minimum": 0}
@@ -117,31 +137,35 @@ SCHEMAS: Final[dict[str, Schema]] = {
         "oneOf": [TIMESTAMP, {"type": "number", "description": "Unix seconds"}],
         "description": "RFC 3339 with an offset, or Unix seconds",
     },
-    "RetryPolicy": _obj(
+    "RetryPolicy": _request(
         {
             "max_attempts": {**UINT, "maximum": 4294967295},
             "initial_backoff_s": SECONDS,
-            "multiplier": {**NUMBER, "minimum": 1},
+            "multiplier": {
+                **NUMBER,
+                "oneOf": [{"minimum": 1}, {"enum": [0]}],
+                "description": "at least 1; 0 means the pool's value",
+            },
             "max_backoff_s": SECONDS,
             "jitter": BOOL,
         }
     ),
-    "Dep": _obj(
+    "Dep": _request(
         {
             "id": {"oneOf": [_ref("TaskId"), UINT]},
             "key": STRING,
             "on": {"type": "string", "enum": ["success", "failure", "complete"], "default": "success"},
         }
     ),
-    "TaskSpec": _obj(_TASK_SPEC_FIELDS),
-    "SubmitRequest": _obj(
+    "TaskSpec": _request(_TASK_SPEC_FIELDS),
+    "SubmitRequest": _request(
         {
             **_TASK_SPEC_FIELDS,
             "wait": {**BOOL, "description": "answer only when the task finished (result is set)"},
             "wait_timeout_s": {**SECONDS, "description": "with wait; capped by limits.max_wait_s"},
         }
     ),
-    "SubmitBatchRequest": _obj(
+    "SubmitBatchRequest": _request(
         {"tasks": {"type": "array", "items": _ref("TaskSpec"), "minItems": 1}}, required=("tasks",)
     ),
     "Submitted": _all({"id": _ref("TaskId"), "duplicate": BOOL}),
@@ -268,11 +292,12 @@ SCHEMAS: Final[dict[str, Schema]] = {
     "WorkerList": _all(
         {"workers": {"type": "array", "items": _ref("WorkerInfo")}, "unavailable_shards": STRINGS}
     ),
-    "RecurringRequest": _obj(
+    "RecurringRequest": _request(
         {
             "name": {"type": "string", "minLength": 1, "description": "adding an existing name replaces it"},
             "cron": {
                 "type": "string",
+                "minLength": 1,
                 "description": "5 fields (minute resolution), or 6 with a leading seconds field",
             },
             "tz": {"type": "string", "description": "IANA time zone the cron is read in; default UTC"},
@@ -320,10 +345,17 @@ _ERRORS: Final[dict[int, str]] = {
     ),
     413: "body larger than limits.max_http_body_bytes (resource_exhausted)",
     415: "JSON body without content-type: application/json (invalid_argument)",
-    429: "pool full under overflow = reject, or a limit hit (resource_exhausted); retry later",
+    429: (
+        "pool full under overflow = reject, limits.max_pending_total reached, or too many requests or "
+        "streams in progress (limits.max_concurrent_requests, max_concurrent_streams) (resource_exhausted); "
+        "retry later"
+    ),
     500: "internal error, or a watch that fell behind (data_loss)",
     503: "shutting down or not the leader (unavailable); retry",
-    504: "the server-side wait ended before the task finished (deadline_exceeded)",
+    504: (
+        "the server-side wait ended before the task finished, or the request took longer than "
+        "limits.request_timeout_s (deadline_exceeded)"
+    ),
 }
 
 
@@ -374,7 +406,9 @@ def _list(items: Schema) -> Schema:
 
 
 REF = _param("ref", "path", STRING, "task id (all digits) or key (URL-encoded)")
-_AUTH = (401, 403, 503)
+# Every authenticated API route: credentials, a standby, and the server-wide [limits] (concurrent
+# requests or streams: 429; limits.request_timeout_s: 504).
+_AUTH = (401, 403, 429, 503, 504)
 _BODY = (400, 404, 413, 415, 429)
 
 PATHS: Final[dict[str, Schema]] = {
@@ -398,9 +432,19 @@ PATHS: Final[dict[str, Schema]] = {
             404,
             parameters=[
                 _param("pool", "query", _list(STRING), "pool names; repeat or comma-separate"),
-                _param("status", "query", _list(_ref("Status")), "statuses; repeat or comma-separate"),
+                _param(
+                    "status",
+                    "query",
+                    _list({"type": "string", "enum": [*STATUSES, ""]}),
+                    "statuses; repeat or comma-separate (empty entries are ignored)",
+                ),
                 _param("after", "query", _ref("TaskId"), "return ids greater than this (next_after)"),
-                _param("limit", "query", UINT, "page size (default 100, capped by limits.max_list)"),
+                _param(
+                    "limit",
+                    "query",
+                    {**UINT, "maximum": 4294967295},
+                    "page size (default 100, capped by limits.max_list)",
+                ),
             ],
         ),
     },
@@ -518,7 +562,7 @@ PATHS: Final[dict[str, Schema]] = {
             "summary": "Prometheus text format 0.0.4 (metrics role)",
             "responses": {
                 "200": {"description": "metrics", "content": {"text/plain": {"schema": STRING}}},
-                **_error_responses(*_AUTH, 404),
+                **_error_responses(401, 403, 503, 404),  # not subject to [limits]
             },
         }
     },

@@ -143,6 +143,14 @@ def _check_listeners(config: Config, problems: Problems) -> None:
     peer = server.peer_tls
     if peer is not None and (peer.cert_path is None) != (peer.key_path is None):
         problems.add("server.peer_tls", "cert_path and key_path go together (a client identity needs both)")
+    elif peer is not None and not any(
+        url.startswith("https://") for shard in config.shards for url in (shard.endpoint, *shard.members)
+    ):
+        problems.add(
+            "server.peer_tls",
+            "no [[shards]] endpoint or member is an https:// URL, so it would never be used "
+            "(peers are called over TLS at their https:// endpoints)",
+        )
     if config.auth.certs and (server.tls is None or server.tls.client_ca_path is None):
         problems.add(
             "auth.certs", "client certificates are only requested with mTLS: set server.tls.client_ca_path"

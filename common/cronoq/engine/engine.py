@@ -50,6 +50,7 @@ from .pool import PoolState
 from .resources import Resources
 from .retry import backoff_delay
 from .snapshot import GroupStats, PoolStats, Snapshot, Totals, WorkerView
+from .stats import Bucket
 from .table import TaskTable
 from .timers import TimerEntry, TimerHeap, TimerKind
 from .workers import Worker, label_set
@@ -161,9 +162,12 @@ class Engine:
 
         Specs of one batch may depend on each other's keys, in any order: every task of the batch exists
         before any edge is resolved."""
-        special = any(spec.deps or spec.start is not None or spec.resources for spec in specs)
-        if special:
-            self._check_batch(specs, now)
+        special = False
+        for spec in specs:
+            if spec.deps or spec.start is not None or spec.resources:
+                special = True
+                self._check_batch(specs, now)
+                break
         decisions = plan(specs, self._pools, self._table, self._pending_total, self._limits.max_pending_total)
         table = self._table
         append = self._actions.append
@@ -645,6 +649,7 @@ class Engine:
         if not (workers.free and queue.ready):
             return
         started = 0
+        bucket = pool.stats.bucket(now)
         while workers.free and queue.ready:  # usually one task: an outcome freed one slot
             best = queue.pop_best(now, workers.has_free)
             if best is None:
@@ -655,7 +660,7 @@ class Engine:
                 continue
             worker = workers.take(required)
             assert worker is not None, "pop_best offers only lanes with a free compatible worker"
-            self._run(pool, task, worker, ready_at, inverted, now)
+            self._run(pool, task, worker, ready_at, inverted, now, bucket)
             started += 1
         self._pending_total -= started
         self._totals.dispatched += started
@@ -669,13 +674,19 @@ class Engine:
                 self._dispatch(pool, now)
 
     def _run(
-        self, pool: PoolState, task: Task, worker: Worker, ready_at: float, inverted: bool, now: float
+        self,
+        pool: PoolState,
+        task: Task,
+        worker: Worker,
+        ready_at: float,
+        inverted: bool,
+        now: float,
+        bucket: Bucket,
     ) -> None:
         """Start the next attempt of a READY task on ``worker`` (whose slot is taken). The caller
-        counts it in ``_pending_total`` and ``totals.dispatched``."""
+        counts it in ``_pending_total`` and ``totals.dispatched``, and passes the stats bucket of ``now``."""
         spec = task.spec
         pool.pending[spec.priority] -= 1
-        bucket = pool.stats.bucket(now)
         bucket.dispatch(now - ready_at, inverted)
         if spec.start is not None and not task.attempt:
             bucket.fixed_start(now <= spec.start + spec.tolerance)
@@ -727,8 +738,14 @@ class Engine:
             started = task.started
             assert started is not None  # set at dispatch
             pool.stats.bucket(now).attempt(now - started, outcome)
-            if outcome is Status.SUCCEEDED:
-                pool.queue.durations.learn(task.spec.kind, now - started)
+            if outcome is Status.SUCCEEDED:  # Durations.learn, inlined: once per task
+                durations = pool.queue.durations
+                kind = task.spec.kind
+                mean = durations.mean.get(kind)
+                if mean is not None:
+                    durations.mean[kind] = mean + (now - started - mean) * durations.WEIGHT
+                else:
+                    durations.learn(kind, now - started)
             if pool.config.autoscale is not None:
                 runs = self._runs[pool.name]
                 runs[0] += now - started
@@ -772,15 +789,11 @@ class Engine:
         spec = task.spec
         self._actions.append(StatusEvent(task.id, spec.pool, spec.key, READY, task.attempt, now, "", task))
 
-    def _finish(self, pool: PoolState, task: Task, status: Status, message: str, now: float) -> None:
-        """End a task in terminal ``status`` and judge the dependency edges waiting for it. A RUNNING
-        task's lease must already be released."""
-        self._end(pool, task, status, message, now)
-        if self._deps.waiting and task.id in self._deps.waiting:
-            self._cascade(task, now)
-
-    def _end(self, pool: PoolState, task: Task, status: Status, message: str, now: float) -> None:
-        """End a task in terminal ``status`` without looking at its dependents (``_cascade`` does)."""
+    def _finish(
+        self, pool: PoolState, task: Task, status: Status, message: str, now: float, cascade: bool = True
+    ) -> None:
+        """End a task in terminal ``status`` (a RUNNING task's lease must already be released) and, unless
+        ``_cascade`` itself is the caller, judge the dependency edges waiting for it."""
         spec = task.spec
         was = task.status
         if was is not RUNNING:
@@ -806,6 +819,8 @@ class Engine:
         self._actions.append(
             StatusEvent(task.id, spec.pool, spec.key, status, task.attempt, now, message, task)
         )
+        if cascade and self._deps.waiting and task.id in self._deps.waiting:
+            self._cascade(task, now)
 
     def _arm(self, due: float, kind: TimerKind, target: int, token: int = 0) -> None:
         """Add a timer; compact the heap first when it holds far more entries than can be live (each
@@ -1044,7 +1059,8 @@ class Engine:
                     continue
                 deps.forget(dependent)
                 message = f"dependency {target.id} ended as {target.status.label}"
-                self._end(self._pools[dependent.spec.pool], dependent, Status.SKIPPED, message, now)
+                pool = self._pools[dependent.spec.pool]
+                self._finish(pool, dependent, Status.SKIPPED, message, now, cascade=False)
                 if dependent.id in deps.waiting:
                     stack.append(dependent)
 
@@ -1143,7 +1159,7 @@ class Engine:
         if worker is not None and (not spec.resources or self._resources.try_take(spec.resources, now)):
             task.status = READY  # for the instant before it runs
             self._actions.append(StatusEvent(task.id, spec.pool, spec.key, READY, 0, now, "", task))
-            self._run(pool, task, worker, start, False, now)
+            self._run(pool, task, worker, start, False, now, pool.stats.bucket(now))
             self._pending_total -= 1
             self._totals.dispatched += 1
             return

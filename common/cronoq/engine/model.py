@@ -187,6 +187,27 @@ class EngineLimits:
     metrics_window: float = 60.0
 
 
+class _NoResources(dict[str, int]):
+    """The one empty, read-only ``resources`` every spec without resources shares.
+
+    Almost no task names resources; a fresh empty dict per task would be one more object per task
+    that the dispatch path touches (to see that it is empty), which measurably slows the engine. A dict
+    subclass keeps the truth test and lookups at C speed; hashable so a dataclass accepts it as a
+    default; every mutator refuses.
+    """
+
+    __slots__ = ()
+    __hash__ = object.__hash__  # type: ignore[assignment]
+
+    def _refuse(self, *args: object, **kwargs: object) -> None:
+        raise TypeError("the shared empty resources of a TaskSpec cannot be changed; assign a new dict")
+
+    __setitem__ = __delitem__ = update = setdefault = pop = popitem = clear = __ior__ = _refuse  # type: ignore[assignment]
+
+
+NO_RESOURCES: dict[str, int] = _NoResources()
+
+
 @dataclass(slots=True)
 class TaskSpec:
     """A validated submission. Validation (field names in messages) happens before the engine."""
@@ -208,7 +229,7 @@ class TaskSpec:
     tolerance: float = 1.0  # allowed lateness of the fixed start
     on_miss: MissPolicy = MissPolicy.RUN_LATE
     deps: tuple[Dep, ...] = ()
-    resources: dict[str, int] = field(default_factory=dict)  # resource name -> amount (> 0)
+    resources: dict[str, int] = NO_RESOURCES  # resource name -> amount (> 0)
 
 
 @dataclass(slots=True)

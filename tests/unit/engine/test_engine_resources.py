@@ -102,3 +102,11 @@ def test_cancelling_a_task_waiting_for_a_resource() -> None:
     assert drain(engine).dispatches == []
     snap = engine.snapshot(1.0)
     assert snap.pending == 0 and snap.pools[0].pending_by_class == [0, 0, 0, 0]
+
+
+def test_specs_without_resources_share_one_read_only_empty_mapping() -> None:
+    a, b = TaskSpec("p"), TaskSpec("p")
+    assert a.resources is b.resources and not a.resources
+    with pytest.raises(TypeError, match="cannot be changed"):
+        a.resources["gpu"] = 1
+    assert not b.resources

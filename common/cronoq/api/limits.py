@@ -1,0 +1,361 @@
+"""The server-wide ``[limits]`` both transports enforce around the request logic.
+
+One :class:`RequestLimits` per process is shared by its gRPC server (:class:`LimitsInterceptor`) and its
+HTTP application (:func:`limits_middleware`), so that a call counts the same whichever way it arrives:
+
+- ``max_concurrent_requests``: calls in progress at once (every Tasks and Admin call, every HTTP
+  request but ``/healthz``, ``/readyz``, ``/metrics`` and ``/v1/openapi.json``); one more is refused
+  with RESOURCE_EXHAUSTED (HTTP 429). A Submit that waits, or a Wait, holds its place while it waits.
+- ``max_concurrent_streams``: long-lived streams open at once (``Workers.Work``, ``Tasks.Watch`` and the
+  HTTP ``/v1/watch`` event stream); one more is refused the same way. Workers reconnect with backoff.
+- ``request_timeout_s``: how long a call may take, plus ``max_wait_s`` for the calls that wait (Submit,
+  Wait); past it the call ends with DEADLINE_EXCEEDED (HTTP 504). Streams have no timeout.
+- ``max_message_bytes`` (gRPC): a request message larger than the limit is refused with
+  RESOURCE_EXHAUSTED naming the limit. The gRPC core itself cuts off messages above twice the limit
+  (:func:`grpc_receive_limit`) before any of this code sees them, with its own message.
+
+Every refusal is counted in the process's :class:`~cronoq.limits.LimitHits`. gRPC's health and reflection
+services are not limited.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import asynccontextmanager, contextmanager
+from typing import Any
+
+import grpc
+from aiohttp import web
+from aiohttp.typedefs import Middleware
+
+from cronoq.config.model import Limits
+from cronoq.errors import ApiError, DeadlineExceeded, ResourceExhausted
+from cronoq.limits import LimitHits
+from cronoq.prometheus import Writer
+from cronoq.transport import grpc_status
+
+GRPC_PREFIX = "/cronoq.v1."
+UNLIMITED_PATHS = frozenset({"/healthz", "/readyz", "/metrics", "/v1/openapi.json"})
+WATCH_PATH = "/v1/watch"
+GRPC_MAX_MESSAGE = 2**31 - 1
+
+Ctx = Any  # grpc.aio.ServicerContext
+Handler = Callable[[web.Request], Any]
+
+
+def grpc_receive_limit(max_message_bytes: int) -> int:
+    """The gRPC core's own receive limit: twice ours, so that messages up to that size reach
+    :class:`LimitsInterceptor` and are refused by name (and counted)."""
+    return min(GRPC_MAX_MESSAGE, 2 * max_message_bytes)
+
+
+class RequestLimits:
+    """Server-wide gates and the request timeout, shared by the gRPC and HTTP transports."""
+
+    def __init__(self, limits: Limits, hits: LimitHits) -> None:
+        self.hits = hits
+        self.max_requests = limits.max_concurrent_requests
+        self.max_streams = limits.max_concurrent_streams
+        self.request_timeout_s = limits.request_timeout_s
+        self.max_wait_s = limits.max_wait_s
+        self.max_message_bytes = limits.max_message_bytes
+        self.requests = 0  # calls in progress (streams excluded)
+        self.streams = 0  # streams open
+
+    def acquire_request(self) -> None:
+        if self.requests >= self.max_requests:
+            raise self.hits.refuse(
+                "max_concurrent_requests",
+                ResourceExhausted(
+                    f"limits.max_concurrent_requests: this server is already handling {self.requests} "
+                    "requests; retry shortly"
+                ),
+            )
+        self.requests += 1
+
+    def release_request(self) -> None:
+        self.requests -= 1
+
+    def acquire_stream(self) -> None:
+        if self.streams >= self.max_streams:
+            raise self.hits.refuse(
+                "max_concurrent_streams",
+                ResourceExhausted(
+                    f"limits.max_concurrent_streams: {self.streams} streams (Work, Watch) are already open "
+                    "on this server; retry shortly"
+                ),
+            )
+        self.streams += 1
+
+    def release_stream(self) -> None:
+        self.streams -= 1
+
+    @contextmanager
+    def request(self) -> Iterator[None]:
+        self.acquire_request()
+        try:
+            yield
+        finally:
+            self.release_request()
+
+    @contextmanager
+    def stream(self) -> Iterator[None]:
+        self.acquire_stream()
+        try:
+            yield
+        finally:
+            self.release_stream()
+
+    def timeout_s(self, waits: bool) -> float:
+        return self.request_timeout_s + (self.max_wait_s if waits else 0.0)
+
+    @asynccontextmanager
+    async def deadline(self, waits: bool) -> AsyncIterator[None]:
+        """Bound the block by ``request_timeout_s`` (plus ``max_wait_s`` when the call waits); past it
+        the block is cancelled and DEADLINE_EXCEEDED raised."""
+        scope = asyncio.timeout(self.timeout_s(waits))
+        try:
+            async with scope:
+                yield
+        except TimeoutError:
+            if not scope.expired():
+                raise
+            also = f" plus limits.max_wait_s ({self.max_wait_s:g} s) for a call that waits" if waits else ""
+            raise self.hits.refuse(
+                "request_timeout_s",
+                DeadlineExceeded(
+                    f"limits.request_timeout_s: the call did not finish within "
+                    f"{self.request_timeout_s:g} s{also}"
+                ),
+            ) from None
+
+    def render(self) -> str:
+        """Gauges of what the gates hold now, in Prometheus text format."""
+        w = Writer()
+        w.family(
+            "cronoq_requests_in_flight",
+            "gauge",
+            "Calls in progress (bounded by limits.max_concurrent_requests).",
+            [({}, float(self.requests))],
+        )
+        w.family(
+            "cronoq_streams_open",
+            "gauge",
+            "Work and Watch streams open (bounded by limits.max_concurrent_streams).",
+            [({}, float(self.streams))],
+        )
+        return w.text()
+
+    def oversized(self, size: int) -> ResourceExhausted:
+        return self.hits.refuse(
+            "max_message_bytes",
+            ResourceExhausted(
+                f"limits.max_message_bytes: a message of {size} bytes is larger than "
+                f"{self.max_message_bytes} bytes"
+            ),
+        )
+
+
+# --------------------------------------------------------------------------------------------- gRPC
+
+
+class _Oversized:
+    """What the checking deserializer hands over instead of a message larger than the limit."""
+
+    __slots__ = ("size",)
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+
+
+class _Context:
+    """A servicer context whose ``read`` refuses an oversized message; everything else is delegated."""
+
+    def __init__(self, context: Ctx, limits: RequestLimits) -> None:
+        self._context = context
+        self._limits = limits
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._context, name)
+
+    async def read(self) -> Any:
+        message = await self._context.read()
+        if isinstance(message, _Oversized):
+            raise self._limits.oversized(message.size)
+        return message
+
+
+async def _checked(requests: AsyncIterator[Any], limits: RequestLimits) -> AsyncIterator[Any]:
+    async for message in requests:
+        if isinstance(message, _Oversized):
+            raise limits.oversized(message.size)
+        yield message
+
+
+def _waits(method: str, request: Any) -> bool:
+    """Whether a unary call waits for a task (so may take up to ``max_wait_s`` more)."""
+    return method.endswith("/Wait") or (method.endswith("/Submit") and bool(getattr(request, "wait", False)))
+
+
+async def _abort(context: Ctx, err: ApiError) -> None:
+    await context.abort(grpc_status(err), err.message, err.metadata)
+
+
+class LimitsInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
+    """Wraps every ``cronoq.v1`` method: size check of each request message, the concurrency gates,
+    the request timeout of unary calls; oversized responses (which the gRPC core refuses to send) are
+    counted too."""
+
+    def __init__(self, limits: RequestLimits) -> None:
+        self.limits = limits
+
+    async def intercept_service(self, continuation: Callable[[Any], Any], details: Any) -> Any:
+        handler = await continuation(details)
+        if handler is None or not details.method.startswith(GRPC_PREFIX):
+            return handler
+        return self._wrap(handler, details.method)
+
+    def _deserializer(self, inner: Callable[[bytes], Any] | None) -> Callable[[bytes], Any]:
+        limit = self.limits.max_message_bytes
+
+        def deserialize(raw: bytes) -> Any:
+            if len(raw) > limit:
+                return _Oversized(len(raw))
+            return inner(raw) if inner is not None else raw
+
+        return deserialize
+
+    def _serializer(self, inner: Callable[[Any], bytes] | None) -> Callable[[Any], bytes]:
+        limits = self.limits
+
+        def serialize(message: Any) -> bytes:
+            data: bytes = inner(message) if inner is not None else message
+            if len(data) > limits.max_message_bytes:
+                limits.hits.hit("max_message_bytes")  # the gRPC core refuses to send it
+            return data
+
+        return serialize
+
+    def _wrap(self, handler: Any, method: str) -> Any:
+        limits = self.limits
+        kw = {
+            "request_deserializer": self._deserializer(handler.request_deserializer),
+            "response_serializer": self._serializer(handler.response_serializer),
+        }
+        if not handler.request_streaming and not handler.response_streaming:
+            return grpc.unary_unary_rpc_method_handler(self._unary(handler.unary_unary, method), **kw)
+        if not handler.request_streaming:
+            inner_us = handler.unary_stream
+
+            def open_us(request: Any, context: Ctx) -> Any:
+                if isinstance(request, _Oversized):
+                    raise limits.oversized(request.size)
+                return inner_us(request, context)
+
+            return grpc.unary_stream_rpc_method_handler(self._streaming(inner_us, open_us), **kw)
+        if handler.response_streaming:
+            inner_ss = handler.stream_stream
+
+            def open_ss(requests: Any, context: Ctx) -> Any:
+                return inner_ss(_checked(requests, limits), _Context(context, limits))
+
+            return grpc.stream_stream_rpc_method_handler(self._streaming(inner_ss, open_ss), **kw)
+        return handler  # client-streaming unary calls: cronoq.v1 has none
+
+    def _streaming(self, inner: Any, open_call: Callable[[Any, Ctx], Any]) -> Callable[[Any, Ctx], Any]:
+        """A streaming behaviour of the same form as ``inner`` (an async generator, or a coroutine that
+        writes to the context) run holding a stream slot; a refusal (no slot, an oversized request) ends
+        the call with its status."""
+        limits = self.limits
+        if inspect.isasyncgenfunction(inner):
+
+            async def generator(request: Any, context: Ctx) -> AsyncIterator[Any]:
+                try:
+                    limits.acquire_stream()
+                except ApiError as err:
+                    await _abort(context, err)
+                    return
+                try:
+                    async for item in open_call(request, context):
+                        yield item
+                except ApiError as err:
+                    await _abort(context, err)
+                finally:
+                    limits.release_stream()
+
+            return generator
+
+        async def coroutine(request: Any, context: Ctx) -> None:
+            try:
+                limits.acquire_stream()
+            except ApiError as err:
+                await _abort(context, err)
+                return
+            try:
+                await open_call(request, context)
+            except ApiError as err:
+                await _abort(context, err)
+            finally:
+                limits.release_stream()
+
+        return coroutine
+
+    def _unary(self, inner: Callable[[Any, Ctx], Any], method: str) -> Callable[[Any, Ctx], Any]:
+        limits = self.limits
+
+        async def unary_unary(request: Any, context: Ctx) -> Any:
+            try:
+                if isinstance(request, _Oversized):
+                    raise limits.oversized(request.size)
+                limits.acquire_request()
+            except ApiError as err:
+                await _abort(context, err)
+                return None  # unreachable: abort raises
+            try:
+                async with limits.deadline(_waits(method, request)):
+                    return await inner(request, context)
+            except ApiError as err:
+                await _abort(context, err)
+                return None
+            finally:
+                limits.release_request()
+
+        return unary_unary
+
+
+# --------------------------------------------------------------------------------------------- HTTP
+
+
+def _http_waits(request: web.Request) -> bool:
+    """Submit (which may wait) and the result route take up to ``max_wait_s`` more."""
+    path = request.path
+    return (request.method == "POST" and path == "/v1/tasks") or (
+        path.startswith("/v1/tasks/") and path.endswith("/result")
+    )
+
+
+def limits_middleware(limits: RequestLimits) -> Middleware:
+    """The gates and the request timeout for an aiohttp application (inside the middleware that renders
+    ApiErrors). The probes and ``/metrics`` are not limited, so a saturated server can still be watched."""
+
+    @web.middleware
+    async def limited(request: web.Request, handler: Handler) -> web.StreamResponse:
+        path = request.path
+        if path in UNLIMITED_PATHS:
+            response: web.StreamResponse = await handler(request)
+            return response
+        if path == WATCH_PATH:
+            with limits.stream():
+                response = await handler(request)
+                return response
+        with limits.request():
+            async with limits.deadline(_http_waits(request)):
+                response = await handler(request)
+                return response
+
+    return limited
+
+
+__all__ = ["LimitsInterceptor", "RequestLimits", "grpc_receive_limit", "limits_middleware"]

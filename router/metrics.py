@@ -1,0 +1,77 @@
+"""The router's ``/metrics``: where it sends each shard's calls and what became of them.
+
+A router keeps no scheduling state (the shards report that); it reports its own view: the leader it
+found for each shard, the calls it forwarded and their outcomes, retries, fan-out answers that had to
+name unreachable shards, and workers it sent to their shard.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import TypeVar
+
+from cronoq.forward import Peers
+from cronoq.prometheus import Sample, Writer
+from cronoq.shards import ShardMap
+
+from .discovery import LeaderFinder
+from .service import RouterService
+
+K = TypeVar("K", bound=tuple[str, ...])
+
+
+def _sorted(counts: Mapping[K, int], names: tuple[str, ...]) -> Iterable[Sample]:
+    for key in sorted(counts):
+        yield dict(zip(names, key, strict=True)), float(counts[key])
+
+
+def render(shards: ShardMap, finder: LeaderFinder, peers: Peers, service: RouterService) -> str:
+    w = Writer()
+    leaders: list[Sample] = []
+    for shard in sorted(shards, key=lambda s: s.name):
+        # A shard without members is reached at its endpoint, which the router does not check.
+        url = finder.leader(shard) if finder.tracks(shard) else shard.endpoint
+        leaders.append(({"shard": shard.name, "endpoint": url or ""}, 1.0 if url else 0.0))
+    w.family(
+        "cronoq_router_shard_leader",
+        "gauge",
+        "1 while the router knows where the shard's leader serves (label endpoint), 0 while it knows none.",
+        leaders,
+    )
+    w.family(
+        "cronoq_router_leader_changes_total",
+        "counter",
+        "Changes of the leader the router found for a shard with members (to none included).",
+        [({"shard": name}, float(n)) for name, n in sorted(finder.changes.items())],
+    )
+    w.family(
+        "cronoq_router_forwarded_total",
+        "counter",
+        "Calls forwarded to a shard, by method and outcome (ok, or the error's code).",
+        _sorted(peers.calls, ("shard", "method", "outcome")),
+    )
+    w.family(
+        "cronoq_router_retries_total",
+        "counter",
+        "Forwarded calls sent again after UNAVAILABLE (when that cannot run them twice).",
+        _sorted(peers.retried, ("shard", "method")),
+    )
+    w.family(
+        "cronoq_router_fanout_partial_total",
+        "counter",
+        "Fan-out answers that named unreachable shards in unavailable_shards.",
+        [({"method": method}, float(n)) for method, n in sorted(service.partial.items())],
+    )
+    w.family(
+        "cronoq_router_fanout_unavailable_total",
+        "counter",
+        "Times a shard was named in a fan-out answer's unavailable_shards.",
+        _sorted(service.unavailable, ("shard", "method")),
+    )
+    w.family(
+        "cronoq_router_worker_redirects_total",
+        "counter",
+        "Worker streams sent to the leader of their pool's shard.",
+        _sorted(service.redirects, ("shard", "pool")),
+    )
+    return w.text()
