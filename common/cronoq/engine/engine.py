@@ -553,13 +553,16 @@ class Engine:
             timers.pop()  # stale, or moved later by a heartbeat
             if due is not None:
                 timers.push(due, entry[2], entry[3], entry[4])
-        candidates = [entry[0]] if entry is not None else []
+        wake = entry[0] if entry is not None else None
         prune = self._table.next_prune()
-        if prune is not None:
-            candidates.append(prune)
-        # Before its first evaluation an autoscaler is due at once (-inf); 0.0 says so to any caller.
-        candidates.extend(max(scaler.due_at, 0.0) for scaler in self._autoscalers.values())
-        return min(candidates) if candidates else None
+        if prune is not None and (wake is None or prune < wake):
+            wake = prune
+        for scaler in self._autoscalers.values():
+            # Before its first evaluation an autoscaler is due at once (-inf); 0.0 says so to any caller.
+            due = max(scaler.due_at, 0.0)
+            if wake is None or due < wake:
+                wake = due
+        return wake
 
     def take_actions(self) -> list[Action]:
         """Everything to do since the last call, in the order it arose."""
@@ -738,14 +741,8 @@ class Engine:
             started = task.started
             assert started is not None  # set at dispatch
             pool.stats.bucket(now).attempt(now - started, outcome)
-            if outcome is Status.SUCCEEDED:  # Durations.learn, inlined: once per task
-                durations = pool.queue.durations
-                kind = task.spec.kind
-                mean = durations.mean.get(kind)
-                if mean is not None:
-                    durations.mean[kind] = mean + (now - started - mean) * durations.WEIGHT
-                else:
-                    durations.learn(kind, now - started)
+            if outcome is Status.SUCCEEDED:
+                pool.queue.durations.learn(task.spec.kind, now - started)
             if pool.config.autoscale is not None:
                 runs = self._runs[pool.name]
                 runs[0] += now - started

@@ -113,7 +113,7 @@ def test_held_slots_are_not_given_to_other_work() -> None:
 def test_a_hold_waits_for_a_slot_and_is_served_before_queued_work() -> None:
     e = engine()
     e.add_worker(1, "p", 1, {}, 0.0)
-    [busy] = e.submit([spec()], 0.0)
+    e.submit([spec()], 0.0)
     lease = drain(e).dispatches[0]
     [f] = e.submit([fixed(5.0)], 0.0)
     [queued] = e.submit([spec()], 0.0)
@@ -123,7 +123,7 @@ def test_a_hold_waits_for_a_slot_and_is_served_before_queued_work() -> None:
     assert e.snapshot(4.5).pools[0].held == 1
     e.tick(5.0)
     assert [d.task.id for d in drain(e).dispatches] == [f.id]
-    assert task_of(e, queued.id).status is Status.READY and busy.id != f.id
+    assert task_of(e, queued.id).status is Status.READY
 
 
 def test_a_hold_moves_when_its_worker_leaves() -> None:
@@ -162,7 +162,7 @@ def test_on_miss_fail_fails() -> None:
 
 def test_run_late_runs_when_a_worker_frees_and_counts_as_a_non_hit() -> None:
     e = engine()
-    [on_time] = e.submit([fixed(10.0, key="a")], 0.0)
+    e.submit([fixed(10.0, key="a")], 0.0)
     e.add_worker(1, "p", 1, {}, 0.0)
     e.tick(10.0)
     lease = drain(e).dispatches[0]
@@ -171,7 +171,6 @@ def test_run_late_runs_when_a_worker_frees_and_counts_as_a_non_hit() -> None:
     assert task_of(e, late.id).status is Status.READY
     e.complete(1, lease.lease, 20.0)
     assert [d.task.id for d in drain(e).dispatches] == [late.id]
-    assert on_time.id != late.id
     assert e.snapshot(20.0).pools[0].fixed_start_hit_rate == 0.5
 
 
@@ -196,7 +195,7 @@ def test_start_within_tolerance_at_submit_runs_at_once_and_is_a_hit() -> None:
 def test_fixed_start_behind_a_dependency() -> None:
     e = engine()
     e.add_worker(1, "p", 1, {}, 0.0)
-    [a] = e.submit([spec(key="a")], 0.0)
+    e.submit([spec(key="a")], 0.0)
     lease = drain(e).dispatches[0]
     [t] = e.submit([dataclasses.replace(fixed(10.0), deps=(Dep("a"),))], 0.0)
     assert task_of(e, t.id).status is Status.BLOCKED
@@ -204,7 +203,6 @@ def test_fixed_start_behind_a_dependency() -> None:
     assert task_of(e, t.id).status is Status.SCHEDULED
     e.tick(10.0)
     assert task_of(e, t.id).status is Status.RUNNING
-    assert a.id != t.id
 
 
 def test_labelled_fixed_start_holds_a_matching_worker() -> None:

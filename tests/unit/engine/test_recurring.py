@@ -10,6 +10,7 @@ import pytest
 
 from cronoq.engine import (
     Dep,
+    DepOn,
     Engine,
     Overlap,
     PoolConfig,
@@ -106,7 +107,7 @@ def test_overlap_queue_chains_on_completion_even_late() -> None:
     lease = drain(e).dispatches[0]
     e.tick(20.0)
     first, second, _ = occurrences(e)
-    assert second.spec.deps == (Dep(first.id, second.spec.deps[0].on),)
+    assert second.spec.deps == (Dep(first.id, DepOn.COMPLETE),)
     assert second.status is Status.BLOCKED
     e.fail(1, lease.lease, "boom", True, None, 25.0)
     assert task_of(e, second.id).status is Status.RUNNING  # late, but it runs
