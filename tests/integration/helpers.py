@@ -20,14 +20,12 @@ Handler = Callable[[Lease], Awaitable[Any]]
 
 
 @contextlib.asynccontextmanager
-async def worker(
-    target: str, handler: Handler, pool: str = "default", registered_within: float = 10.0, **kw: Any
-) -> AsyncIterator[Worker]:
+async def worker(target: str, handler: Handler, pool: str = "default", **kw: Any) -> AsyncIterator[Worker]:
     """An SDK worker running in this loop for the duration of the block (registered first)."""
     w = Worker(target, pool, handler, **kw)
     task = asyncio.create_task(w.run())
     try:
-        await w.wait_registered(registered_within)
+        await w.wait_registered(10)
         yield w
     finally:
         await w.stop(grace=1)

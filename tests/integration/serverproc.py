@@ -155,14 +155,16 @@ def new_server(
 
 @contextlib.contextmanager
 def leader_and_standby(
-    directory: Path, body: str, env: dict[str, str] | None = None
+    directory: Path, body: str, env: dict[str, str] | None = None, *, start_standby: bool = True
 ) -> Iterator[tuple[ServerProcess, ServerProcess]]:
-    """Two servers on one durable store: the first started leads, the second stands by."""
+    """Two servers on one durable store: the first started leads, the second stands by. With
+    ``start_standby=False`` the caller starts the second (``start(ready=False)``) when it wants."""
     first = new_server(directory / "a", body, env)
     second = new_server(directory / "b", body, env)
     first.start()
     try:
-        second.start(ready=False)
+        if start_standby:
+            second.start(ready=False)
         yield first, second
     finally:
         first.stop()

@@ -49,9 +49,11 @@ retry = {{ max_attempts = 5, initial_backoff_s = 0.05, multiplier = 1.0, max_bac
 
 
 def pair(
-    tmp_path: Path, postgres_url: str, schema: str
+    tmp_path: Path, postgres_url: str, schema: str, *, start_standby: bool = True
 ) -> contextlib.AbstractContextManager[tuple[ServerProcess, ServerProcess]]:
-    return leader_and_standby(tmp_path, pg_config(schema), {"DATABASE_URL": postgres_url})
+    return leader_and_standby(
+        tmp_path, pg_config(schema), {"DATABASE_URL": postgres_url}, start_standby=start_standby
+    )
 
 
 def both(a: ServerProcess, b: ServerProcess) -> str:
@@ -130,18 +132,18 @@ async def test_kill_9_of_the_leader_under_load_loses_no_acknowledged_task(
 async def test_terminating_the_lock_session_hands_leadership_to_the_standby(
     tmp_path: Path, postgres_url: str, pg_schema: str
 ) -> None:
-    with pair(tmp_path, postgres_url, pg_schema) as (leader, standby):
+    with pair(tmp_path, postgres_url, pg_schema, start_standby=False) as (leader, standby):
 
         async def handler(lease: Lease) -> str:
             return f"ran {lease.key}"
 
+        # The worker registers while only the leader listens, so round robin can offer it nothing
+        # else; with the 5 s backoff below, a first pick of the standby would cost whole backoffs.
         async with (
             Client(both(leader, standby), options=ROUND_ROBIN) as client,
-            # Round robin may offer the standby first, and then the 5 s backoff applies once or twice.
-            worker(
-                both(leader, standby), handler, options=ROUND_ROBIN, backoff=(5.0, 5.0), registered_within=30
-            ) as w,
+            worker(both(leader, standby), handler, options=ROUND_ROBIN, backoff=(5.0, 5.0)) as w,
         ):
+            standby.start(ready=False)
             before = await submit_until_acknowledged(client, "before", time.monotonic() + 10)
             assert await wait_until_succeeded(client, ["before"], 10) == {"before": "succeeded"}
             [pid] = lock_holders(postgres_url)
