@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from cronoq.engine.model import (
+    NO_RESOURCES,
     Dep,
     DepOn,
     MissPolicy,
@@ -155,73 +156,109 @@ def spec_from_wire(
     With ``template`` the spec is a recurring schedule's template: its cron sets each occurrence's
     start, so a fixed start, dependencies and an absolute deadline are refused, and ``deadline_in_s``
     is left for the caller (it is relative to each occurrence, see :func:`recurring_from_wire`).
+
+    Every submitted task passes here, so the valid path is kept cheap: field names are formatted only
+    for an error, each optional field is tested once, empty repeated fields are not converted, and the
+    spec is built positionally (keyword arguments cost more than the rest of a plain task's checks).
     """
     pool = msg.pool or default_pool
-    check_text(f"{field}.pool", pool, 64)
-    if pool not in pools:
+    if pool not in pools:  # configured names are valid (config rules), so only an unknown one is checked
+        check_text(f"{field}.pool", pool, 64)
         raise NotFound(f"{field}.pool: unknown pool '{pool}'")
     if template:
         _refuse_in_template(field, msg)
-    if msg.HasField("deadline_in_s") and msg.HasField("deadline_unix_ns"):
+    has = msg.HasField
+    deadline_in = has("deadline_in_s")
+    deadline_ns = has("deadline_unix_ns")
+    if deadline_in and deadline_ns:
         raise InvalidArgument(f"{field}: use either deadline_in_s or deadline_unix_ns, not both")
     deadline: float | None = None
-    if msg.HasField("deadline_in_s"):
-        in_s = check_duration(f"{field}.deadline_in_s", msg.deadline_in_s)
+    if deadline_in:
+        in_s = _duration(field, "deadline_in_s", msg.deadline_in_s)
         deadline = None if template else now + in_s
-    elif msg.HasField("deadline_unix_ns"):
+    elif deadline_ns:
         deadline = msg.deadline_unix_ns / NS
-    start = _start(field, msg, now)
+    start = _start(field, msg, now) if has("start_in_s") or has("start_unix_ns") else None
     fixed = start is not None or template
     tolerance = 1.0
-    if msg.HasField("tolerance_s"):
+    if has("tolerance_s"):
         if not fixed:
             raise InvalidArgument(
                 f"{field}.tolerance_s: only meaningful with a fixed start (start_in_s or start_unix_ns)"
             )
-        tolerance = check_duration(f"{field}.tolerance_s", msg.tolerance_s)
-    on_miss = _enum(f"{field}.on_miss", msg.on_miss, _ON_MISS, "on_miss")
-    if msg.on_miss != pb.MISS_POLICY_UNSPECIFIED and not fixed:
-        raise InvalidArgument(
-            f"{field}.on_miss: only meaningful with a fixed start (start_in_s or start_unix_ns)"
-        )
-    content_type = check_text(f"{field}.content_type", msg.content_type, MAX_CONTENT_TYPE)
-    retry: RetryPolicy | None = None
-    if msg.HasField("retry"):
-        retry = retry_from_wire(f"{field}.retry", msg.retry, pools[pool])
+        tolerance = _duration(field, "tolerance_s", msg.tolerance_s)
+    on_miss = MissPolicy.RUN_LATE
+    if msg.on_miss != pb.MISS_POLICY_UNSPECIFIED:
+        on_miss = _enum(f"{field}.on_miss", msg.on_miss, _ON_MISS, "on_miss")
+        if not fixed:
+            raise InvalidArgument(
+                f"{field}.on_miss: only meaningful with a fixed start (start_in_s or start_unix_ns)"
+            )
+    # Checked in the order of the fields, so that of several bad fields the first is named.
+    content_type = _text(field, "content_type", msg.content_type, MAX_CONTENT_TYPE, None)
+    retry = retry_from_wire(f"{field}.retry", msg.retry, pools[pool]) if has("retry") else None
+    kind = _text(field, "kind", msg.kind, limits.max_kind_len, "max_kind_len") or "default"
+    priority = priority_from_wire(f"{field}.priority", msg.priority) if msg.priority else Priority.NORMAL
+    key = _text(field, "key", msg.key, limits.max_key_len, "max_key_len")
+    payload = msg.payload
+    tags = msg.tags
+    labels = msg.labels
+    deps = msg.deps
+    resources = msg.resources
+    # Positional, in TaskSpec's field order: pool, payload, content_type, kind, priority, key, deadline,
+    # duration_hint, timeout, retry, tags, labels, tenant, start, tolerance, on_miss, deps, resources.
     spec = TaskSpec(
-        pool=pool,
-        payload=msg.payload,
-        content_type=content_type,
-        kind=check_text(f"{field}.kind", msg.kind, limits.max_kind_len, "max_kind_len") or "default",
-        priority=priority_from_wire(f"{field}.priority", msg.priority),
-        key=check_text(f"{field}.key", msg.key, limits.max_key_len, "max_key_len"),
-        deadline=deadline,
-        duration_hint=(
-            check_duration(f"{field}.duration_hint_s", msg.duration_hint_s)
-            if msg.HasField("duration_hint_s")
-            else None
-        ),
-        timeout=check_duration(f"{field}.timeout_s", msg.timeout_s) if msg.HasField("timeout_s") else None,
-        retry=retry,
-        tags=check_map(f"{field}.tags", msg.tags, limits),
-        labels=check_map(f"{field}.labels", msg.labels, limits),
-        tenant=check_text(f"{field}.tenant", msg.tenant, limits.max_key_len, "max_key_len"),
-        start=start,
-        tolerance=tolerance,
-        on_miss=on_miss,
-        deps=deps_from_wire(f"{field}.deps", msg.deps, limits),
-        resources=resources_from_wire(f"{field}.resources", msg.resources, limits),
+        pool,
+        payload,
+        content_type,
+        kind,
+        priority,
+        key,
+        deadline,
+        _duration(field, "duration_hint_s", msg.duration_hint_s) if has("duration_hint_s") else None,
+        _duration(field, "timeout_s", msg.timeout_s) if has("timeout_s") else None,
+        retry,
+        check_map(f"{field}.tags", tags, limits) if tags else {},
+        check_map(f"{field}.labels", labels, limits) if labels else {},
+        _text(field, "tenant", msg.tenant, limits.max_key_len, "max_key_len"),
+        start,
+        tolerance,
+        on_miss,
+        deps_from_wire(f"{field}.deps", deps, limits) if deps else (),
+        resources_from_wire(f"{field}.resources", resources, limits) if resources else NO_RESOURCES,
     )
-    size = lease_size(spec)
-    if size > limits.max_message_bytes:
-        raise exceeded(
-            "max_message_bytes",
-            InvalidArgument(
-                f"{field}.payload: {len(spec.payload)} bytes; the lease sent to a worker would take {size} "
-                f"bytes, more than limits.max_message_bytes ({limits.max_message_bytes})"
-            ),
-        )
+    if spec.tags or lease_size_bound(spec) > limits.max_message_bytes:
+        size = lease_size(spec)
+        if size > limits.max_message_bytes:
+            raise exceeded(
+                "max_message_bytes",
+                InvalidArgument(
+                    f"{field}.payload: {len(payload)} bytes; the lease sent to a worker would take {size} "
+                    f"bytes, more than limits.max_message_bytes ({limits.max_message_bytes})"
+                ),
+            )
     return spec
+
+
+def _text(field: str, name: str, value: str, max_len: int, limit: str | None) -> str:
+    """:func:`check_text` of ``{field}.{name}``, with the name formatted only when the value is bad."""
+    if len(value) <= max_len and "\x00" not in value:
+        return value
+    return check_text(f"{field}.{name}", value, max_len, limit)
+
+
+def _duration(field: str, name: str, value: float) -> float:
+    """:func:`check_duration` of ``{field}.{name}``, with the name formatted only when the value is bad."""
+    if 0 <= value <= HUNDRED_YEARS_S:  # false for NaN; infinities are out of range
+        return value
+    return check_duration(f"{field}.{name}", value)
+
+
+def lease_size_bound(spec: TaskSpec) -> int:
+    """An upper bound of :func:`lease_size` for a spec without tags, without encoding its strings (a
+    character takes at most 4 bytes in UTF-8): when it fits, the exact size does."""
+    chars = len(spec.content_type) + len(spec.kind) + len(spec.key) + len(spec.pool)
+    return LEASE_OVERHEAD + len(spec.payload) + 5 * LEASE_FIELD_OVERHEAD + 4 * chars
 
 
 def lease_size(spec: TaskSpec) -> int:

@@ -208,19 +208,25 @@ class Service:
 
     # ---------------------------------------------------------------------------------- submit
 
-    def _spec(self, caller: Principal, field: str, msg: pb.TaskSpec) -> TaskSpec:
+    def _specs(self, caller: Principal, field: str, msgs: Sequence[pb.TaskSpec]) -> list[TaskSpec]:
+        """The validated specs of a Submit (``field`` is ``task``) or a SubmitBatch (``tasks[i]``)."""
+        now = self.runtime.clock()
+        specs: list[TaskSpec] = []
         with self.limit_hits.counting():
-            spec = spec_from_wire(
-                field,
-                msg,
-                default_pool=self.default_pool,
-                pools=self.retry_defaults,
-                limits=self.spec_limits,
-                now=self.runtime.clock(),
-            )
-        self._own(caller, field, spec)
-        self._scoped_refs(caller, field, spec)
-        return spec
+            for i, msg in enumerate(msgs):
+                where = field if field == "task" else f"{field}[{i}]"
+                spec = spec_from_wire(
+                    where,
+                    msg,
+                    default_pool=self.default_pool,
+                    pools=self.retry_defaults,
+                    limits=self.spec_limits,
+                    now=now,
+                )
+                self._own(caller, where, spec)
+                self._scoped_refs(caller, where, spec)
+                specs.append(spec)
+        return specs
 
     def _scoped_refs(self, caller: Principal, field: str, spec: TaskSpec) -> None:
         """A pool-scoped caller may name only tasks of its pools: a key held by a task it may not see is
@@ -243,7 +249,8 @@ class Service:
 
     def _own(self, caller: Principal, field: str, spec: TaskSpec) -> None:
         """The caller may use the spec's pool; a credential's tenant becomes the spec's."""
-        self._check_pool(caller, f"{field}.pool", spec.pool)
+        if not caller.may_use_pool(spec.pool):
+            self._check_pool(caller, f"{field}.pool", spec.pool)
         if caller.tenant is not None:
             if spec.tenant and spec.tenant != caller.tenant:
                 raise PermissionDenied(
@@ -331,8 +338,7 @@ class Service:
         if remote is not None:
             assert self.routing is not None
             return await self.routing.forward(remote, "Submit", req, caller)
-        spec = self._spec(caller, "task", req.task)
-        [(task_id, duplicate)] = await self._admit([spec], "task")
+        [(task_id, duplicate)] = await self._admit(self._specs(caller, "task", [req.task]), "task")
         response = pb.SubmitResponse(id=task_id, duplicate=duplicate)
         if req.wait:
             timeout = self._wait_limit(
@@ -348,8 +354,7 @@ class Service:
             remote = self.routing.batch_owner(req)
             if remote is not None:
                 return await self.routing.forward(remote, "SubmitBatch", req, caller)
-        specs = [self._spec(caller, f"tasks[{i}]", msg) for i, msg in enumerate(req.tasks)]
-        results = await self._admit(specs, "tasks")
+        results = await self._admit(self._specs(caller, "tasks", req.tasks), "tasks")
         return pb.SubmitBatchResponse(tasks=[pb.SubmitResponse(id=i, duplicate=d) for i, d in results])
 
     # ------------------------------------------------------------------------------ lookups

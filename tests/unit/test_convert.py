@@ -24,6 +24,8 @@ from cronoq.v1 import cronoq_pb2 as pb
 from shard.convert import (
     NS,
     SpecLimits,
+    lease_size,
+    lease_size_bound,
     recurring_from_wire,
     recurring_info,
     spec_from_wire,
@@ -56,6 +58,88 @@ def test_a_plain_spec_keeps_the_defaults() -> None:
         (),
         {},
     )
+
+
+def test_every_field_lands_on_its_engine_field() -> None:
+    """The spec is built positionally for speed: a field given to the wrong position shows here."""
+    msg = pb.TaskSpec(
+        payload=b"body",
+        content_type="text/plain",
+        kind="resize",
+        pool="gpu",
+        priority=pb.PRIORITY_HIGH,
+        key="k1",
+        deadline_in_s=30,
+        start_in_s=60,
+        tolerance_s=2,
+        on_miss=pb.MISS_POLICY_SKIP,
+        duration_hint_s=4,
+        timeout_s=5,
+        retry=pb.RetryPolicy(max_attempts=7, initial_backoff_s=0.5),
+        deps=[pb.Dep(target=pb.TaskRef(key="k0"), cond=pb.EDGE_COND_ON_COMPLETE)],
+        resources={"gpu": 1},
+        tags={"a": "1"},
+        labels={"zone": "eu"},
+        tenant="acme",
+    )
+    spec = convert(msg)
+    assert spec == TaskSpec(
+        pool="gpu",
+        payload=b"body",
+        content_type="text/plain",
+        kind="resize",
+        priority=Priority.HIGH,
+        key="k1",
+        deadline=NOW + 30,
+        duration_hint=4.0,
+        timeout=5.0,
+        retry=spec.retry,
+        tags={"a": "1"},
+        labels={"zone": "eu"},
+        tenant="acme",
+        start=NOW + 60,
+        tolerance=2.0,
+        on_miss=MissPolicy.SKIP,
+        deps=(Dep("k0", DepOn.COMPLETE),),
+        resources={"gpu": 1},
+    )
+    assert spec.retry is not None and (spec.retry.max_attempts, spec.retry.initial_backoff) == (7, 0.5)
+
+
+@pytest.mark.parametrize(
+    ("msg", "field"),
+    [
+        (pb.TaskSpec(kind="k" * 17, key="x" * 33), "task.kind"),  # of several bad fields, the first
+        (pb.TaskSpec(key="x" * 33, tenant="t" * 33), "task.key"),
+        (pb.TaskSpec(tenant="a\x00b"), "task.tenant"),
+        (pb.TaskSpec(content_type="c" * 129), "task.content_type"),
+        (pb.TaskSpec(timeout_s=math.nan), "task.timeout_s"),
+        (pb.TaskSpec(duration_hint_s=-1), "task.duration_hint_s"),
+        (pb.TaskSpec(deadline_in_s=math.inf), "task.deadline_in_s"),
+        (pb.TaskSpec(pool="no\x00pe"), "task.pool"),
+    ],
+)
+def test_a_bad_field_is_named(msg: pb.TaskSpec, field: str) -> None:
+    assert str(refused(msg)).split(": ")[1].startswith(field)
+
+
+def test_the_lease_size_bound_never_understates_the_exact_size() -> None:
+    """Specs without tags are checked against the bound alone; multi-byte text is where it could fail."""
+    for text in ("", "a", "é", "€", "𝄞", "a€𝄞" * 5):
+        spec = TaskSpec("default", payload=b"x" * 10, content_type=text, kind=text or "default", key=text)
+        assert lease_size_bound(spec) >= lease_size(spec)
+
+
+def test_a_lease_too_large_for_a_worker_is_refused() -> None:
+    small = SpecLimits(max_key_len=32, max_kind_len=16, max_tags=4, max_tag_len=16, max_message_bytes=400)
+    fits = spec_from_wire(
+        "task", pb.TaskSpec(payload=b"x" * 100), default_pool="default", pools=POOLS, limits=small, now=NOW
+    )
+    assert len(fits.payload) == 100
+    tags = {f"tag{i}": "v" * 16 for i in range(4)}  # with tags, the exact size is computed
+    for msg in (pb.TaskSpec(payload=b"x" * 300), pb.TaskSpec(payload=b"x" * 100, tags=tags)):
+        with pytest.raises(InvalidArgument, match=r"limits\.max_message_bytes"):
+            spec_from_wire("task", msg, default_pool="default", pools=POOLS, limits=small, now=NOW)
 
 
 def test_fixed_starts() -> None:
