@@ -16,7 +16,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from cronoq.api.grpc_api import AdminServicer, Ctx, TasksServicer, authorize, call
 from cronoq.api.http_api import build_http_app
-from cronoq.api.limits import LimitsInterceptor, RequestLimits, grpc_receive_limit
+from cronoq.api.limits import LimitsInterceptor, RequestLimits, grpc_server_options
 from cronoq.auth import Authenticator, Role
 from cronoq.config import Config
 from cronoq.errors import InvalidArgument, NotFound, PermissionDenied
@@ -106,11 +106,7 @@ class RouterServer:
         limits = cfg.limits
         await self.finder.start()
         server = grpc.aio.server(
-            options=[
-                ("grpc.max_receive_message_length", grpc_receive_limit(limits.max_message_bytes)),
-                ("grpc.max_send_message_length", limits.max_message_bytes),
-                ("grpc.so_reuseport", 0),
-            ],
+            options=grpc_server_options(limits),
             interceptors=[LimitsInterceptor(self.request_limits)],
             # A backstop for what the interceptor does not count (health checks).
             maximum_concurrent_rpcs=limits.max_concurrent_requests + limits.max_concurrent_streams + 64,

@@ -36,7 +36,7 @@ from grpc_reflection.v1alpha import reflection
 
 from cronoq.api.grpc_api import AdminServicer, TasksServicer
 from cronoq.api.http_api import build_http_app, build_metrics_app
-from cronoq.api.limits import LimitsInterceptor, RequestLimits, grpc_receive_limit
+from cronoq.api.limits import LimitsInterceptor, RequestLimits, grpc_server_options
 from cronoq.auth import Authenticator, Principal
 from cronoq.config import Config
 from cronoq.config.model import WebhookScaler
@@ -330,15 +330,7 @@ class ShardServer:
         limits = self.config.limits
         # Messages up to twice max_message_bytes reach the LimitsInterceptor, which refuses those above
         # the limit by name; max_concurrent_streams bounds Work and Watch streams server-wide (there).
-        options: list[tuple[str, Any]] = [
-            ("grpc.max_receive_message_length", grpc_receive_limit(limits.max_message_bytes)),
-            ("grpc.max_send_message_length", limits.max_message_bytes),
-            ("grpc.keepalive_time_ms", int(limits.keepalive_interval_s * 1000)),
-            ("grpc.keepalive_timeout_ms", int(limits.keepalive_timeout_s * 1000)),
-            ("grpc.keepalive_permit_without_calls", 1),
-            ("grpc.http2.min_ping_interval_without_data_ms", 5000),
-            ("grpc.so_reuseport", 0),
-        ]
+        options = grpc_server_options(limits)
         if not leading:
             # GOAWAY a second after accepting, busy or not: the client's next call connects again.
             options += [

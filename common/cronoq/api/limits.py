@@ -51,6 +51,26 @@ def grpc_receive_limit(max_message_bytes: int) -> int:
     return min(GRPC_MAX_MESSAGE, 2 * max_message_bytes)
 
 
+def grpc_server_options(limits: Limits) -> list[tuple[str, Any]]:
+    """The gRPC core options every cronoq listener (shard or router) takes from ``[limits]``: message
+    sizes and HTTP/2 keepalive.
+
+    grpc core (1.85) closes a connection whose ping goes unanswered after ``grpc.http2.ping_timeout_ms``
+    (60 s by default), not after ``keepalive_timeout_ms`` alone, so both are ``keepalive_timeout_s``.
+    Values are floored at 1 ms: 0 would mean "off" or "default" to the core.
+    """
+    return [
+        ("grpc.max_receive_message_length", grpc_receive_limit(limits.max_message_bytes)),
+        ("grpc.max_send_message_length", limits.max_message_bytes),
+        ("grpc.keepalive_time_ms", max(1, int(limits.keepalive_interval_s * 1000))),
+        ("grpc.keepalive_timeout_ms", max(1, int(limits.keepalive_timeout_s * 1000))),
+        ("grpc.http2.ping_timeout_ms", max(1, int(limits.keepalive_timeout_s * 1000))),
+        ("grpc.keepalive_permit_without_calls", 1),
+        ("grpc.http2.min_ping_interval_without_data_ms", 5000),
+        ("grpc.so_reuseport", 0),
+    ]
+
+
 class RequestLimits:
     """Server-wide gates and the request timeout, shared by the gRPC and HTTP transports."""
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 import random
 from collections.abc import Collection, Iterable, Mapping, Sequence
+from heapq import heapify, heappop, heappush
 
 from .admission import Shed, plan
 from .autoscale import Autoscaler
@@ -73,6 +74,7 @@ MIN_HOLD_AHEAD = 1.0  # a worker is held from start - max(tolerance, this) for a
 _WAITING = frozenset({BLOCKED, SCHEDULED})  # pending but not yet eligible: not backlog
 
 _TIMER_SLACK = 1024  # dead timer entries tolerated before the heap is worth compacting
+_PARKED_SLACK = 256  # entries of a resource's parked heap tolerated before dead ones are worth dropping
 
 
 class Engine:
@@ -121,6 +123,9 @@ class Engine:
         self._hold_wanted: dict[str, dict[int, Task]] = {c.name: {} for c in pools}  # no slot free yet
         self._resources = Resources(resources)
         self._parked: dict[int, tuple[Task, float]] = {}  # READY tasks waiting for resources, ready_at
+        # Per resource, the parked tasks waiting for it as (priority, seq, id), best first; entries of
+        # tasks no longer parked are dropped when they surface.
+        self._parked_on: dict[str, list[tuple[int, int, int]]] = {}
         self._woken: dict[str, PoolState] = {}  # pools whose parked tasks went back: dispatch them
         self._waiting = {c.name: [0 for _ in Priority] for c in pools}  # BLOCKED + SCHEDULED per class
         self._arrivals = {c.name: 0 for c in pools}  # tasks that became eligible since the last evaluation
@@ -750,7 +755,8 @@ class Engine:
             if task.spec.resources:
                 self._resources.release(task.spec.resources)
                 if self._parked:
-                    self._wake_parked()
+                    for name in task.spec.resources:
+                        self._wake(name, now)
 
     def _retry(
         self, pool: PoolState, task: Task, message: str, retry_after: float | None, now: float
@@ -880,8 +886,9 @@ class Engine:
             self._release(pool, task, now, Status.FAILED)
             self._retry(pool, task, message, None, now)
             return
-        if kind is TimerKind.RESOURCE_WAKE:
-            self._wake_parked()  # tick dispatches every pool next
+        if kind is TimerKind.RESOURCE_WAKE:  # token buckets refilled: tick dispatches every pool next
+            for name in list(self._parked_on):
+                self._wake(name, now)
             return
         if kind is TimerKind.RECURRING:
             schedule = self._numbered[target]  # _due checked it
@@ -1179,22 +1186,58 @@ class Engine:
 
     def _park(self, task: Task, ready_at: float, now: float) -> None:
         """A READY task whose resources are taken leaves the queue (so it blocks nobody) until a release
-        or a token refill may let it go; it keeps its sequence number for when it comes back."""
+        or a token refill of the resource it lacks may let it go; it keeps its sequence number for when
+        it comes back."""
+        resources = self._resources
+        amounts = task.spec.resources
+        short = resources.short(amounts, now)
+        assert short is not None, "parked only after try_take failed"
         self._parked[task.id] = (task, ready_at)
-        wake = self._resources.available_at(task.spec.resources, now)
+        waiting = self._parked_on.get(short)
+        if waiting is None:
+            waiting = self._parked_on[short] = []
+        elif len(waiting) > _PARKED_SLACK and len(waiting) > 2 * len(self._parked):
+            # Mostly entries of tasks that finished while parked (cancelled, shed): drop them.
+            waiting[:] = [entry for entry in waiting if entry[2] in self._parked]
+            heapify(waiting)
+        heappush(waiting, (task.spec.priority, task.seq, task.id))
+        wake = resources.available_at(amounts, now)
         if wake is not None:
             self._arm(wake, TimerKind.RESOURCE_WAKE, 0)
 
-    def _wake_parked(self) -> None:
-        """Put every parked task back in its queue at its original place. Their pools are dispatched by
-        the next ``_dispatch`` (every input ends with one), not from here: this runs while an attempt
-        is being released, when the engine is between two consistent states."""
+    def _wake(self, name: str, now: float) -> None:
+        """Put the parked tasks waiting for resource ``name`` back in their queues at their original
+        places, best first, as many as its free units can serve (a task needing more than is left is
+        passed over for smaller ones behind it). Waking only those keeps a release O(woken · log n)
+        rather than O(parked): a backlog behind a one-permit semaphore would otherwise be re-queued and
+        parked again, whole, at every release. A woken task that still cannot run parks again. Their
+        pools are dispatched by the next ``_dispatch`` (every input ends with one), not from here: this
+        runs while an attempt is being released, when the engine is between two consistent states."""
+        waiting = self._parked_on.get(name)
+        if not waiting:
+            return
+        room = self._resources.room(name, now)
         parked = self._parked
-        self._parked = {}
-        for task, ready_at in parked.values():
+        passed: list[tuple[int, int, int]] = []
+        while waiting and room > 0:
+            entry = heappop(waiting)
+            found = parked.get(entry[2])
+            if found is None:
+                continue  # finished while parked
+            task, ready_at = found
+            amount = task.spec.resources[name]
+            if amount > room:
+                passed.append(entry)
+                continue
+            room -= amount
+            del parked[task.id]
             pool = self._pools[task.spec.pool]
             pool.queue.push(task, ready_at, requeue=True)
             self._woken[pool.name] = pool
+        for entry in passed:
+            heappush(waiting, entry)
+        if not waiting:
+            del self._parked_on[name]
 
     # ------------------------------------------------------------------- recurring (internals)
 

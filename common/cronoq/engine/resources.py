@@ -155,6 +155,28 @@ class Resources:
                 resource.take(amount, exact_now)
         return True
 
+    def short(self, amounts: Mapping[str, int], now: float) -> str | None:
+        """The first requested resource that cannot give its amount at ``now`` (None if all can): the one
+        a task that failed :meth:`try_take` waits for."""
+        exact_now = Fraction(now)
+        for name, amount in amounts.items():
+            resource = self._by_name[name]
+            if isinstance(resource, _Semaphore):
+                if resource.held + amount > resource.permits:
+                    return name
+            else:
+                ready = resource.ready_at(amount)
+                if ready is not None and exact_now < ready:
+                    return name
+        return None
+
+    def room(self, name: str, now: float) -> Fraction:
+        """How many units of ``name`` a dispatch could take at ``now``: free permits, or tokens."""
+        resource = self._by_name[name]
+        if isinstance(resource, _Semaphore):
+            return Fraction(resource.permits - resource.held)
+        return resource.tokens(Fraction(now))
+
     def release(self, amounts: Mapping[str, int]) -> None:
         """An attempt that took ``amounts`` ended: its semaphore permits come back (tokens are spent)."""
         for name, amount in amounts.items():

@@ -8,6 +8,8 @@ import dataclasses
 import pytest
 
 from cronoq.engine import Engine, PoolConfig, Priority, Semaphore, Status, SubmitError, TaskSpec, TokenBucket
+from cronoq.engine.lanes import PoolQueue
+from cronoq.engine.model import Task
 
 from .helpers import NO_RETRY, drain, spec, task_of
 
@@ -110,3 +112,91 @@ def test_specs_without_resources_share_one_read_only_empty_mapping() -> None:
     with pytest.raises(TypeError, match="cannot be changed"):
         a.resources["gpu"] = 1
     assert not b.resources
+
+
+def test_a_release_wakes_the_best_waiting_task_first() -> None:
+    engine = make()
+    engine.add_worker(1, "p", 10, {}, 0.0)
+    engine.submit([needs(spec(), gpu=2)], 0.0)
+    lease = drain(engine).dispatches[0]
+    low, high = engine.submit(
+        [needs(spec(priority=Priority.LOW), gpu=2), needs(spec(priority=Priority.HIGH), gpu=2)], 0.0
+    )
+    engine.complete(1, lease.lease, 1.0)
+    [d] = drain(engine).dispatches
+    assert d.task.id == high.id
+    assert task_of(engine, low.id).status is Status.READY
+
+
+def test_a_task_needing_more_than_is_free_is_passed_over_for_a_smaller_one() -> None:
+    engine = make()
+    engine.add_worker(1, "p", 10, {}, 0.0)
+    engine.submit([needs(spec(), gpu=1), needs(spec(), gpu=1)], 0.0)
+    first, second = drain(engine).dispatches
+    big, small = engine.submit([needs(spec(), gpu=2), needs(spec(), gpu=1)], 0.0)
+    assert drain(engine).dispatches == []
+    engine.complete(1, first.lease, 1.0)  # one permit free: the big task cannot use it
+    [d] = drain(engine).dispatches
+    assert d.task.id == small.id
+    assert task_of(engine, big.id).status is Status.READY
+    engine.complete(1, second.lease, 2.0)
+    engine.complete(1, d.lease, 2.0)
+    [d] = drain(engine).dispatches
+    assert d.task.id == big.id
+
+
+def test_a_task_short_of_two_resources_waits_for_each_in_turn() -> None:
+    engine = Engine([PoolConfig("p", retry=NO_RETRY)], resources=[Semaphore("gpu", 1), Semaphore("disk", 1)])
+    engine.add_worker(1, "p", 10, {}, 0.0)
+    engine.submit([needs(spec(), gpu=1), needs(spec(), disk=1)], 0.0)
+    gpu_holder, disk_holder = drain(engine).dispatches
+    [both] = engine.submit([needs(spec(), gpu=1, disk=1)], 0.0)
+    engine.complete(1, gpu_holder.lease, 1.0)  # woken, then short of disk: waits again
+    assert drain(engine).dispatches == []
+    engine.complete(1, disk_holder.lease, 2.0)
+    [d] = drain(engine).dispatches
+    assert d.task.id == both.id
+
+
+def test_cancelled_waiting_tasks_do_not_take_a_released_permit() -> None:
+    engine = Engine([PoolConfig("p", retry=NO_RETRY)], resources=[Semaphore("db", 1)])
+    engine.add_worker(1, "p", 10, {}, 0.0)
+    engine.submit([needs(spec(), db=1)], 0.0)
+    holder = drain(engine).dispatches[0]
+    waiting = engine.submit([needs(spec(), db=1) for _ in range(400)], 0.0)
+    for submitted in waiting[:-1]:
+        assert engine.cancel(submitted.id, 0.5)
+    drain(engine)
+    engine.complete(1, holder.lease, 1.0)
+    [d] = drain(engine).dispatches
+    assert d.task.id == waiting[-1].id
+
+
+def test_a_backlog_behind_a_one_permit_semaphore_is_requeued_once_per_release(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Each release wakes only what its freed permit can serve: n tasks are queued O(n) times in all,
+    not O(n²) as when every release put the whole backlog back in the queue to park it again."""
+    engine = Engine([PoolConfig("p", retry=NO_RETRY)], resources=[Semaphore("db", 1)])
+    engine.add_worker(1, "p", 100, {}, 0.0)
+    n = 300
+    engine.submit([needs(spec(), db=1) for _ in range(n)], 0.0)
+    pushes = 0
+    push = PoolQueue.push
+
+    def counting_push(self: PoolQueue, task: Task, ready_at: float, *, requeue: bool = False) -> None:
+        nonlocal pushes
+        pushes += 1
+        push(self, task, ready_at, requeue=requeue)
+
+    monkeypatch.setattr(PoolQueue, "push", counting_push)
+    ran = 0
+    leases = [d.lease for d in drain(engine).dispatches]
+    now = 0.0
+    while leases:
+        now += 1.0
+        engine.complete(1, leases.pop(), now)
+        ran += 1
+        leases += [d.lease for d in drain(engine).dispatches]
+    assert ran == n
+    assert pushes <= n
