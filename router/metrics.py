@@ -7,22 +7,12 @@ name unreachable shards, and workers it sent to their shard.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
-from typing import TypeVar
-
-from cronoq.forward import Peers
-from cronoq.prometheus import Sample, Writer
+from cronoq.forward import Peers, write_forwarding
+from cronoq.prometheus import Sample, Writer, labelled
 from cronoq.shards import ShardMap
 
 from .discovery import LeaderFinder
 from .service import RouterService
-
-K = TypeVar("K", bound=tuple[str, ...])
-
-
-def _sorted(counts: Mapping[K, int], names: tuple[str, ...]) -> Iterable[Sample]:
-    for key in sorted(counts):
-        yield dict(zip(names, key, strict=True)), float(counts[key])
 
 
 def render(shards: ShardMap, finder: LeaderFinder, peers: Peers, service: RouterService) -> str:
@@ -44,18 +34,7 @@ def render(shards: ShardMap, finder: LeaderFinder, peers: Peers, service: Router
         "Changes of the leader the router found for a shard with members (to none included).",
         [({"shard": name}, float(n)) for name, n in sorted(finder.changes.items())],
     )
-    w.family(
-        "cronoq_router_forwarded_total",
-        "counter",
-        "Calls forwarded to a shard, by method and outcome (ok, or the error's code).",
-        _sorted(peers.calls, ("shard", "method", "outcome")),
-    )
-    w.family(
-        "cronoq_router_retries_total",
-        "counter",
-        "Forwarded calls sent again after UNAVAILABLE (when that cannot run them twice).",
-        _sorted(peers.retried, ("shard", "method")),
-    )
+    write_forwarding(w, peers, "cronoq_router_")
     w.family(
         "cronoq_router_fanout_partial_total",
         "counter",
@@ -66,12 +45,12 @@ def render(shards: ShardMap, finder: LeaderFinder, peers: Peers, service: Router
         "cronoq_router_fanout_unavailable_total",
         "counter",
         "Times a shard was named in a fan-out answer's unavailable_shards.",
-        _sorted(service.unavailable, ("shard", "method")),
+        labelled(service.unavailable, ("shard", "method")),
     )
     w.family(
         "cronoq_router_worker_redirects_total",
         "counter",
         "Worker streams sent to the leader of their pool's shard.",
-        _sorted(service.redirects, ("shard", "pool")),
+        labelled(service.redirects, ("shard", "pool")),
     )
     return w.text()

@@ -42,9 +42,10 @@ from cronoq.config import Config
 from cronoq.config.model import WebhookScaler
 from cronoq.engine import Engine
 from cronoq.errors import Unavailable
-from cronoq.forward import Peers
+from cronoq.forward import Peers, write_forwarding
 from cronoq.limits import LimitHits
 from cronoq.logs import get_logger
+from cronoq.prometheus import Writer
 from cronoq.shards import ShardMap
 from cronoq.tls import ServerTls, load_server_tls, peer_credentials
 from cronoq.v1 import cronoq_pb2_grpc as pbg
@@ -197,8 +198,13 @@ class ShardServer:
     def render_metrics(self) -> str:
         runtime = self.runtime
         shard = self.config.server.shard or ""
+        own = self.request_limits.render() + self.limit_hits.render()
+        if self.peers is not None:  # sharded: calls for other shards' pools go to their leaders
+            w = Writer()
+            write_forwarding(w, self.peers, "cronoq_shard_")
+            own += w.text()
         if runtime is None:
-            return metrics.render_standby(shard) + self.request_limits.render() + self.limit_hits.render()
+            return metrics.render_standby(shard) + own
         text = metrics.render(
             runtime.engine.snapshot(runtime.clock()),
             runtime.outcomes,
@@ -206,7 +212,7 @@ class ShardServer:
             watch_streams=runtime.watch_count,
             commits=runtime.commit_stats if runtime.store is not None else None,
         )
-        return text + self.request_limits.render() + self.limit_hits.render()
+        return text + own
 
     async def start(self) -> None:
         """Open the store, listen, and begin leading (memory: before returning) or standing by."""

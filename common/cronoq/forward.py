@@ -20,6 +20,7 @@ import grpc
 from cronoq.auth import Principal
 from cronoq.client._connect import Endpoint, api_error, open_channel
 from cronoq.errors import ApiError, FailedPrecondition, Unavailable
+from cronoq.prometheus import Writer, labelled
 from cronoq.shards import Shard, ShardMap
 from cronoq.transport import (
     FORWARDED_KEY,
@@ -241,3 +242,20 @@ class Peers:
         channels = [stubs[0] for stubs in self._stubs.values()]
         self._stubs.clear()
         await asyncio.gather(*(channel.close() for channel in channels), return_exceptions=True)
+
+
+def write_forwarding(w: Writer, peers: Peers, prefix: str) -> None:
+    """The calls ``peers`` forwarded, as ``{prefix}forwarded_total`` and ``{prefix}retries_total``: a
+    router's (``cronoq_router_``) and a sharded server's (``cronoq_shard_``) own view of its peers."""
+    w.family(
+        f"{prefix}forwarded_total",
+        "counter",
+        "Calls forwarded to a shard, by method and outcome (ok, or the error's code).",
+        labelled(peers.calls, ("shard", "method", "outcome")),
+    )
+    w.family(
+        f"{prefix}retries_total",
+        "counter",
+        "Forwarded calls sent again after UNAVAILABLE (when that cannot run them twice).",
+        labelled(peers.retried, ("shard", "method")),
+    )

@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Mapping
+from typing import TypeVar
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
 Sample = tuple[Mapping[str, str], float]
+K = TypeVar("K", bound=tuple[str, ...])
 
 
 def escape(value: str) -> str:
@@ -24,6 +26,12 @@ def number(value: float) -> str:
     if math.isinf(value):
         return "+Inf" if value > 0 else "-Inf"
     return repr(float(value)) if not float(value).is_integer() else str(int(value))
+
+
+def labelled(counts: Mapping[K, int], names: tuple[str, ...]) -> Iterable[Sample]:
+    """Samples of a counter kept as a mapping from label-value tuples, in sorted label order."""
+    for key in sorted(counts):
+        yield dict(zip(names, key, strict=True)), float(counts[key])
 
 
 class Writer:
@@ -45,4 +53,4 @@ class Writer:
         return "\n".join(self.lines) + "\n"
 
 
-__all__ = ["CONTENT_TYPE", "Sample", "Writer", "escape", "number"]
+__all__ = ["CONTENT_TYPE", "Sample", "Writer", "escape", "labelled", "number"]

@@ -1,16 +1,20 @@
-"""Small helpers shared by integration tests (SDK workers in the test's loop, subprocess workers)."""
+"""Small helpers shared by integration tests (SDK workers in the test's loop, subprocess workers,
+``/metrics`` scrapes)."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import queue
+import re
 import subprocess
 import sys
 import threading
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any
+
+import aiohttp
 
 from cronoq.client import Client, Lease, Worker
 
@@ -110,3 +114,37 @@ async def watch_while(
     finally:
         watching.cancel()
     return seen
+
+
+SAMPLE = re.compile(r"^(?P<name>[a-z_]+)(?:\{(?P<labels>.*)\})? (?P<value>\S+)$")
+LABEL = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
+
+
+class Metrics:
+    """A ``/metrics`` page; ``metrics(name, **labels)`` is one sample's value (KeyError if absent)."""
+
+    def __init__(self, text: str) -> None:
+        self.samples: dict[tuple[str, frozenset[tuple[str, str]]], float] = {}
+        for line in text.splitlines():
+            if not line.startswith("#"):
+                match = SAMPLE.match(line)
+                assert match is not None, line
+                labels = frozenset(LABEL.findall(match["labels"] or ""))
+                self.samples[(match["name"], labels)] = float(match["value"])
+
+    def __call__(self, name: str, **labels: str) -> float:
+        return self.samples[(name, frozenset(labels.items()))]
+
+    def get(self, name: str, **labels: str) -> float:
+        """Like calling it, but 0 for a sample not (yet) there: a counter nothing has counted."""
+        return self.samples.get((name, frozenset(labels.items())), 0.0)
+
+    def total(self, name: str) -> float:
+        return sum(value for (family, _), value in self.samples.items() if family == name)
+
+
+async def scrape_metrics(proc: ServerProcess) -> Metrics:
+    """``/metrics`` of a server or a router, parsed (checks the exposition content type)."""
+    async with aiohttp.ClientSession() as http, http.get(f"{proc.http}/metrics") as resp:
+        assert resp.status == 200 and resp.headers["content-type"].startswith("text/plain; version=0.0.4")
+        return Metrics(await resp.text())

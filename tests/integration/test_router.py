@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import re
 import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -18,7 +17,7 @@ from cronoq.client import Client, Lease, task
 from cronoq.errors import Unavailable
 from cronoq.shards import SHARD_SHIFT
 
-from .helpers import watch_while, worker
+from .helpers import scrape_metrics, watch_while, worker
 from .serverproc import ServerProcess, free_port, write_config
 from .shardproc import ShardSpec, cluster_tables, router_process
 
@@ -75,35 +74,6 @@ def cluster(
             proc.stop()
 
 
-SAMPLE = re.compile(r"^(?P<name>[a-z_]+)(?:\{(?P<labels>.*)\})? (?P<value>\S+)$")
-LABEL = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
-
-
-class Metrics:
-    """The router's /metrics; ``metrics(name, **labels)`` is one sample's value (KeyError if absent)."""
-
-    def __init__(self, text: str) -> None:
-        self.samples: dict[tuple[str, frozenset[tuple[str, str]]], float] = {}
-        for line in text.splitlines():
-            if not line.startswith("#"):
-                match = SAMPLE.match(line)
-                assert match is not None, line
-                labels = frozenset(LABEL.findall(match["labels"] or ""))
-                self.samples[(match["name"], labels)] = float(match["value"])
-
-    def __call__(self, name: str, **labels: str) -> float:
-        return self.samples[(name, frozenset(labels.items()))]
-
-    def total(self, name: str) -> float:
-        return sum(value for (family, _), value in self.samples.items() if family == name)
-
-
-async def router_metrics(router: ServerProcess) -> Metrics:
-    async with aiohttp.ClientSession() as http, http.get(f"{router.http}/metrics") as resp:
-        assert resp.status == 200 and resp.headers["content-type"].startswith("text/plain; version=0.0.4")
-        return Metrics(await resp.text())
-
-
 async def echo(lease: Lease) -> str:
     return f"{lease.pool}:{lease.payload.decode()}"
 
@@ -137,7 +107,7 @@ async def test_producers_and_workers_use_only_the_router(
             assert {p.name for p in snapshot.pools} == {"a1", "b1"} and not snapshot.unavailable_shards
             assert {w.pool for w in await client.list_workers()} == {"a1", "b1"}
 
-            m = await router_metrics(router)
+            m = await scrape_metrics(router)
             for name, (_, pool) in SHARDS.items():
                 leader = f"http://127.0.0.1:{shards[name][0].grpc_port}"
                 assert m("cronoq_router_shard_leader", shard=name, endpoint=leader) == 1
@@ -201,7 +171,7 @@ async def test_the_router_follows_a_failover_and_names_a_shard_that_is_down(
             with pytest.raises(Unavailable):
                 await client.submit(b"z", pool="b1")
 
-        m = await router_metrics(router)
+        m = await scrape_metrics(router)
         # Shard a's leader moved twice and is known; shard b has none (both members killed).
         assert m("cronoq_router_shard_leader", shard="a", endpoint=f"http://{first.target}") == 1
         assert m("cronoq_router_shard_leader", shard="b", endpoint="") == 0

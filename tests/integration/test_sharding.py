@@ -35,7 +35,7 @@ from cronoq.errors import (
 from cronoq.v1 import cronoq_pb2 as pb
 from cronoq.v1 import cronoq_pb2_grpc as pbg
 
-from .helpers import watch_while, worker
+from .helpers import Metrics, scrape_metrics, watch_while, worker
 from .serverproc import ServerProcess
 from .shardproc import ShardSpec, running_cluster
 
@@ -207,6 +207,29 @@ async def test_task_calls_for_the_other_shard_are_forwarded_to_it(cluster: dict[
             assert done.result is not None and done.result.text() == "b1:hi"
             assert (await via_a.wait(remote.id, timeout=10)).text() == "b1:y"
             assert (await via_a.wait("batch-1", timeout=10)).text() == "b1:1"
+
+
+async def test_a_server_counts_the_calls_it_forwards(cluster: dict[str, ServerProcess]) -> None:
+    """``cronoq_shard_forwarded_total`` on the forwarding server: by target shard, method and outcome."""
+    a, b = cluster["a"], cluster["b"]
+
+    def forwarded(m: Metrics, method: str, outcome: str) -> float:
+        return m.get("cronoq_shard_forwarded_total", shard="b", method=method, outcome=outcome)
+
+    before = await scrape_metrics(a)
+    async with Client(a.target) as via_a:
+        remote = await via_a.submit(b"y", pool="b1")
+        await via_a.get(remote.id)
+        with pytest.raises(NotFound):
+            await via_a.get((2 << SHARD_SHIFT) | 0xFFFFFF)  # b's number, an id b never issued
+    after = await scrape_metrics(a)
+    assert forwarded(after, "Submit", "ok") - forwarded(before, "Submit", "ok") == 1
+    assert forwarded(after, "Get", "ok") - forwarded(before, "Get", "ok") == 1
+    assert forwarded(after, "Get", "not_found") - forwarded(before, "Get", "not_found") == 1
+    at_b = await scrape_metrics(b)  # the owner ran them itself: nothing forwarded to its own shard
+    assert not [
+        lab for name, lab in at_b.samples if name == "cronoq_shard_forwarded_total" and ("shard", "b") in lab
+    ]
 
 
 async def test_a_batch_spanning_shards_is_refused_naming_the_field(
