@@ -120,7 +120,6 @@ class Engine:
             c.name: Reservations(reservation_limit(c.max, c.reservable_fraction)) for c in pools
         }
         self._holds: dict[int, Worker] = {}  # task id -> worker with a slot held for its fixed start
-        self._hold_wanted: dict[str, dict[int, Task]] = {c.name: {} for c in pools}  # no slot free yet
         self._resources = Resources(resources)
         self._parked: dict[int, tuple[Task, float]] = {}  # READY tasks waiting for resources, ready_at
         # Per resource, the parked tasks waiting for it as (priority, seq, id), best first; entries of
@@ -472,8 +471,9 @@ class Engine:
 
     def complete(self, worker_id: int, lease: int, now: float) -> bool:
         """The attempt succeeded."""
-        task = self._held(worker_id, lease)
-        if task is None:
+        task = self._leases.get(lease)  # _held, inlined on the hottest path
+        if task is None or task.worker != worker_id:
+            self._totals.stale_completions += 1
             return False
         pool = self._pools[task.spec.pool]
         self._release(pool, task, now, Status.SUCCEEDED)
@@ -652,7 +652,7 @@ class Engine:
         workers = pool.workers
         if not workers.free:
             return
-        if self._hold_wanted[pool.name]:
+        if pool.hold_wanted:
             self._serve_holds(pool)
         if not (workers.free and queue.ready):
             return
@@ -1115,7 +1115,7 @@ class Engine:
             return
         worker = pool.workers.take(label_set(task.spec.labels))
         if worker is None:
-            self._hold_wanted[pool.name][task.id] = task
+            pool.hold_wanted[task.id] = task
         else:
             self._holds[task.id] = worker
 
@@ -1123,7 +1123,7 @@ class Engine:
         """Give back the slot held for ``task``, if any; True when a slot came free."""
         worker = self._holds.pop(task.id, None)
         if worker is None:
-            self._hold_wanted[pool.name].pop(task.id, None)
+            pool.hold_wanted.pop(task.id, None)
             return False
         pool.workers.release(worker)
         return True
@@ -1134,11 +1134,11 @@ class Engine:
             if held is worker:
                 del self._holds[task_id]
                 pool.workers.release(worker)
-                self._hold_wanted[pool.name][task_id] = self._table.by_id[task_id]
+                pool.hold_wanted[task_id] = self._table.by_id[task_id]
 
     def _serve_holds(self, pool: PoolState) -> None:
         """Give slots that came free to fixed starts waiting for a hold, oldest first."""
-        wanted = self._hold_wanted[pool.name]
+        wanted = pool.hold_wanted
         for task in list(wanted.values()):
             worker = pool.workers.take(label_set(task.spec.labels))
             if worker is not None:
@@ -1158,7 +1158,7 @@ class Engine:
                 self._dispatch(pool, now)
                 return
         self._waiting[pool.name][spec.priority] -= 1
-        self._hold_wanted[pool.name].pop(task.id, None)
+        pool.hold_wanted.pop(task.id, None)
         worker = self._holds.pop(task.id, None)
         if worker is not None and (not spec.resources or self._resources.try_take(spec.resources, now)):
             task.status = READY  # for the instant before it runs

@@ -137,16 +137,9 @@ class Resources:
         could deadlock two tasks each holding half of what the other needs)."""
         if not amounts:
             return True
+        if self.short(amounts, now) is not None:
+            return False
         exact_now = Fraction(now)
-        for name, amount in amounts.items():
-            resource = self._by_name[name]
-            if isinstance(resource, _Semaphore):
-                if resource.held + amount > resource.permits:
-                    return False
-            else:
-                ready = resource.ready_at(amount)
-                if ready is not None and exact_now < ready:
-                    return False
         for name, amount in amounts.items():
             resource = self._by_name[name]
             if isinstance(resource, _Semaphore):

@@ -166,12 +166,13 @@ class WindowView:
 class WindowStats:
     """One pool's windowed counters plus its worker-seconds since start (for cost)."""
 
-    __slots__ = ("_current", "_ring", "_width", "capacity", "last", "worker_seconds")
+    __slots__ = ("_current", "_ring", "_until", "_width", "capacity", "last", "worker_seconds")
 
     def __init__(self, window: float) -> None:
         self._width = window / SLOTS
         self._ring = [Bucket() for _ in range(SLOTS)]
         self._current = self._ring[0]
+        self._until = 0.0  # where the current bucket's slice ends: before it, no division is needed
         self.capacity = 0  # slots since ``last``
         self.last = 0.0  # time up to which capacity has been integrated
         self.worker_seconds = 0.0
@@ -179,10 +180,13 @@ class WindowStats:
     def bucket(self, now: float) -> Bucket:
         """The bucket for time ``now``. Time never runs backwards here: a ``now`` older than the newest
         bucket counts in the newest one, so a late caller cannot wipe newer counts."""
+        if now < self._until:
+            return self._current
         index = int(now // self._width)
         b = self._current
         if index > b.index:
             b = self._current = self._slot(index)
+            self._until = (index + 1) * self._width
         return b
 
     def _slot(self, index: int) -> Bucket:

@@ -7,7 +7,7 @@ import math
 import pytest
 
 from cronoq.engine import EngineLimits, PoolConfig, Priority, Status
-from cronoq.engine.stats import BINS, bin_value, quantile, wait_bin
+from cronoq.engine.stats import BINS, WindowStats, bin_value, quantile, wait_bin
 
 from .helpers import FIXED, drain, make_engine, run_one_at_a_time, spec, task_of
 
@@ -137,3 +137,20 @@ def test_quantile_takes_the_bin_holding_the_rank() -> None:
     assert quantile(counts, 10, 0.9) == bin_value(wait_bin(1.0))
     assert quantile(counts, 10, 0.99) == bin_value(wait_bin(100.0))
     assert quantile(counts, 0, 0.5) == 0.0
+
+
+def test_window_buckets_follow_time_slices_and_a_late_caller_counts_in_the_newest() -> None:
+    """``bucket`` skips the division while ``now`` is inside the current slice; crossing a slice edge,
+    jumping several, and a caller with an older ``now`` all land where the slice arithmetic says."""
+    stats = WindowStats(60.0)  # 1 s slices
+    first = stats.bucket(100.25)
+    assert stats.bucket(100.999) is first and first.index == 100
+    second = stats.bucket(101.0)
+    assert second is not first and second.index == 101
+    assert stats.bucket(100.5) is second  # time never runs backwards here
+    later = stats.bucket(107.5)
+    assert later.index == 107 and stats.bucket(107.99) is later
+    later.dispatch(0.5, False)
+    assert later.dispatched == 1
+    again = stats.bucket(167.5)  # a whole window on: the ring came round to the same slot, cleared
+    assert again is later and again.index == 167 and again.dispatched == 0
