@@ -16,6 +16,7 @@ import contextlib
 import json
 import os
 import re
+import resource
 import statistics
 import tempfile
 import time
@@ -27,6 +28,7 @@ from tests.integration.serverproc import ServerProcess, running_server
 from tests.postgres import running_postgres
 
 from . import engine_bench, failover, grpc_ceiling, library, sharding
+from .grpc_ceiling import process_cpu_s
 from .worker import start_worker
 
 POOL_CONFIG = """
@@ -47,9 +49,23 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else float("nan")
 
 
-async def drain(target: str, n: int, slots: int) -> dict[str, float]:
-    worker = start_worker(target, n, slots)
-    async with Client(target) as client:
+def children_cpu_s() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def self_cpu_s() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+async def drain(server: ServerProcess, n: int, slots: int) -> dict[str, float]:
+    """Tasks/s end to end, and the CPU each process spent per task: on a machine whose cores are all
+    busy, cores / (CPU per task) bounds the rate whatever the scheduling does."""
+    assert server.proc is not None
+    cpu = (process_cpu_s(server.proc.pid), children_cpu_s(), self_cpu_s())
+    worker = start_worker(server.target, n, slots)
+    async with Client(server.target) as client:
         start = time.perf_counter()
         batch = 1000
         for i in range(0, n, batch):
@@ -58,12 +74,26 @@ async def drain(target: str, n: int, slots: int) -> dict[str, float]:
         out, _ = await asyncio.to_thread(worker.communicate)
         end = time.perf_counter()
     handled = json.loads(out.strip().splitlines()[-1])["handled"]
+    server_s = process_cpu_s(server.proc.pid) - cpu[0]
+    worker_s = children_cpu_s() - cpu[1]  # the worker process, waited for above
+    producer_s = self_cpu_s() - cpu[2]
     return {
         "tasks": handled,
         "submit_s": submitted - start,
         "total_s": end - start,
         "tasks_per_s": handled / (end - start),
+        "server_us": server_s / handled * 1e6,
+        "worker_us": worker_s / handled * 1e6,
+        "producer_us": producer_s / handled * 1e6,
+        "cpu_bound": (os.cpu_count() or 1) * handled / (server_s + worker_s + producer_s),
     }
+
+
+def cpu_figures(d: dict[str, float]) -> str:
+    return (
+        f"  CPU per task: server {d['server_us']:.0f} us, worker {d['worker_us']:.0f} us, producer "
+        f"{d['producer_us']:.0f} us: {os.cpu_count()} cores allow at most {d['cpu_bound']:,.0f} tasks/s at these costs"
+    )
 
 
 async def latency(target: str, rate: float, seconds: float) -> dict[str, float]:
@@ -114,10 +144,11 @@ def durable_drain(
     with tempfile.TemporaryDirectory() as tmp:
         body = POOL_CONFIG + store.replace("{tmp}", tmp)
         with running_server(Path(tmp), body, env=env) as server:
-            d = asyncio.run(drain(server.target, tasks, slots))
+            d = asyncio.run(drain(server, tasks, slots))
             print(
                 f"end-to-end drain, {name} store (fsync on): {d['tasks']:,.0f} tasks: {d['tasks_per_s']:,.0f} tasks/s "
                 f"(submit {d['submit_s']:.2f} s, total {d['total_s']:.2f} s)   target >= {target_rate:,}\n"
+                f"{cpu_figures(d)}\n"
                 f"  group commit: {commit_figures(server)}",
                 flush=True,
             )
@@ -184,18 +215,19 @@ def memory_figures(args: argparse.Namespace) -> None:
         f"machine speed: {eng['baseline_loop_ns']:.0f} ns per trivial loop step)   target >= 250,000",
         flush=True,
     )
-    ceiling = grpc_ceiling.run(args.tasks)
+    ceiling, ceiling_cpu = grpc_ceiling.run(args.tasks)
     print(
-        f"transport ceiling: raw grpc.aio Work-stream round trips between two processes: {ceiling:,.0f}/s "
+        f"transport ceiling: raw grpc.aio Work-stream round trips between two processes: {ceiling:,.0f}/s, "
+        f"{ceiling_cpu:.0f} us of CPU per round trip on the serving side "
         "(no scheduler; the end-to-end drain cannot exceed this)",
         flush=True,
     )
     with tempfile.TemporaryDirectory() as tmp, running_server(Path(tmp), POOL_CONFIG) as server:
-        d = asyncio.run(drain(server.target, args.tasks, args.slots))
+        d = asyncio.run(drain(server, args.tasks, args.slots))
         print(
             f"end-to-end drain: {d['tasks']:,.0f} no-op tasks, SubmitBatch x1000, 1 worker x {args.slots} slots: "
             f"{d['tasks_per_s']:,.0f} tasks/s (submit {d['submit_s']:.2f} s, total {d['total_s']:.2f} s)"
-            "   target >= 5,000",
+            f"   target >= 5,000\n{cpu_figures(d)}",
             flush=True,
         )
         lat = asyncio.run(latency(server.target, args.rate, args.seconds))

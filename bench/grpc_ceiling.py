@@ -9,14 +9,22 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import grpc
 
 from cronoq.v1 import cronoq_pb2 as pb
 from cronoq.v1 import cronoq_pb2_grpc as pbg
+
+
+def process_cpu_s(pid: int) -> float:
+    """CPU seconds (user + system) a running process has used so far (Linux /proc)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 class _Echo(pbg.WorkersServicer):  # type: ignore[misc]
@@ -69,8 +77,9 @@ async def _client(port: int, n: int) -> float:
         return n / (time.perf_counter() - start)
 
 
-def run(n: int = 20_000, window: int = 64) -> float:
-    """Round trips per second between two processes on this machine."""
+def run(n: int = 20_000, window: int = 64) -> tuple[float, float]:
+    """Round trips per second between two processes on this machine, and the CPU microseconds the
+    serving process spent per round trip (the price of the transport alone, on each side)."""
     with __import__("socket").socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
@@ -91,7 +100,9 @@ def run(n: int = 20_000, window: int = 64) -> float:
     )
     try:
         assert server.stdout is not None and server.stdout.readline().strip() == "ready"
-        return asyncio.run(_client(port, n))
+        before = process_cpu_s(server.pid)
+        rate = asyncio.run(_client(port, n))
+        return rate, (process_cpu_s(server.pid) - before) / n * 1e6
     finally:
         server.kill()
         server.wait()
@@ -106,4 +117,5 @@ if __name__ == "__main__":
     if args.serve:
         asyncio.run(_serve(args.serve, args.n, args.window))
     else:
-        print(f"{run(args.n, args.window):,.0f} round trips/s")
+        rate, cpu_us = run(args.n, args.window)
+        print(f"{rate:,.0f} round trips/s, {cpu_us:.0f} us of server CPU per round trip")
