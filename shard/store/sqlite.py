@@ -43,6 +43,7 @@ from .rows import (
     recurring_from_row,
     row_of,
     schedule_changes,
+    state_of,
     task_from_row,
     text,
 )
@@ -124,6 +125,7 @@ _UPSERT = (
     f"INSERT INTO cronoq_tasks ({SELECT_COLUMNS}) VALUES ({', '.join('?' * len(COLUMNS))}) "
     f"ON CONFLICT (id) DO UPDATE SET {', '.join(f'{c} = excluded.{c}' for c in STATE_COLUMNS)}"
 )
+_UPDATE_STATE = f"UPDATE cronoq_tasks SET {', '.join(f'{c} = ?' for c in STATE_COLUMNS)} WHERE id = ?"
 _UPSERT_SCHEDULE = (
     f"INSERT INTO cronoq_recurring ({SELECT_SCHEDULE_COLUMNS}) VALUES ({', '.join('?' * len(SCHEDULE_COLUMNS))}) "
     f"ON CONFLICT (name) DO UPDATE SET {', '.join(f'{c} = excluded.{c}' for c in SCHEDULE_COLUMNS[1:])}"
@@ -186,6 +188,9 @@ class SqliteStore:
         self._executor: ThreadPoolExecutor | None = ThreadPoolExecutor(1, thread_name_prefix="cronoq-sqlite")
         self._conn: sqlite3.Connection | None = None  # used on the executor's thread only
         self._leadership: Leadership | None = None
+        # Ids of live tasks that have a row (recovered, or written by a commit of this leadership): their
+        # changes are written as state updates, without rebinding the spec and payload each time.
+        self._live_rows: set[int] = set()
         self._keeper: asyncio.Task[None] | None = None
 
     @property
@@ -211,6 +216,7 @@ class SqliteStore:
                 break
             await asyncio.sleep(self._lock_poll)
         await self._stop_keeper()
+        self._live_rows = set()  # until recover() says which rows hold live tasks: full rows only
         leadership = self._leadership = Leadership(epoch)
         self._keeper = asyncio.create_task(self._keep_lease(leadership, started + self._lease_ttl))
         log.info("acquired cronoq leadership", epoch=epoch, holder=self._holder, path=self._path)
@@ -218,6 +224,7 @@ class SqliteStore:
 
     async def recover(self, finished_since: float) -> Recovered:
         recovered, quarantined, undecodable = await self._run(lambda: self._recover(ns(finished_since)))
+        self._live_rows = {task.id for task in recovered.tasks if not task.status.terminal}
         for task_id, error in quarantined:
             log.error("task_row_quarantined", task_id=task_id, error=error, path=self._path)
         for name, error in undecodable:
@@ -230,14 +237,29 @@ class SqliteStore:
             raise Fenced("this cronoq instance does not lead")
         try:
             # Rows are built here, on the event loop that owns the tasks, so that the thread writes a
-            # consistent snapshot of each. Finished tasks go first: a task that ends and a new one
-            # that reuses its key can share a batch, and the live-key index is checked row by row.
-            rows = [row_of(task) for task in sorted(batch.tasks, key=lambda task: not task.status.terminal)]
+            # consistent snapshot of each. Tasks that have a row get their state updated first (none of
+            # them becomes live, and those that finish free their keys); then new rows are inserted,
+            # finished ones first: a task that ends and a new one that reuses its key can share a
+            # batch, and the live-key index is checked row by row.
+            live_rows = self._live_rows
+            updates = [(*state_of(task), task.id) for task in batch.tasks if task.id in live_rows]
+            rows = [
+                row_of(task)
+                for task in sorted(batch.tasks, key=lambda task: not task.status.terminal)
+                if task.id not in live_rows
+            ]
             outputs = [
                 (bytes(output), output_type, task_id) for task_id, output, output_type in batch.outputs
             ]
             schedules = schedule_changes(batch.schedules)
-            await self._run(lambda: self._commit(rows, outputs, schedules, batch.max_id, leadership.epoch))
+            await self._run(
+                lambda: self._commit(updates, rows, outputs, schedules, batch.max_id, leadership.epoch)
+            )
+            for task in batch.tasks:
+                if task.status.terminal:
+                    live_rows.discard(task.id)
+                else:
+                    live_rows.add(task.id)
         except Fenced as err:
             leadership.lose(str(err))
             self._leadership = None
@@ -458,6 +480,7 @@ class SqliteStore:
 
     def _commit(
         self,
+        updates: list[Row],
         rows: list[Row],
         outputs: list[tuple[bytes, str, int]],
         schedules: tuple[list[Row], list[str]],
@@ -468,6 +491,7 @@ class SqliteStore:
             current = conn.execute("SELECT epoch FROM cronoq_leader WHERE id = 1").fetchone()[0]
             if current != epoch:
                 raise Fenced(f"fenced: the cronoq leader epoch is now {current}, this leader had {epoch}")
+            conn.executemany(_UPDATE_STATE, updates)
             conn.executemany(_UPSERT, rows)
             conn.executemany("UPDATE cronoq_tasks SET output = ?, output_type = ? WHERE id = ?", outputs)
             upserts, deletes = schedules

@@ -156,6 +156,70 @@ async def test_a_path_that_cannot_be_created_is_a_store_error_naming_it(
     assert str(missing) in str(refused.value)
 
 
+# --------------------------------------------------------------------------------------- writes
+
+
+async def traced(store: SqliteStore) -> list[str]:
+    """The SQL statements the store's connection runs from now on (run on the store's own thread)."""
+    statements: list[str] = []
+    await store._run(lambda: store._db.set_trace_callback(statements.append))
+    return statements
+
+
+def task_writes(statements: list[str]) -> list[str]:
+    """How each statement touched cronoq_tasks: "insert" (a whole row), "update" (state only) or
+    "output" (a result)."""
+    kinds = {
+        "INSERT INTO cronoq_tasks": "insert",
+        "UPDATE cronoq_tasks SET status": "update",
+        "UPDATE cronoq_tasks SET output": "output",
+    }
+    return [kind for sql in statements for prefix, kind in kinds.items() if sql.startswith(prefix)]
+
+
+async def test_a_task_with_a_row_gets_state_updates_and_its_spec_is_written_once(
+    stores: list[SqliteStore], path: Path
+) -> None:
+    """A task's whole row (spec and payload) is bound once; its later changes, in this leadership or
+    after a takeover, update the state columns only. A task that ends and a new one reusing its key
+    share a commit without tripping the live-key index."""
+    store = await opened(stores, path)
+    await store.acquire()
+    await store.recover(0)
+    statements = await traced(store)
+    first = Task(1, TaskSpec("default", payload=b"p" * 100, key="k"), 1, Status.READY, 1.0)
+    await store.commit(Batch([first], max_id=1))
+    assert task_writes(statements) == ["insert"]
+
+    statements.clear()
+    first.status, first.attempt, first.started = Status.RUNNING, 1, 2.0
+    await store.commit(Batch([first], max_id=1))
+    assert task_writes(statements) == ["update"]
+
+    statements.clear()
+    first.status, first.finished = Status.SUCCEEDED, 3.0
+    first.spec.payload = None  # as the engine's retention drops it; the stored payload stays
+    second = Task(2, TaskSpec("default", payload=b"q", key="k"), 2, Status.READY, 3.0)
+    await store.commit(Batch([second, first], outputs=[(1, b"out", "text/plain")], max_id=2))
+    assert task_writes(statements) == ["update", "insert", "output"]
+    done = await store.fetch(1)
+    assert done is not None and done.task.status is Status.SUCCEEDED and done.output == b"out"
+    assert done.task.spec.payload == b"p" * 100
+    held = await store.fetch("k")
+    assert held is not None and held.task.id == 2
+    await store.release()
+
+    successor = await opened(stores, path)
+    await successor.acquire()
+    [recovered] = [t for t in (await successor.recover(0)).tasks if t.id == 2]
+    statements = await traced(successor)
+    recovered.status, recovered.attempt, recovered.started = Status.RUNNING, 1, 4.0
+    await successor.commit(Batch([recovered], max_id=2))
+    assert task_writes(statements) == ["update"]
+    again = await successor.fetch(2)
+    assert again is not None and again.task.status is Status.RUNNING and again.task.spec.payload == b"q"
+
+
 # ------------------------------------------------------------------------------ errors, fencing
 
 
