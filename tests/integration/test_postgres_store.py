@@ -257,6 +257,37 @@ async def test_commit_recover_fetch_prune_roundtrip(open_store: OpenStore) -> No
     assert remaining.max_id == 11
 
 
+async def test_state_updates_keep_the_spec_and_land_outputs_after_a_takeover_too(
+    open_store: OpenStore, admin: Admin, pg_schema: str
+) -> None:
+    store = await open_store()
+    await store.acquire()
+    await store.recover(0.0)
+    first = task(1, key="k")
+    await store.commit(Batch([first, task(2)], [], max_id=2))
+    done = replace(
+        first, status=Status.SUCCEEDED, attempt=1, finished=NOW, spec=replace(first.spec, payload=None)
+    )
+    reusing = task(3, key="k")
+    running = replace(task(2), status=Status.RUNNING, attempt=1, started=NOW)
+    await store.commit(Batch([done, reusing, running], [(1, b"out", "text/plain")], max_id=3))
+    await store.release()
+
+    successor = await open_store()
+    await successor.acquire()
+    recovered = {t.id: t for t in (await successor.recover(0.0)).tasks}
+    assert recovered[2].status is Status.RUNNING and recovered[3].spec.key == "k"
+    finished = replace(recovered[2], status=Status.SUCCEEDED, finished=NOW + 1)
+    await successor.commit(Batch([finished], [(2, b"two", "application/json")], max_id=3))
+    assert await rows(
+        admin, "SELECT id, status, payload, output, output_type FROM {s}.cronoq_tasks ORDER BY id", pg_schema
+    ) == [
+        (1, int(Status.SUCCEEDED), b"payload 1", b"out", "text/plain"),
+        (2, int(Status.SUCCEEDED), b"payload 2", b"two", "application/json"),
+        (3, int(Status.READY), b"payload 3", None, ""),
+    ]
+
+
 async def test_undecodable_rows_are_quarantined(open_store: OpenStore, admin: Admin, pg_schema: str) -> None:
     store = await open_store()
     await store.acquire()
