@@ -215,6 +215,12 @@ def memory_figures(args: argparse.Namespace) -> None:
         f"machine speed: {eng['baseline_loop_ns']:.0f} ns per trivial loop step)   target >= 250,000",
         flush=True,
     )
+    small, large = engine_bench.backlog(1000), engine_bench.backlog(4000)
+    print(
+        f"engine, resource backlog behind a one-permit semaphore: 1,000 tasks {small:.3f} s, "
+        f"4,000 tasks {large:.3f} s ({large / small:.1f}x for 4x the tasks: linear is 4x, quadratic 16x)",
+        flush=True,
+    )
     ceiling, ceiling_cpu = grpc_ceiling.run(args.tasks)
     print(
         f"transport ceiling: raw grpc.aio Work-stream round trips between two processes: {ceiling:,.0f}/s, "
