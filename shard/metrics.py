@@ -16,7 +16,6 @@ from cronoq.prometheus import Writer as _Writer
 
 from .runtime import CommitStats
 
-CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 OUTCOMES = (
     Status.SUCCEEDED,
     Status.FAILED,

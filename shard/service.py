@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import math
-from collections.abc import AsyncIterator, Callable, Collection, Sequence
+from collections.abc import AsyncIterator, Collection, Sequence
 from dataclasses import replace
 
 from cronoq.auth import Authenticator, Principal, Role
@@ -69,25 +69,6 @@ def submit_error(prefix: str, err: SubmitError) -> ApiError:
     if err.code == "reservation_conflict":
         return FailedPrecondition(message)
     return InvalidArgument(message)
-
-
-def _field_of(
-    err: SubmitError, spec: TaskSpec, known: Callable[[int | str], bool], batch_keys: set[str]
-) -> str:
-    """The part of a spec an engine refusal is about (``.deps[1].key``, ``.resources``), or ""."""
-    if err.code == "unknown_dependency":
-        for j, dep in enumerate(spec.deps):
-            target = dep.target
-            if isinstance(target, str) and target in batch_keys:
-                continue
-            if not known(target):
-                return f".deps[{j}].{'key' if isinstance(target, str) else 'id'}"
-        return ".deps"
-    if err.code == "cycle":
-        return ".deps"
-    if err.code in ("unknown_resource", "resource_exceeds_capacity"):
-        return ".resources"
-    return ""
 
 
 class Service:
@@ -307,8 +288,7 @@ class Service:
             return submit_error(where, err)
         spec = specs[err.index]
         engine = self.runtime.engine
-        batch_keys = {s.key for s in specs if s.key}
-        where += _field_of(err, spec, lambda ref: engine.get(ref) is not None, batch_keys)
+        where += err.field
         if err.code == "reservation_conflict":
             config = engine.pool_config(spec.pool)
             limit = reservation_limit(config.max, config.reservable_fraction)

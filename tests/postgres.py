@@ -10,9 +10,12 @@ authentication failures. At the end the server is stopped (``pg_ctl stop -m fast
 removed.
 
 Postgres refuses to run as root. When the suite runs as root, ``initdb`` and ``pg_ctl`` are started as
-an unprivileged user (``postgres`` when the machine has one, else ``nobody``) through
-:class:`subprocess.Popen`'s ``user``/``group`` arguments, and the temporary directory is handed to that
-user; it is created under the system temporary directory (``/tmp``), which that user can traverse.
+an unprivileged user (``postgres`` when the machine has one, else ``nobody``) through util-linux's
+``setpriv``, and the temporary directory is handed to that user; it is created under the system
+temporary directory (``/tmp``), which that user can traverse. Not through :class:`subprocess.Popen`'s
+``user``/``group`` arguments: with them Python must ``fork()`` rather than ``vfork()``, and a forked copy
+of a test process whose gRPC threads are running runs gRPC's fork handlers before it execs, which
+crashed ``initdb`` (SIGSEGV, "epoll_wait error: Bad file descriptor") once in a full run.
 
 ``pg_schema`` gives each test its own schema name and drops it afterwards (CASCADE), together with any
 schema whose name starts with it, so a test that needs two schemas appends a suffix to the one it got.
@@ -36,7 +39,6 @@ import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import psycopg
 import pytest
@@ -96,12 +98,12 @@ class _Cluster:
 
     def _run(self, *args: str) -> None:
         """Run a Postgres tool as the account that owns the cluster; raise with its output on failure."""
-        drop: dict[str, Any] = {}
         if self.account is not None:
-            drop = {"user": self.account.pw_uid, "group": self.account.pw_gid, "extra_groups": []}
+            uid, gid = self.account.pw_uid, self.account.pw_gid
+            args = ("setpriv", f"--reuid={uid}", f"--regid={gid}", "--clear-groups", "--", *args)
         env = {k: v for k, v in os.environ.items() if not k.startswith("PG")}
         done = subprocess.run(
-            args, cwd=self.root, env=env, capture_output=True, text=True, timeout=START_TIMEOUT + 10, **drop
+            args, cwd=self.root, env=env, capture_output=True, text=True, timeout=START_TIMEOUT + 10
         )
         if done.returncode != 0:
             raise RuntimeError(

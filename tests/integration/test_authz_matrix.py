@@ -18,6 +18,7 @@ Each row is one short call: Wait names a finished task with a tiny timeout, Watc
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import secrets
 import urllib.error
@@ -758,7 +759,16 @@ async def test_scoped_watch_and_views_see_only_their_pools(world: World) -> None
 
         reader = asyncio.create_task(read())
         try:
-            await asyncio.sleep(0.2)  # subscribed (gRPC Watch sends nothing before the first event)
+            # Subscribed once a pool-a event arrives (a gRPC Watch sends nothing before its first event):
+            # only then can a missing pool-b event mean it was filtered out.
+            for _ in range(20):
+                http_json(world.server, "POST", "/v1/tasks", {"pool": "a"})
+                with contextlib.suppress(TimeoutError):
+                    first = await asyncio.wait_for(events.get(), 0.5)
+                    assert first.pool == "a", first
+                    break
+            else:
+                pytest.fail("the Watch saw no event of pool a within 10 s")
             for pool in ("b", "a"):
                 assert (
                     http_json(world.server, "POST", "/v1/tasks", {"pool": pool, "key": f"watched-{pool}"})[0]

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import statistics
 import struct
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
@@ -174,7 +175,8 @@ async def test_pings_every_interval_on_an_idle_connection(server: ServerProcess)
         pings = await conn.pings(6)
     # The first comes after the ACK of the server's SETTINGS, each other one after the ACK of the last.
     quiet = [ping.quiet_for for ping in pings]
-    assert all(INTERVAL - EARLY <= q <= INTERVAL + 1.5 for q in quiet), quiet
+    assert all(INTERVAL - EARLY <= q <= INTERVAL + 1.5 for q in quiet), quiet  # one slow outlier at most
+    assert statistics.median(quiet) <= INTERVAL + 0.25, quiet  # the interval, not the timeout (1 s)
 
 
 @pytest.mark.parametrize("which", ["server", "patient", "router"])
@@ -197,7 +199,8 @@ async def test_unanswered_ping_closes_the_connection(which: str, request: pytest
     assert goaway.goaway_debug in (b"ping_timeout", b"keepalive_timeout"), goaway.goaway_debug
     assert goaway.at > ping.at
     waited = goaway.at - ping.at
-    assert timeout - EARLY <= waited <= timeout + 3.0, waited
+    # Windows narrower than the two timeouts' difference (1.5 s): a constant cannot satisfy both.
+    assert timeout - EARLY <= waited <= timeout + 1.0, waited
     assert eof - goaway.at <= 3.0  # and the socket closes right after the GOAWAY
 
 

@@ -253,10 +253,15 @@ async def test_worker_labels_and_slots(small: ServerProcess) -> None:
 # ------------------------------------------------------------------------------- pending bounds
 
 
+async def fill(tasks: Any, pool: str) -> None:
+    """Fill a pool of max_pending 1 (no other test uses it): this one task must be accepted, so that
+    the refusal that follows is the bound at exactly max_pending."""
+    await tasks.Submit(pb.SubmitRequest(task=pb.TaskSpec(pool=pool)))
+
+
 async def test_pool_bound_with_reject(small: ServerProcess, http: aiohttp.ClientSession) -> None:
     async with grpc_stubs(small) as (tasks, _, _):
-        with contextlib.suppress(grpc.aio.AioRpcError):  # fills "strict" (max_pending 1), unless full
-            await tasks.Submit(pb.SubmitRequest(task=pb.TaskSpec(pool="strict")))
+        await fill(tasks, "strict")
         watched = Watched(small)
         err = await grpc_refused(tasks.Submit(pb.SubmitRequest(task=pb.TaskSpec(pool="strict"))))
     assert err.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
@@ -271,8 +276,7 @@ async def test_pool_bound_with_wait_gives_up_within_the_request_timeout(
 ) -> None:
     """``overflow = wait``: parked until a little before request_timeout_s (1 s), then refused."""
     async with grpc_stubs(small) as (tasks, _, _):
-        with contextlib.suppress(grpc.aio.AioRpcError):
-            await tasks.Submit(pb.SubmitRequest(task=pb.TaskSpec(pool="parked")))
+        await fill(tasks, "parked")
         watched = Watched(small)
         started = time.monotonic()
         err = await grpc_refused(tasks.Submit(pb.SubmitRequest(task=pb.TaskSpec(pool="parked"))))

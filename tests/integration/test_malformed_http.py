@@ -63,7 +63,12 @@ async def test_refused_with_400_and_closed(server: ServerProcess, request_bytes:
     assert await asyncio.to_thread(server.probe, "/healthz") == 200  # and the server goes on serving
 
 
-@pytest.mark.parametrize("request_bytes", MALFORMED.values(), ids=MALFORMED.keys())
+# aiohttp logs a bad method on a connection's first request at DEBUG only, below what the server logs,
+# so that case could not show the filter working.
+LOGGED = {name: request for name, request in MALFORMED.items() if name != "method"}
+
+
+@pytest.mark.parametrize("request_bytes", LOGGED.values(), ids=LOGGED.keys())
 async def test_the_answer_is_plain_text_and_the_input_is_not_logged(
     server: ServerProcess, request_bytes: bytes
 ) -> None:

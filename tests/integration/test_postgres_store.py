@@ -277,14 +277,18 @@ async def test_state_updates_keep_the_spec_and_land_outputs_after_a_takeover_too
     await successor.acquire()
     recovered = {t.id: t for t in (await successor.recover(0.0)).tasks}
     assert recovered[2].status is Status.RUNNING and recovered[3].spec.key == "k"
-    finished = replace(recovered[2], status=Status.SUCCEEDED, finished=NOW + 1)
-    await successor.commit(Batch([finished], [(2, b"two", "application/json")], max_id=3))
+    finished = replace(
+        recovered[2], status=Status.SUCCEEDED, finished=NOW + 1, spec=replace(recovered[2].spec, payload=None)
+    )
+    await successor.commit(
+        Batch([finished], [(2, b"two", "application/json"), (3, b"three", "text/plain")], max_id=3)
+    )
     assert await rows(
         admin, "SELECT id, status, payload, output, output_type FROM {s}.cronoq_tasks ORDER BY id", pg_schema
     ) == [
         (1, int(Status.SUCCEEDED), b"payload 1", b"out", "text/plain"),
         (2, int(Status.SUCCEEDED), b"payload 2", b"two", "application/json"),
-        (3, int(Status.READY), b"payload 3", None, ""),
+        (3, int(Status.READY), b"payload 3", b"three", "text/plain"),  # an output of a task not in the batch
     ]
 
 

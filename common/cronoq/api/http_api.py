@@ -31,6 +31,7 @@ from cronoq.errors import (
 )
 from cronoq.limits import LimitHits
 from cronoq.logs import get_logger
+from cronoq.prometheus import CONTENT_TYPE as PROMETHEUS_CONTENT_TYPE
 from cronoq.transport import FORWARDED_KEY
 from cronoq.v1 import cronoq_pb2 as pb
 
@@ -39,7 +40,7 @@ from .handler import RequestHandler
 from .limits import RequestLimits, limits_middleware
 from .openapi import OPENAPI
 
-PROMETHEUS_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+PROMETHEUS_TYPE = PROMETHEUS_CONTENT_TYPE
 SSE_KEEPALIVE_S = 15.0
 PROBES = frozenset({"/healthz", "/readyz"})
 OPENAPI_JSON = codec.dump_json(OPENAPI)

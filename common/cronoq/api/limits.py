@@ -198,7 +198,9 @@ class _Context:
         self._limits = limits
 
     def __getattr__(self, name: str) -> Any:
-        return getattr(self._context, name)
+        value = getattr(self._context, name)
+        setattr(self, name, value)  # found directly next time: ``write`` runs once per lease
+        return value
 
     async def read(self) -> Any:
         message = await self._context.read()
@@ -230,12 +232,18 @@ class LimitsInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
 
     def __init__(self, limits: RequestLimits) -> None:
         self.limits = limits
+        # gRPC asks for every call's handler; a method's is the same each time, so it is wrapped once.
+        self._wrapped: dict[str, tuple[Any, Any]] = {}  # method -> (its handler, the wrapped one)
 
     async def intercept_service(self, continuation: Callable[[Any], Any], details: Any) -> Any:
         handler = await continuation(details)
-        if handler is None or not details.method.startswith(GRPC_PREFIX):
+        method = details.method
+        if handler is None or not method.startswith(GRPC_PREFIX):
             return handler
-        return self._wrap(handler, details.method)
+        cached = self._wrapped.get(method)
+        if cached is None or cached[0] is not handler:
+            cached = self._wrapped[method] = (handler, self._wrap(handler, method))
+        return cached[1]
 
     def _deserializer(self, inner: Callable[[bytes], Any] | None) -> Callable[[bytes], Any]:
         limit = self.limits.max_message_bytes

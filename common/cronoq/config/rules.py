@@ -96,7 +96,11 @@ def check_address(value: str) -> str | None:
 
 def is_loopback(address: str) -> bool:
     """Whether a listener address only accepts connections from this host (no credentials needed)."""
-    host = address.rpartition(":")[0].strip("[]")
+    return is_loopback_host(address.rpartition(":")[0].strip("[]"))
+
+
+def is_loopback_host(host: str) -> bool:
+    """Whether a host name or IP address (no port, no brackets) is this host."""
     if host.lower() == "localhost":
         return True
     try:

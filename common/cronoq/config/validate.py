@@ -36,6 +36,7 @@ from .rules import (
     check_schema_name,
     check_token,
     is_loopback,
+    is_loopback_host,
 )
 
 if TYPE_CHECKING:
@@ -305,7 +306,7 @@ def _resolve_scaler(index: int, pool: PoolSection, env: Mapping[str, str], probl
     url_key = f"pools[{index}].scaler.url"
     if not problems.failed(url_key):
         parts = urlsplit(scaler.url)
-        if parts.scheme == "http" and not is_loopback(f"[{parts.hostname or ''}]:0"):
+        if parts.scheme == "http" and not is_loopback_host(parts.hostname or ""):
             problems.add(
                 url_key,
                 f"plain http to {show(parts.hostname or '')} would send the desired capacity (and the "

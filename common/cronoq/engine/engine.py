@@ -24,6 +24,7 @@ from .cron import CronSchedule, occurrence_key
 from .deps import Dependencies, edge_met
 from .fixed import Reservations, Window, reservation_limit
 from .model import (
+    NO_RESOURCES,
     Abort,
     Action,
     Dep,
@@ -122,9 +123,10 @@ class Engine:
         self._holds: dict[int, Worker] = {}  # task id -> worker with a slot held for its fixed start
         self._resources = Resources(resources)
         self._parked: dict[int, tuple[Task, float]] = {}  # READY tasks waiting for resources, ready_at
-        # Per resource, the parked tasks waiting for it as (priority, seq, id), best first; entries of
-        # tasks no longer parked are dropped when they surface.
-        self._parked_on: dict[str, list[tuple[int, int, int]]] = {}
+        # Per resource and amount, the parked tasks waiting for it as (priority, seq, id), best first;
+        # entries of tasks no longer parked are dropped when they surface.
+        # (A heap per amount asked, so a wake never walks past requests bigger than the room left.)
+        self._parked_on: dict[str, dict[int, list[tuple[int, int, int]]]] = {}
         self._woken: dict[str, PoolState] = {}  # pools whose parked tasks went back: dispatch them
         self._waiting = {c.name: [0 for _ in Priority] for c in pools}  # BLOCKED + SCHEDULED per class
         self._arrivals = {c.name: 0 for c in pools}  # tasks that became eligible since the last evaluation
@@ -924,14 +926,14 @@ class Engine:
             if spec.resources:
                 problem = self._resources.check(spec.resources)
                 if problem is not None:
-                    raise SubmitError(problem[0], problem[1], i)
+                    raise SubmitError(problem[0], problem[1], i, ".resources")
             if spec.start is not None:
                 window = self._window(pool, spec)
                 mine = planned.setdefault(pool.name, [])
                 if not self._reservations[pool.name].fits(window, mine):
                     raise SubmitError("reservation_conflict", "fixed-start reservation conflict", i)
                 mine.append(window)
-            for dep in spec.deps:
+            for j, dep in enumerate(spec.deps):
                 has_deps = True
                 target = dep.target
                 if isinstance(target, str):
@@ -939,9 +941,13 @@ class Engine:
                         continue
                     if pool.config.unknown_dependency is UnknownDependency.AWAIT:
                         continue
-                    raise SubmitError("unknown_dependency", f"unknown dependency '{target}'", i)
+                    raise SubmitError(
+                        "unknown_dependency", f"unknown dependency '{target}'", i, f".deps[{j}].key"
+                    )
                 if target not in table.by_id:
-                    raise SubmitError("unknown_dependency", f"unknown dependency {target}", i)
+                    raise SubmitError(
+                        "unknown_dependency", f"unknown dependency {target}", i, f".deps[{j}].id"
+                    )
         if has_deps:
             self._check_cycles(specs, batch_keys)
 
@@ -992,7 +998,7 @@ class Engine:
                     path.discard(node)
                     done.add(node)
                 elif nxt in path:
-                    raise SubmitError("cycle", "dependency cycle", i)
+                    raise SubmitError("cycle", "dependency cycle", i, ".deps")
                 elif nxt not in done:
                     path.add(nxt)
                     stack.append((nxt, iter(successors(nxt))))
@@ -1193,9 +1199,10 @@ class Engine:
         short = resources.short(amounts, now)
         assert short is not None, "parked only after try_take failed"
         self._parked[task.id] = (task, ready_at)
-        waiting = self._parked_on.get(short)
+        by_amount = self._parked_on.setdefault(short, {})
+        waiting = by_amount.get(amounts[short])
         if waiting is None:
-            waiting = self._parked_on[short] = []
+            waiting = by_amount[amounts[short]] = []
         elif len(waiting) > _PARKED_SLACK and len(waiting) > 2 * len(self._parked):
             # Mostly entries of tasks that finished while parked (cancelled, shed): drop them.
             waiting[:] = [entry for entry in waiting if entry[2] in self._parked]
@@ -1207,36 +1214,36 @@ class Engine:
 
     def _wake(self, name: str, now: float) -> None:
         """Put the parked tasks waiting for resource ``name`` back in their queues at their original
-        places, best first, as many as its free units can serve (a task needing more than is left is
-        passed over for smaller ones behind it). Waking only those keeps a release O(woken · log n)
-        rather than O(parked): a backlog behind a one-permit semaphore would otherwise be re-queued and
-        parked again, whole, at every release. A woken task that still cannot run parks again. Their
-        pools are dispatched by the next ``_dispatch`` (every input ends with one), not from here: this
-        runs while an attempt is being released, when the engine is between two consistent states."""
-        waiting = self._parked_on.get(name)
-        if not waiting:
+        places, best first among those asking no more than the free units left, until none fits (a big
+        request lets smaller ones behind it go). Each step looks at one head per distinct amount, so a
+        release costs O(woken · amounts · log n), never a pass over the backlog: one behind a one-permit
+        semaphore would otherwise be re-queued and parked again, whole, at every release. A woken task
+        that still cannot run parks again. Their pools are dispatched by the next ``_dispatch`` (every
+        input ends with one), not from here: this runs while an attempt is being released, when the
+        engine is between two consistent states."""
+        by_amount = self._parked_on.get(name)
+        if not by_amount:
             return
         room = self._resources.room(name, now)
         parked = self._parked
-        passed: list[tuple[int, int, int]] = []
-        while waiting and room > 0:
-            entry = heappop(waiting)
-            found = parked.get(entry[2])
-            if found is None:
-                continue  # finished while parked
-            task, ready_at = found
-            amount = task.spec.resources[name]
-            if amount > room:
-                passed.append(entry)
-                continue
-            room -= amount
-            del parked[task.id]
+        while room > 0:
+            best: list[tuple[int, int, int]] | None = None
+            best_amount = 0
+            for amount, waiting in by_amount.items():
+                while waiting and waiting[0][2] not in parked:
+                    heappop(waiting)  # finished while parked
+                if waiting and amount <= room and (best is None or waiting[0] < best[0]):
+                    best, best_amount = waiting, amount
+            if best is None:
+                break
+            room -= best_amount
+            task, ready_at = parked.pop(heappop(best)[2])
             pool = self._pools[task.spec.pool]
             pool.queue.push(task, ready_at, requeue=True)
             self._woken[pool.name] = pool
-        for entry in passed:
-            heappush(waiting, entry)
-        if not waiting:
+        for amount in [a for a, waiting in by_amount.items() if not waiting]:
+            del by_amount[amount]
+        if not by_amount:
             del self._parked_on[name]
 
     # ------------------------------------------------------------------- recurring (internals)
@@ -1267,7 +1274,7 @@ class Engine:
             deps=deps,
             tags=dict(template.tags),
             labels=dict(template.labels),
-            resources=dict(template.resources),
+            resources=dict(template.resources) if template.resources else NO_RESOURCES,
         )
         try:
             (submitted,) = self.submit([occurrence], now)

@@ -325,10 +325,9 @@ class PoolQueue:
     """The lanes of one pool. ``active`` lists the lanes that may hold READY tasks, Critical first, so
     a dispatch looks only at lanes with something in them; ``ready`` counts the READY tasks."""
 
-    __slots__ = ("_edf_entries", "_labelled", "_plain", "active", "default_duration", "durations", "ready")
+    __slots__ = ("_edf_entries", "_labelled", "_plain", "active", "durations", "ready")
 
     def __init__(self, default_duration: float) -> None:
-        self.default_duration = default_duration
         self.durations = Durations(default_duration)
         self._plain = [self._new_lane(c, NO_LABELS) for c in _CLASSES]
         self._labelled: dict[tuple[int, LabelSet], Lane] = {}

@@ -355,11 +355,13 @@ class SubmitError(Exception):
 
     unknown_pool, unknown_resource, resource_exceeds_capacity, reservation_conflict, cycle,
     unknown_dependency, full (overflow=wait: retry when space frees), overloaded,
-    duplicate_key_in_batch, invalid. ``index`` is the position in a batch when known.
+    duplicate_key_in_batch, invalid. ``index`` is the position in a batch when known; ``field`` the
+    part of that spec the refusal is about, when it is one (``.deps[1].key``, ``.resources``).
     """
 
-    def __init__(self, code: str, message: str, index: int | None = None) -> None:
+    def __init__(self, code: str, message: str, index: int | None = None, field: str = "") -> None:
         super().__init__(message)
         self.code = code
         self.message = message
         self.index = index
+        self.field = field

@@ -152,15 +152,24 @@ def test_unknown_dependency_is_rejected_by_default_naming_it() -> None:
     engine = make_engine()
     with pytest.raises(SubmitError) as err:
         engine.submit([spec(key="ok"), with_deps(spec(), Dep("nope"))], 0.0)
-    assert (err.value.code, err.value.message, err.value.index) == (
+    assert (err.value.code, err.value.message, err.value.index, err.value.field) == (
         "unknown_dependency",
         "unknown dependency 'nope'",
         1,
+        ".deps[0].key",
     )
     with pytest.raises(SubmitError) as by_id:
         engine.submit([with_deps(spec(), Dep(12345))], 0.0)
-    assert by_id.value.code == "unknown_dependency"
+    assert (by_id.value.code, by_id.value.field) == ("unknown_dependency", ".deps[0].id")
     assert engine.get("ok") is None and engine.snapshot(0.0).live_tasks == 0
+
+
+def test_the_refused_edge_is_named_when_an_awaited_key_comes_first() -> None:
+    """An unknown key may be awaited; the unknown id after it is the edge refused, and named so."""
+    engine = make_engine(PoolConfig("p", retry=FIXED, unknown_dependency=UnknownDependency.AWAIT))
+    with pytest.raises(SubmitError) as err:
+        engine.submit([with_deps(spec(), Dep("later"), Dep(999))], 0.0)
+    assert (err.value.code, err.value.index, err.value.field) == ("unknown_dependency", 0, ".deps[1].id")
 
 
 def test_awaited_key_unblocks_when_a_task_with_it_arrives() -> None:

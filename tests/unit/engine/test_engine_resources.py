@@ -79,6 +79,23 @@ def test_woken_tasks_keep_their_original_order() -> None:
     assert task_of(engine, second.id).status is Status.READY
 
 
+def test_a_woken_task_goes_before_a_later_one_that_queued_for_a_slot() -> None:
+    """Woken at its original place: ahead of a task submitted after it that waited for a slot."""
+    engine = make()
+    engine.add_worker(1, "p", 2, {}, 0.0)
+    engine.submit([needs(spec(), gpu=2)], 0.0)
+    [holder] = drain(engine).dispatches
+    [first] = engine.submit([needs(spec(), gpu=2)], 0.0)  # parks: the gpu is taken
+    engine.submit([spec()], 0.0)  # takes the second slot
+    drain(engine)
+    [later] = engine.submit([spec()], 0.0)  # queued: no slot free
+    assert drain(engine).dispatches == []
+    engine.complete(1, holder.lease, 1.0)  # a slot and the gpu free: first goes back, in front
+    [d] = drain(engine).dispatches
+    assert d.task.id == first.id
+    assert task_of(engine, later.id).status is Status.READY
+
+
 def test_a_token_bucket_paces_dispatches() -> None:
     engine = make()
     engine.add_worker(1, "p", 10, {}, 0.0)

@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 import cronoq
+import cronoq.library
 from cronoq import (
     AutoscaleConfig,
     Dep,
@@ -41,6 +42,9 @@ def test_package_exports_library_names_lazily() -> None:
     subprocess.run([sys.executable, "-c", code], check=True)
     for name in cronoq.__all__:
         assert getattr(cronoq, name) is not None
+    # The package lists library mode's names itself (importing them would defeat the lazy loading):
+    # the two lists must not drift apart. TaskOptions stays in cronoq.library.
+    assert set(cronoq.__all__) - {"__version__"} == set(cronoq.library.__all__) - {"TaskOptions"}
     assert cronoq.SubmitError.__module__ == "cronoq.library.errors"
     assert "Scheduler" in dir(cronoq)
 
