@@ -14,7 +14,7 @@ import random
 import time
 from collections import deque
 
-from cronoq.engine import Dispatch, Engine, PoolConfig, Priority, Semaphore, TaskSpec
+from cronoq.engine import Dispatch, Engine, PoolConfig, Priority, Semaphore, TaskSpec, TokenBucket
 
 BATCH = 1000
 SLOTS = 1024
@@ -113,6 +113,34 @@ def backlog(n: int) -> float:
     return time.perf_counter() - start
 
 
+def rate_limited(n: int, rate: float = 1000.0) -> float:
+    """Seconds of engine time to run ``n`` tasks that all need a token of one bucket (``rate`` per
+    second, burst 1), ticking at each refill the engine asks for: each refill must wake one waiting task.
+    (It once armed a timer per waiting task, and each of them woke the whole backlog: 33 s for 1,000.)"""
+    engine = Engine(
+        [PoolConfig("bench", max=SLOTS)], resources=[TokenBucket("api", rate, 1.0)], rng=random.Random(0)
+    )
+    now = 1_000_000.0
+    engine.add_worker(1, "bench", 100, {}, now)
+    engine.submit([TaskSpec("bench", payload=None, resources={"api": 1}) for _ in range(n)], now)
+    done = 0
+    start = time.perf_counter()
+    while True:
+        leases = deque(a.lease for a in engine.take_actions() if a.__class__ is Dispatch)
+        while leases:
+            engine.complete(1, leases.popleft(), now)
+            done += 1
+            leases.extend(a.lease for a in engine.take_actions() if a.__class__ is Dispatch)
+        wake = engine.next_wakeup()
+        if done == n or wake is None:
+            break
+        now = wake
+        engine.tick(now)
+    assert done == n, f"{n - done} tasks never ran"
+    return time.perf_counter() - start
+
+
 if __name__ == "__main__":
     print(run())
     print({n: backlog(n) for n in (1000, 4000)})
+    print({n: rate_limited(n) for n in (1000, 4000)})

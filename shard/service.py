@@ -14,7 +14,7 @@ from dataclasses import replace
 
 from cronoq.auth import Authenticator, Principal, Role
 from cronoq.engine.fixed import reservation_limit
-from cronoq.engine.model import PoolConfig, RetryPolicy, Status, SubmitError, Task, TaskSpec
+from cronoq.engine.model import PoolConfig, RecurringError, RetryPolicy, Status, SubmitError, Task, TaskSpec
 from cronoq.engine.snapshot import Snapshot, Totals
 from cronoq.errors import (
     ApiError,
@@ -277,7 +277,7 @@ class Service:
     def _overloaded(self, where: str, err: SubmitError) -> ApiError:
         """A refusal for want of room, counted: the pool's bound (``overflow = reject``, or nothing to
         shed), or ``limits.max_pending_total``."""
-        if "limits.max_pending_total" in err.message:
+        if err.limit == "max_pending_total":
             return self.limit_hits.refuse("max_pending_total", ResourceExhausted(f"{where}: {err.message}"))
         message = err.message.replace("(max_pending)", POOL_BOUND)
         return self.limit_hits.refuse("max_pending_per_pool", ResourceExhausted(f"{where}: {message}"))
@@ -540,9 +540,8 @@ class Service:
             raise Unavailable("server is shutting down; retry against the new leader")
         try:
             runtime.engine.add_recurring(spec, runtime.clock())
-        except ValueError as err:  # the engine names the field: "cron: ...", "template.resources: ..."
-            message = str(err)
-            raise (NotFound if "unknown resource" in message else InvalidArgument)(message) from None
+        except RecurringError as err:  # the engine names the field: "cron: ...", "template.resources: ..."
+            raise (NotFound if err.code == "unknown_resource" else InvalidArgument)(str(err)) from None
         runtime.flush()
         await runtime.sync()
         return pb.Empty()

@@ -297,9 +297,7 @@ def test_autoscale_settings_and_unsharded_resources_reach_the_engine() -> None:
         env={},
     )
     engine = config.engine_pools()[0]
-    assert engine.autoscale == AutoscaleConfig(
-        target_utilization=0.5, drain_time=10, cooldown=5, cost_per_worker_second=0.25
-    )
+    assert engine.autoscale == AutoscaleConfig(target_utilization=0.5, drain_time=10, cooldown=5)
     assert engine.cost_per_worker_second == 0.25
     assert config.engine_resources(None) == [Semaphore("gpu", 2), TokenBucket("api", 4, 2)]
 

@@ -337,9 +337,9 @@ class PoolSection:
     def to_engine(self, limits: Limits) -> PoolConfig:
         """The engine's view; unset per-pool bounds fall back to ``[limits]``, which also caps them.
 
-        ``autoscale = true`` gives the pool an autoscaler from ``target_utilization``, ``drain_time_s``,
-        ``cooldown_s`` and ``cost_per_worker_second`` (the rest at the engine's defaults); without it
-        the desired capacity is the connected capacity. ``await_unknown_dependencies_s`` unset rejects
+        ``autoscale = true`` gives the pool an autoscaler from ``target_utilization``, ``drain_time_s``
+        and ``cooldown_s`` (the rest at the engine's defaults); without it the desired capacity is the
+        connected capacity. ``cost_per_worker_second`` prices the snapshot's ``cost``, autoscaled or not. ``await_unknown_dependencies_s`` unset rejects
         a dependency on an unknown key, set waits that long for a task with that key to arrive.
         """
         slots = limits.max_slots_per_worker
@@ -350,7 +350,6 @@ class PoolSection:
                 target_utilization=self.target_utilization,
                 drain_time=self.drain_time_s,
                 cooldown=self.cooldown_s,
-                cost_per_worker_second=self.cost_per_worker_second,
             )
             if self.autoscale
             else None

@@ -107,7 +107,10 @@ def _decide(
         if decision is pool:
             if pending_total >= max_total:
                 raise SubmitError(
-                    "overloaded", f"overloaded: {max_total} tasks pending (limits.max_pending_total)", i
+                    "overloaded",
+                    f"overloaded: {max_total} tasks pending (limits.max_pending_total)",
+                    i,
+                    limit="max_pending_total",
                 )
             pending_total += 1
             if limit is not None:
@@ -122,11 +125,16 @@ def _make_room(pool: PoolState, limit: int, incoming: Priority, batch: _Batch, i
     """The victim that makes room in a full pool, or SubmitError as its overflow policy says."""
     overflow = pool.config.overflow
     if overflow is Overflow.WAIT:
-        raise SubmitError("full", f"pool '{pool.name}' is full: {limit} tasks pending (max_pending)", i)
+        raise SubmitError(
+            "full", f"pool '{pool.name}' is full: {limit} tasks pending (max_pending)", i, limit="max_pending"
+        )
     victim = None if pool.shed is None else batch.victim(pool, pool.shed, incoming)
     if victim is None:
         why = "" if overflow is Overflow.REJECT else " and no task it may shed"
         raise SubmitError(
-            "overloaded", f"pool '{pool.name}' is overloaded: {limit} tasks pending (max_pending){why}", i
+            "overloaded",
+            f"pool '{pool.name}' is overloaded: {limit} tasks pending (max_pending){why}",
+            i,
+            limit="max_pending",
         )
     return victim

@@ -36,6 +36,7 @@ from .model import (
     PoolConfig,
     Priority,
     Recurring,
+    RecurringError,
     RecurringSpec,
     ResourceConfig,
     Scale,
@@ -127,7 +128,13 @@ class Engine:
         # entries of tasks no longer parked are dropped when they surface.
         # (A heap per amount asked, so a wake never walks past requests bigger than the room left.)
         self._parked_on: dict[str, dict[int, list[tuple[int, int, int]]]] = {}
-        self._woken: dict[str, PoolState] = {}  # pools whose parked tasks went back: dispatch them
+        # The one RESOURCE_WAKE timer that counts: the earliest refill a task parked on a bucket waits
+        # for (None: none armed). One timer serves every waiter of every bucket; a backlog behind a rate
+        # limit would otherwise hold a timer per task and wake them all at each refill.
+        self._refill_wake: float | None = None
+        # Pools that may have work to dispatch, found in the middle of an input (a task made READY by a
+        # cascade, a fixed start, a wake-up): every input dispatches them once it is whole, never before.
+        self._dirty: dict[str, PoolState] = {}
         self._waiting = {c.name: [0 for _ in Priority] for c in pools}  # BLOCKED + SCHEDULED per class
         self._arrivals = {c.name: 0 for c in pools}  # tasks that became eligible since the last evaluation
         self._runs = {c.name: [0.0, 0] for c in pools}  # attempt run seconds and count, for service time
@@ -168,6 +175,14 @@ class Engine:
 
         Specs of one batch may depend on each other's keys, in any order: every task of the batch exists
         before any edge is resolved."""
+        submitted, touched = self._insert(specs, now)
+        for pool in touched.values():
+            self._dispatch(pool, now)
+        return submitted
+
+    def _insert(self, specs: Sequence[TaskSpec], now: float) -> tuple[list[Submitted], dict[str, PoolState]]:
+        """``submit`` without the dispatch: the answers, and the pools that got tasks (for the caller
+        to dispatch once its input is whole)."""
         special = False
         for spec in specs:
             if spec.deps or spec.start is not None or spec.resources:
@@ -229,9 +244,7 @@ class Engine:
         self._totals.submitted += len(created)
         if special or self._deps.awaiting:
             self._link(created.values(), blocked, now)
-        for pool in touched.values():
-            self._dispatch(pool, now)
-        return submitted
+        return submitted, touched
 
     def cancel(self, ref: int | str, now: float) -> bool:
         """Cancel a live task by id or key (a running one is aborted); False if finished or unknown."""
@@ -328,36 +341,42 @@ class Engine:
     def add_recurring(self, spec: RecurringSpec, now: float) -> Recurring:
         """Add a cron schedule, or replace the one of that name, and create its first occurrence.
 
-        Raises ValueError naming the field (``cron: ...``, ``tz: ...``, ``template.deps: ...``) for a
+        Raises RecurringError naming the field (``cron: ...``, ``tz: ...``, ``template.deps: ...``) for a
         schedule that cannot run; the engine is then unchanged. An occurrence already created by a
         replaced schedule stays.
         """
-        cron = CronSchedule.parse(spec.cron, spec.tz)
+        try:
+            cron = CronSchedule.parse(spec.cron, spec.tz)
+        except ValueError as err:
+            raise RecurringError("invalid", str(err)) from None
         template = spec.template
         pool = self._pools.get(template.pool)
         if pool is None:
-            raise ValueError(f"template.pool: unknown pool '{template.pool}'")
+            raise RecurringError("unknown_pool", f"template.pool: unknown pool '{template.pool}'")
         if template.deps:
-            raise ValueError(
+            raise RecurringError(
+                "invalid",
                 "template.deps: a recurring template cannot have dependencies "
-                "(use overlap = queue to chain occurrences)"
+                "(use overlap = queue to chain occurrences)",
             )
         if template.start is not None:
-            raise ValueError(
-                "template.start: a recurring template cannot have a fixed start (the cron sets it)"
+            raise RecurringError(
+                "invalid", "template.start: a recurring template cannot have a fixed start (the cron sets it)"
             )
         if template.deadline is not None:
-            raise ValueError(
-                "template.deadline: a recurring template cannot have an absolute deadline; use deadline_in"
+            raise RecurringError(
+                "invalid",
+                "template.deadline: a recurring template cannot have an absolute deadline; use deadline_in",
             )
         if template.resources:
             problem = self._resources.check(template.resources)
             if problem is not None:
-                raise ValueError(f"template.resources: {problem[1]}")
+                raise RecurringError(problem[0], f"template.resources: {problem[1]}")
         old = self._schedules.get(spec.name)
         recurring = Recurring(spec, None, old.recurring.last_task_id if old is not None else 0)
         schedule = self._new_schedule(recurring, cron)
         self._plan_occurrence(schedule, cron.next_after(now), now)
+        self._dispatch_dirty(None, now)
         return recurring
 
     def remove_recurring(self, name: str, now: float) -> bool:
@@ -450,7 +469,6 @@ class Engine:
         if worker is None:
             return
         pool = self._pools[worker.pool]
-        pool.workers.set_slots(worker, 0)  # nothing new may land on it while its leases end
         for task in list(worker.leases.values()):
             self._release(pool, task, now, Status.FAILED)
             self._retry(pool, task, DISCONNECTED, None, now)
@@ -549,6 +567,8 @@ class Engine:
             self._autoscale(now)
         for pool in self._pools.values():
             self._dispatch(pool, now)
+        if self._parked_on:
+            self._rearm_refills(now)
 
     def next_wakeup(self) -> float | None:
         """The earliest time at which ``tick`` has something to do; None if nothing is scheduled."""
@@ -648,8 +668,8 @@ class Engine:
         """Lease READY tasks to free compatible workers, best score first, until one side runs out.
         Fixed starts waiting for a held slot are served first; a task whose resources are taken is
         parked and the next best goes instead."""
-        if self._woken:
-            self._dispatch_woken(pool, now)
+        if self._dirty:
+            self._dispatch_dirty(pool, now)
         queue = pool.queue
         workers = pool.workers
         if not workers.free:
@@ -665,8 +685,8 @@ class Engine:
             if best is None:
                 break
             task, required, inverted, ready_at = best
-            if task.spec.resources and not self._resources.try_take(task.spec.resources, now):
-                self._park(task, ready_at, now)
+            if task.spec.resources and (short := self._resources.take(task.spec.resources, now)) is not None:
+                self._park(task, short, ready_at, now)
                 continue
             worker = workers.take(required)
             assert worker is not None, "pop_best offers only lanes with a free compatible worker"
@@ -675,11 +695,12 @@ class Engine:
         self._pending_total -= started
         self._totals.dispatched += started
 
-    def _dispatch_woken(self, current: PoolState, now: float) -> None:
-        """Dispatch the other pools whose parked tasks went back to their queues."""
-        woken = self._woken
-        self._woken = {}
-        for pool in woken.values():
+    def _dispatch_dirty(self, current: PoolState | None, now: float) -> None:
+        """Dispatch the pools marked dirty during the input that just ended, except ``current``, which
+        the caller dispatches next. (Dispatching never marks a pool, so one pass empties the set.)"""
+        dirty = self._dirty
+        self._dirty = {}
+        for pool in dirty.values():
             if pool is not current:
                 self._dispatch(pool, now)
 
@@ -755,10 +776,12 @@ class Engine:
                 runs[0] += now - started
                 runs[1] += 1
             if task.spec.resources:
-                self._resources.release(task.spec.resources)
+                resources = self._resources
+                resources.release(task.spec.resources)
                 if self._parked:
                     for name in task.spec.resources:
-                        self._wake(name, now)
+                        if name in self._parked_on and not resources.refills(name):  # tokens stay spent
+                            self._wake(name, now)
 
     def _retry(
         self, pool: PoolState, task: Task, message: str, retry_after: float | None, now: float
@@ -847,7 +870,7 @@ class Engine:
         if kind is TimerKind.ATTEMPT_TIMEOUT:
             return due if target in self._leases else None
         if kind is TimerKind.RESOURCE_WAKE:
-            return due if self._parked else None
+            return due if due == self._refill_wake else None
         if kind is TimerKind.RECURRING:
             schedule = self._numbered.get(target)
             return due if schedule is not None and schedule.generation == token else None
@@ -888,9 +911,11 @@ class Engine:
             self._release(pool, task, now, Status.FAILED)
             self._retry(pool, task, message, None, now)
             return
-        if kind is TimerKind.RESOURCE_WAKE:  # token buckets refilled: tick dispatches every pool next
+        if kind is TimerKind.RESOURCE_WAKE:  # buckets refilled: tick dispatches, then arms the next one
+            self._refill_wake = None
             for name in list(self._parked_on):
-                self._wake(name, now)
+                if self._resources.refills(name):
+                    self._wake(name, now)
             return
         if kind is TimerKind.RECURRING:
             schedule = self._numbered[target]  # _due checked it
@@ -905,9 +930,8 @@ class Engine:
         elif kind is TimerKind.FIXED_HOLD:
             self._hold(pool, task)
         else:  # AWAIT_TIMEOUT
-            self._deps.forget(task)
             self._finish(pool, task, Status.SKIPPED, AWAIT_TIMED_OUT, now)
-            self._dispatch(pool, now)
+            self._dirty[pool.name] = pool
 
     # ------------------------------------------------------------------- dependencies (internals)
 
@@ -1033,7 +1057,6 @@ class Engine:
             elif not target.status.terminal:
                 deps.wait(task, target, dep.on)
             elif not edge_met(dep.on, target.status):
-                deps.forget(task)
                 self._finish(pool, task, Status.SKIPPED, f"dependency ended as {target.status.label}", now)
                 return
         if task.id not in deps.unmet:
@@ -1050,7 +1073,7 @@ class Engine:
         self._make_ready(pool, task, now, now)
         if self._autoscalers:
             self._arrivals[pool.name] += 1
-        self._dispatch(pool, now)
+        self._dirty[pool.name] = pool
 
     def _cascade(self, ended: Task, now: float) -> None:
         """``ended`` reached a terminal status: judge the edges waiting for it. A dependent whose edge
@@ -1067,7 +1090,6 @@ class Engine:
                     if deps.met(dependent):
                         self._unblock(self._pools[dependent.spec.pool], dependent, now)
                     continue
-                deps.forget(dependent)
                 message = f"dependency {target.id} ended as {target.status.label}"
                 pool = self._pools[dependent.spec.pool]
                 self._finish(pool, dependent, Status.SKIPPED, message, now, cascade=False)
@@ -1112,7 +1134,7 @@ class Engine:
             return
         if self._autoscalers:
             self._arrivals[pool.name] += 1
-        self._dispatch(pool, now)
+        self._dirty[pool.name] = pool
 
     def _hold(self, pool: PoolState, task: Task) -> None:
         """Set a compatible worker slot aside for a fixed start; if none is free, the next dispatch of
@@ -1161,12 +1183,12 @@ class Engine:
             previous = self._table.by_id.get(occurrence[1])
             if previous is not None and not previous.status.terminal:
                 self._finish(pool, task, Status.SKIPPED, OVERLAPPED, now)
-                self._dispatch(pool, now)
+                self._dirty[pool.name] = pool
                 return
         self._waiting[pool.name][spec.priority] -= 1
         pool.hold_wanted.pop(task.id, None)
         worker = self._holds.pop(task.id, None)
-        if worker is not None and (not spec.resources or self._resources.try_take(spec.resources, now)):
+        if worker is not None and (not spec.resources or self._resources.take(spec.resources, now) is None):
             task.status = READY  # for the instant before it runs
             self._actions.append(StatusEvent(task.id, spec.pool, spec.key, READY, 0, now, "", task))
             self._run(pool, task, worker, start, False, now, pool.stats.bucket(now))
@@ -1178,7 +1200,7 @@ class Engine:
         self._make_ready(pool, task, start, now)
         if self._autoscalers:
             self._arrivals[pool.name] += 1
-        self._dispatch(pool, now)
+        self._dirty[pool.name] = pool
 
     def _miss(self, pool: PoolState, task: Task, now: float) -> None:
         """Start + tolerance passed before the task ran: MISSED or FAILED as ``on_miss`` says (run_late
@@ -1186,18 +1208,15 @@ class Engine:
         pool.stats.bucket(now).fixed_start(False)
         status = Status.MISSED if task.spec.on_miss is MissPolicy.SKIP else Status.FAILED
         self._finish(pool, task, status, FIXED_MISSED, now)
-        self._dispatch(pool, now)
+        self._dirty[pool.name] = pool
 
     # ----------------------------------------------------------------------- resources (internals)
 
-    def _park(self, task: Task, ready_at: float, now: float) -> None:
+    def _park(self, task: Task, short: str, ready_at: float, now: float) -> None:
         """A READY task whose resources are taken leaves the queue (so it blocks nobody) until a release
-        or a token refill of the resource it lacks may let it go; it keeps its sequence number for when
-        it comes back."""
-        resources = self._resources
+        or a token refill of ``short``, the resource it waits for, may let it go; it keeps its sequence
+        number for when it comes back."""
         amounts = task.spec.resources
-        short = resources.short(amounts, now)
-        assert short is not None, "parked only after try_take failed"
         self._parked[task.id] = (task, ready_at)
         by_amount = self._parked_on.setdefault(short, {})
         waiting = by_amount.get(amounts[short])
@@ -1208,9 +1227,37 @@ class Engine:
             waiting[:] = [entry for entry in waiting if entry[2] in self._parked]
             heapify(waiting)
         heappush(waiting, (task.spec.priority, task.seq, task.id))
-        wake = resources.available_at(amounts, now)
-        if wake is not None:
-            self._arm(wake, TimerKind.RESOURCE_WAKE, 0)
+        if self._resources.refills(short):
+            self._arm_refill(self._resources.refill_at(short, amounts[short], now))
+
+    def _arm_refill(self, due: float) -> None:
+        """Make sure a RESOURCE_WAKE fires by ``due`` (an earlier one serves: it arms the next)."""
+        if self._refill_wake is None or due < self._refill_wake:
+            self._refill_wake = due
+            self._arm(due, TimerKind.RESOURCE_WAKE, 0)
+
+    def _rearm_refills(self, now: float) -> None:
+        """At the end of a tick (after a refill wake-up and its dispatch): arm the wake-up for the next
+        refill any parked task waits for. A bucket that already holds enough for one of its waiters (its woken tasks found no
+        worker, so took nothing) wakes them now, until either none fits or none is left, so the timer is
+        never armed in the past, which would spin."""
+        resources = self._resources
+        while True:
+            due: float | None = None
+            for name, by_amount in self._parked_on.items():
+                if resources.refills(name):
+                    at = resources.refill_at(name, min(by_amount), now)
+                    if due is None or at < due:
+                        due = at
+            if due is None:
+                return
+            if due > now:
+                self._arm_refill(due)
+                return
+            for name in list(self._parked_on):
+                if resources.refills(name):
+                    self._wake(name, now)
+            self._dispatch_dirty(None, now)
 
     def _wake(self, name: str, now: float) -> None:
         """Put the parked tasks waiting for resource ``name`` back in their queues at their original
@@ -1218,9 +1265,8 @@ class Engine:
         request lets smaller ones behind it go). Each step looks at one head per distinct amount, so a
         release costs O(woken · amounts · log n), never a pass over the backlog: one behind a one-permit
         semaphore would otherwise be re-queued and parked again, whole, at every release. A woken task
-        that still cannot run parks again. Their pools are dispatched by the next ``_dispatch`` (every
-        input ends with one), not from here: this runs while an attempt is being released, when the
-        engine is between two consistent states."""
+        that still cannot run parks again. Their pools are marked dirty, dispatched once the input is
+        whole: this runs while an attempt is being released, between two consistent states."""
         by_amount = self._parked_on.get(name)
         if not by_amount:
             return
@@ -1240,7 +1286,7 @@ class Engine:
             task, ready_at = parked.pop(heappop(best)[2])
             pool = self._pools[task.spec.pool]
             pool.queue.push(task, ready_at, requeue=True)
-            self._woken[pool.name] = pool
+            self._dirty[pool.name] = pool
         for amount in [a for a, waiting in by_amount.items() if not waiting]:
             del by_amount[amount]
         if not by_amount:
@@ -1277,13 +1323,14 @@ class Engine:
             resources=dict(template.resources) if template.resources else NO_RESOURCES,
         )
         try:
-            (submitted,) = self.submit([occurrence], now)
+            (submitted,), touched = self._insert([occurrence], now)
         except SubmitError as err:
             if err.code == "reservation_conflict":
                 self._totals.recurring_conflicts += 1
             else:
                 self._totals.recurring_invalid += 1
             return
+        self._dirty.update(touched)
         if not submitted.duplicate:
             schedule.recurring.last_task_id = submitted.id
             self._occurrences[submitted.id] = (schedule, previous)

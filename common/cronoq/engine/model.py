@@ -141,7 +141,6 @@ class AutoscaleConfig:
     max_step_up_ratio: float = 1.0
     max_step_down: int = 1
     ewma_alpha: float = 0.3
-    cost_per_worker_second: float = 0.0
 
 
 @dataclass(slots=True, frozen=True)
@@ -356,12 +355,28 @@ class SubmitError(Exception):
     unknown_pool, unknown_resource, resource_exceeds_capacity, reservation_conflict, cycle,
     unknown_dependency, full (overflow=wait: retry when space frees), overloaded,
     duplicate_key_in_batch, invalid. ``index`` is the position in a batch when known; ``field`` the
-    part of that spec the refusal is about, when it is one (``.deps[1].key``, ``.resources``).
+    part of that spec the refusal is about, when it is one (``.deps[1].key``, ``.resources``);
+    ``limit`` the configured bound that refused it (``max_pending`` of the pool, or
+    ``max_pending_total``), so that callers count and explain it without reading the message.
     """
 
-    def __init__(self, code: str, message: str, index: int | None = None, field: str = "") -> None:
+    def __init__(
+        self, code: str, message: str, index: int | None = None, field: str = "", limit: str = ""
+    ) -> None:
         super().__init__(message)
         self.code = code
         self.message = message
         self.index = index
         self.field = field
+        self.limit = limit
+
+
+class RecurringError(ValueError):
+    """A schedule ``add_recurring`` refuses. The message names the field (``cron: ...``,
+    ``template.resources: ...``); ``code`` is ``invalid``, ``unknown_pool`` or one of the resource codes
+    of SubmitError (``unknown_resource``, ``resource_exceeds_capacity``), for callers that map it to a
+    status."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.code = code

@@ -5,8 +5,8 @@ available at that moment, and then takes them all at once, so two tasks needing 
 each hold half of it. Semaphore permits come back when the attempt ends; bucket tokens never come back,
 they refill with time.
 
-Token buckets are kept in exact rational arithmetic. With floats, ``available_at`` could name a time at
-which ``try_take`` still finds the bucket a rounding error short (Unix timestamps carry only about 0.2 µs
+Token buckets are kept in exact rational arithmetic. With floats, ``refill_at`` could name a time at
+which ``take`` still finds the bucket a rounding error short (Unix timestamps carry only about 0.2 µs
 of precision), and a bucket refilled to ``burst`` could yield one dispatch fewer than ``burst``. Buckets are
 rate limits, so they see at most a few thousand dispatches per second and the exact arithmetic costs
 nothing noticeable; semaphores are plain ints.
@@ -16,23 +16,9 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from fractions import Fraction
-from typing import Literal
 
 from .model import ResourceConfig, Semaphore
-
-ResourceKind = Literal["semaphore", "token_bucket"]
-
-
-@dataclass(slots=True, frozen=True)
-class ResourceView:
-    """One resource for metrics: ``available`` is what a dispatch could take now (free permits, or tokens)."""
-
-    name: str
-    kind: ResourceKind
-    capacity: float  # permits, or burst
-    available: float
 
 
 class _Semaphore:
@@ -89,9 +75,9 @@ def _float_at_or_after(exact: Fraction) -> float:
 class Resources:
     """The resources of one engine (one shard), shared by all its pools.
 
-    ``check`` validates a submission; ``try_take``/``release`` bracket an attempt; ``available_at`` tells
-    the engine when to look again at a task that could not go. Amounts passed to the last three must have
-    passed ``check``.
+    ``check`` validates a submission; ``take``/``release`` bracket an attempt; a refused ``take`` names
+    the resource to wait for, and ``refill_at`` when to look again at a task waiting for a bucket.
+    Amounts passed to these must have passed ``check``.
     """
 
     __slots__ = ("_by_name",)
@@ -132,36 +118,57 @@ class Resources:
                 )
         return None
 
-    def try_take(self, amounts: Mapping[str, int], now: float) -> bool:
-        """Take every requested unit if all are available at ``now``, else take nothing (partial holds
-        could deadlock two tasks each holding half of what the other needs)."""
-        if not amounts:
-            return True
-        if self.short(amounts, now) is not None:
-            return False
-        exact_now = Fraction(now)
-        for name, amount in amounts.items():
-            resource = self._by_name[name]
-            if isinstance(resource, _Semaphore):
-                resource.held += amount
-            else:
-                resource.take(amount, exact_now)
-        return True
+    def take(self, amounts: Mapping[str, int], now: float) -> str | None:
+        """Take every requested unit if all are available at ``now`` and return None; otherwise take
+        nothing (partial holds could deadlock two tasks each holding half of what the other needs) and
+        return the resource to wait for.
 
-    def short(self, amounts: Mapping[str, int], now: float) -> str | None:
-        """The first requested resource that cannot give its amount at ``now`` (None if all can): the one
-        a task that failed :meth:`try_take` waits for."""
-        exact_now = Fraction(now)
+        That is a short semaphore if there is one, since only a release can help and a release wakes
+        its waiters; otherwise the short bucket that refills last, so that one timer at its refill time
+        finds every bucket of the request ready (unless others took tokens meanwhile)."""
+        if not amounts:
+            return None
+        by_name = self._by_name
+        exact_now: Fraction | None = None
+        wait: str | None = None
+        wait_ready = Fraction(0)
         for name, amount in amounts.items():
-            resource = self._by_name[name]
+            resource = by_name[name]
             if isinstance(resource, _Semaphore):
                 if resource.held + amount > resource.permits:
                     return name
             else:
                 ready = resource.ready_at(amount)
-                if ready is not None and exact_now < ready:
-                    return name
+                if ready is None:
+                    continue
+                if exact_now is None:
+                    exact_now = Fraction(now)
+                if exact_now < ready and (wait is None or ready > wait_ready):
+                    wait, wait_ready = name, ready
+        if wait is not None:
+            return wait
+        for name, amount in amounts.items():
+            resource = by_name[name]
+            if isinstance(resource, _Semaphore):
+                resource.held += amount
+            else:
+                resource.take(amount, Fraction(now) if exact_now is None else exact_now)
         return None
+
+    def refills(self, name: str) -> bool:
+        """Whether ``name`` is a token bucket, which time refills (a semaphore only gets permits back
+        from a release)."""
+        return isinstance(self._by_name[name], _Bucket)
+
+    def refill_at(self, name: str, amount: int, now: float) -> float:
+        """The earliest time, not before ``now``, at which bucket ``name`` holds ``amount`` tokens if
+        nobody takes any meanwhile: the time to look again at a task waiting for it."""
+        bucket = self._by_name[name]
+        assert isinstance(bucket, _Bucket), "only buckets refill"
+        ready = bucket.ready_at(amount)
+        if ready is None or ready <= Fraction(now):
+            return now
+        return _float_at_or_after(ready)
 
     def room(self, name: str, now: float) -> Fraction:
         """How many units of ``name`` a dispatch could take at ``now``: free permits, or tokens."""
@@ -176,31 +183,3 @@ class Resources:
             resource = self._by_name[name]
             if isinstance(resource, _Semaphore):
                 resource.held -= amount
-
-    def available_at(self, amounts: Mapping[str, int], now: float) -> float | None:
-        """The earliest time at which ``try_take(amounts, ...)`` can succeed without a release: ``now`` if
-        it can already, the refill time of the scarcest bucket if only buckets are short, or None if a
-        semaphore is short (only a release can help, and the engine looks at waiting tasks then)."""
-        latest: Fraction | None = None
-        for name, amount in amounts.items():
-            resource = self._by_name[name]
-            if isinstance(resource, _Semaphore):
-                if resource.held + amount > resource.permits:
-                    return None
-            else:
-                ready = resource.ready_at(amount)
-                if ready is not None and (latest is None or ready > latest):
-                    latest = ready
-        if latest is None or latest <= Fraction(now):
-            return now
-        return _float_at_or_after(latest)
-
-    def view(self, now: float) -> list[ResourceView]:
-        """Every resource in configuration order with its capacity and what is available at ``now``."""
-        exact_now = Fraction(now)
-        return [
-            ResourceView(name, "semaphore", float(r.permits), float(r.permits - r.held))
-            if isinstance(r, _Semaphore)
-            else ResourceView(name, "token_bucket", float(r.burst), float(r.tokens(exact_now)))
-            for name, r in self._by_name.items()
-        ]

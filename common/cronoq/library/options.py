@@ -222,7 +222,6 @@ class AutoscaleConfig(_Validated):
             cooldown=self.cooldown,
             max_step_up_abs=self.max_step_up_abs,
             max_step_down=self.max_step_down,
-            cost_per_worker_second=self.cost_per_worker_second,
         )
 
 

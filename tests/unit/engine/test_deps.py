@@ -277,3 +277,37 @@ def test_a_batch_shedding_a_target_and_its_dependent_ends_each_once() -> None:
     assert events == [(a.id, Status.SHED), (b.id, Status.SKIPPED)]
     snap = engine.snapshot(1.0)
     assert (snap.totals.shed, snap.totals.skipped, snap.pending) == (1, 1, 2)
+
+
+def test_dependents_unblocked_together_run_best_first_not_in_edge_order() -> None:
+    # The engine dispatches once the ending is whole: a dependent made READY early in the cascade must
+    # not take the freed slot before a better one made READY later in the same cascade.
+    engine = make_engine()
+    engine.add_worker(1, "p", 1, {}, 0.0)
+    [a] = engine.submit([spec(key="a")], 0.0)
+    [low, high] = engine.submit(
+        [
+            with_deps(spec(key="low", priority=Priority.LOW), Dep("a")),
+            with_deps(spec(key="high", priority=Priority.HIGH), Dep("a")),
+        ],
+        0.0,
+    )
+    end_as(engine, a.id, Status.SUCCEEDED)
+    assert task_of(engine, high.id).status is Status.RUNNING
+    assert task_of(engine, low.id).status is Status.READY
+
+
+def test_a_leaving_worker_gets_no_dependent_its_last_attempt_unblocked() -> None:
+    # The worker's lease dead-letters its task as it leaves, which unblocks a dependent while the worker
+    # still has a free slot on the books: it must wait for another worker.
+    engine = make_engine(PoolConfig("p", retry=NO_RETRY))
+    engine.add_worker(1, "p", 2, {}, 0.0)
+    [a] = engine.submit([spec(key="a")], 0.0)
+    [b] = engine.submit([with_deps(spec(key="b"), Dep("a", DepOn.COMPLETE))], 0.0)
+    drain(engine)
+    engine.remove_worker(1, 1.0)
+    assert task_of(engine, a.id).status is Status.DEAD_LETTERED
+    assert task_of(engine, b.id).status is Status.READY
+    assert drain(engine).dispatches == []
+    engine.add_worker(2, "p", 1, {}, 2.0)
+    assert [(d.worker_id, d.task.id) for d in drain(engine).dispatches] == [(2, b.id)]

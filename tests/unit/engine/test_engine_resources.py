@@ -217,3 +217,74 @@ def test_a_backlog_behind_a_one_permit_semaphore_is_requeued_once_per_release(
         leases += [d.lease for d in drain(engine).dispatches]
     assert ran == n
     assert pushes <= n
+
+
+def test_a_task_short_of_a_permit_and_of_tokens_runs_once_the_permit_is_back() -> None:
+    # Parked on the bucket (named first), with no refill timer while the permit was out, it would wait
+    # for ever: only the release can help, so it must wait for the release.
+    engine = make()
+    engine.add_worker(1, "p", 5, {}, 0.0)
+    engine.submit([needs(spec(), gpu=2), needs(spec(), api=2)], 0.0)
+    holder = drain(engine).dispatches[0]
+    assert holder.task.spec.resources == {"gpu": 2}
+    [both] = engine.submit([needs(spec(), api=1, gpu=1)], 0.0)
+    assert drain(engine).dispatches == []
+    engine.complete(1, holder.lease, 1.0)  # the bucket refilled at 0.5
+    [d] = drain(engine).dispatches
+    assert d.task.id == both.id
+
+
+def test_a_backlog_behind_a_token_bucket_is_woken_one_refill_at_a_time(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Each refill wakes what its tokens can serve: n tasks are queued O(n) times in all and the engine
+    asks to be ticked once per refill, not once per waiting task at every refill."""
+    engine = Engine([PoolConfig("p", retry=NO_RETRY)], resources=[TokenBucket("api", rate=10.0, burst=1.0)])
+    engine.add_worker(1, "p", 100, {}, 0.0)
+    n = 300
+    engine.submit([needs(spec(), api=1) for _ in range(n)], 0.0)
+    pushes = 0
+    push = PoolQueue.push
+
+    def counting_push(self: PoolQueue, task: Task, ready_at: float, *, requeue: bool = False) -> None:
+        nonlocal pushes
+        pushes += 1
+        push(self, task, ready_at, requeue=requeue)
+
+    monkeypatch.setattr(PoolQueue, "push", counting_push)
+    times: list[float] = []
+
+    def run_dispatched(now: float) -> None:
+        for d in drain(engine).dispatches:
+            times.append(now)
+            engine.complete(1, d.lease, now)
+
+    run_dispatched(0.0)
+    ticks = 0
+    while len(times) < n:
+        wake = engine.next_wakeup()
+        assert wake is not None and wake > times[-1]
+        engine.tick(wake)
+        ticks += 1
+        run_dispatched(wake)
+    assert times == pytest.approx([i / 10 for i in range(n)])
+    assert ticks == n - 1
+    assert pushes <= n
+
+
+def test_tokens_a_woken_task_cannot_use_go_to_a_waiting_task_of_another_pool() -> None:
+    engine = Engine(
+        [PoolConfig("p", retry=NO_RETRY), PoolConfig("q", retry=NO_RETRY)],
+        resources=[TokenBucket("api", rate=1.0, burst=1.0)],
+    )
+    engine.add_worker(1, "p", 2, {}, 0.0)
+    engine.add_worker(2, "q", 1, {}, 0.0)
+    engine.submit([needs(spec(), api=1)], 0.0)  # takes the token
+    [first] = engine.submit([needs(spec(), api=1)], 0.0)  # waits for it, best placed
+    engine.submit([spec()], 0.0)  # fills p's other slot
+    [other] = engine.submit([needs(spec("q"), api=1)], 0.0)
+    assert len(drain(engine).dispatches) == 2
+    engine.tick(1.0)  # one token: woken first, ``first`` finds p full and takes nothing
+    [d] = drain(engine).dispatches
+    assert (d.task.id, d.worker_id) == (other.id, 2)
+    assert task_of(engine, first.id).status is Status.READY

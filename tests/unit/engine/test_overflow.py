@@ -26,7 +26,7 @@ def test_wait_answers_full_so_the_server_parks_the_submission() -> None:
     engine.submit([spec(), spec()], 0.0)
     with pytest.raises(SubmitError) as err:
         engine.submit([spec(), spec()], 1.0)
-    assert (err.value.code, err.value.index) == ("full", 0)
+    assert (err.value.code, err.value.index, err.value.limit) == ("full", 0, "max_pending")
     assert engine.pending_count("p") == 2
 
 
@@ -48,7 +48,9 @@ def test_unbounded_pool_accepts_any_number() -> None:
 def test_reject_answers_overloaded() -> None:
     engine = bounded(Overflow.REJECT, 1)
     engine.submit([spec()], 0.0)
-    assert refused_code(engine, C) == "overloaded"
+    with pytest.raises(SubmitError) as err:
+        engine.submit([spec(priority=C)], 1.0)
+    assert (err.value.code, err.value.limit) == ("overloaded", "max_pending")
 
 
 def test_shed_lowest_evicts_the_newest_pending_task_of_the_lowest_class_below() -> None:

@@ -15,6 +15,7 @@ from cronoq.engine import (
     Overlap,
     PoolConfig,
     Recurring,
+    RecurringError,
     RecurringSpec,
     ScheduleChanged,
     Status,
@@ -126,18 +127,20 @@ def test_overlap_queue_on_success_skips_after_a_failure() -> None:
 
 
 @pytest.mark.parametrize(
-    ("template", "field"),
+    ("template", "field", "code"),
     [
-        ({"deps": (Dep("x"),)}, "template.deps"),
-        ({"start": 50.0}, "template.start"),
-        ({"deadline": 50.0}, "template.deadline"),
-        ({"pool": "nope"}, "template.pool"),
+        ({"deps": (Dep("x"),)}, "template.deps", "invalid"),
+        ({"start": 50.0}, "template.start", "invalid"),
+        ({"deadline": 50.0}, "template.deadline", "invalid"),
+        ({"pool": "nope"}, "template.pool", "unknown_pool"),
+        ({"resources": {"gpu": 1}}, "template.resources", "unknown_resource"),
     ],
 )
-def test_template_rules(template: dict[str, Any], field: str) -> None:
+def test_template_rules(template: dict[str, Any], field: str, code: str) -> None:
     e = make()
-    with pytest.raises(ValueError, match=f"^{field}: "):
+    with pytest.raises(RecurringError, match=f"^{field}: ") as err:
         e.add_recurring(RecurringSpec("sh", EVERY_10S, dataclasses.replace(spec(key="sh"), **template)), 0.0)
+    assert err.value.code == code
     assert e.list_recurring() == [] and occurrences(e) == []
 
 
@@ -146,8 +149,9 @@ def test_template_rules(template: dict[str, Any], field: str) -> None:
 )
 def test_bad_cron_or_zone_names_the_field(cron: str, tz: str, field: str) -> None:
     e = make()
-    with pytest.raises(ValueError, match=f"^{field}: "):
+    with pytest.raises(RecurringError, match=f"^{field}: ") as err:
         e.add_recurring(dataclasses.replace(schedule(cron), tz=tz), 0.0)
+    assert err.value.code == "invalid"
     assert e.list_recurring() == []
 
 

@@ -2,24 +2,28 @@
 
 from __future__ import annotations
 
+from fractions import Fraction
+
 import pytest
 
 from cronoq.engine import Semaphore, TokenBucket
-from cronoq.engine.resources import Resources, ResourceView
+from cronoq.engine.resources import Resources
 
 UNIX = 1_700_000_000.1  # a present-day timestamp: floats there resolve only about 0.24 us
 
 
 def dispatch_times(resources: Resources, amounts: dict[str, int], count: int, start: float) -> list[float]:
-    """Drive the resources as the engine does: take when possible, else wait until ``available_at``."""
+    """Drive the resources as the engine does: take when possible, else wait until the refill of the
+    resource the refused take names."""
     times: list[float] = []
     now = start
     while len(times) < count:
-        if resources.try_take(amounts, now):
+        short = resources.take(amounts, now)
+        if short is None:
             times.append(now)
         else:
-            wake = resources.available_at(amounts, now)
-            assert wake is not None and wake > now
+            wake = resources.refill_at(short, amounts[short], now)
+            assert wake > now
             now = wake
     return times
 
@@ -80,35 +84,33 @@ def test_invalid_configurations_are_refused(configs: list[Semaphore | TokenBucke
 
 def test_semaphore_holds_at_most_its_permits_until_released() -> None:
     resources = Resources([Semaphore("db", 3)])
-    assert resources.try_take({"db": 2}, 0.0)
-    assert not resources.try_take({"db": 2}, 0.0)
-    assert resources.try_take({"db": 1}, 0.0)
-    assert not resources.try_take({"db": 1}, 0.0)
+    assert resources.take({"db": 2}, 0.0) is None
+    assert resources.take({"db": 2}, 0.0) == "db"
+    assert resources.take({"db": 1}, 0.0) is None
+    assert resources.take({"db": 1}, 0.0) == "db"
     resources.release({"db": 2})
-    assert resources.try_take({"db": 2}, 0.0)
+    assert resources.room("db", 0.0) == 2
+    assert resources.take({"db": 2}, 0.0) is None
 
 
 def test_a_take_is_all_or_nothing() -> None:
     resources = Resources([Semaphore("db", 2), Semaphore("gpu", 1)])
-    assert resources.try_take({"gpu": 1}, 0.0)
-    assert not resources.try_take({"db": 2, "gpu": 1}, 0.0)
-    assert resources.view(0.0) == [
-        ResourceView("db", "semaphore", 2.0, 2.0),  # nothing taken from db by the refused request
-        ResourceView("gpu", "semaphore", 1.0, 0.0),
-    ]
+    assert resources.take({"gpu": 1}, 0.0) is None
+    assert resources.take({"db": 2, "gpu": 1}, 0.0) == "gpu"
+    assert resources.room("db", 0.0) == 2  # nothing taken from db by the refused request
+    assert resources.room("gpu", 0.0) == 0
 
 
 def test_a_refused_take_leaves_buckets_untouched() -> None:
     resources = Resources([TokenBucket("api", 1.0, 1.0), Semaphore("db", 1)])
-    assert resources.try_take({"db": 1}, 0.0)
-    assert not resources.try_take({"api": 1, "db": 1}, 0.0)
-    assert resources.view(0.0)[0] == ResourceView("api", "token_bucket", 1.0, 1.0)
+    assert resources.take({"db": 1}, 0.0) is None
+    assert resources.take({"api": 1, "db": 1}, 0.0) == "db"
+    assert resources.room("api", 0.0) == 1
 
 
 def test_a_request_without_resources_always_goes() -> None:
     resources = Resources([])
-    assert resources.try_take({}, 0.0)
-    assert resources.available_at({}, 5.0) == 5.0
+    assert resources.take({}, 0.0) is None
 
 
 # -------------------------------------------------------------------------------------- token buckets
@@ -119,13 +121,13 @@ def test_rate_four_burst_two_gives_two_at_once_then_one_every_quarter_second() -
     assert dispatch_times(resources, {"api": 1}, 6, 0.0) == [0.0, 0.0, 0.25, 0.5, 0.75, 1.0]
 
 
-def test_available_at_names_the_refill_time_and_not_a_moment_earlier() -> None:
+def test_refill_at_names_the_refill_time_and_not_a_moment_earlier() -> None:
     resources = Resources([TokenBucket("api", 4.0, 2.0)])
-    assert resources.try_take({"api": 2}, 10.0)
-    assert resources.available_at({"api": 1}, 10.0) == 10.25
-    assert resources.available_at({"api": 2}, 10.0) == 10.5
-    assert not resources.try_take({"api": 1}, 10.249)
-    assert resources.try_take({"api": 1}, 10.25)
+    assert resources.take({"api": 2}, 10.0) is None
+    assert resources.refill_at("api", 1, 10.0) == 10.25
+    assert resources.refill_at("api", 2, 10.0) == 10.5
+    assert resources.take({"api": 1}, 10.249) == "api"
+    assert resources.take({"api": 1}, 10.25) is None
 
 
 def test_burst_survives_float_rounding_at_unix_timestamps() -> None:
@@ -151,46 +153,50 @@ def test_refill_stops_at_burst() -> None:
 
 def test_a_dispatch_consumes_its_amount_of_tokens() -> None:
     resources = Resources([TokenBucket("api", 2.0, 3.0)])
-    assert resources.try_take({"api": 3}, 0.0)
-    assert resources.available_at({"api": 3}, 0.0) == 1.5
-    assert resources.view(1.0) == [ResourceView("api", "token_bucket", 3.0, 2.0)]
+    assert resources.take({"api": 3}, 0.0) is None
+    assert resources.refill_at("api", 3, 0.0) == 1.5
+    assert resources.room("api", 1.0) == 2
 
 
 def test_release_does_not_give_tokens_back() -> None:
     resources = Resources([TokenBucket("api", 1.0, 1.0)])
-    assert resources.try_take({"api": 1}, 0.0)
+    assert resources.take({"api": 1}, 0.0) is None
     resources.release({"api": 1})
-    assert not resources.try_take({"api": 1}, 0.5)
+    assert resources.take({"api": 1}, 0.5) == "api"
+
+
+def test_refill_at_is_now_once_the_tokens_are_there() -> None:
+    resources = Resources([TokenBucket("api", 1.0, 1.0)])
+    assert resources.refill_at("api", 1, 3.0) == 3.0  # full since for ever
+    assert resources.take({"api": 1}, 3.0) is None
+    assert resources.refill_at("api", 1, 5.0) == 5.0  # refilled at 4.0
 
 
 # ------------------------------------------------------------------------------------ mixed requests
 
 
-def test_available_at_is_none_while_a_semaphore_is_short() -> None:
-    resources = Resources([Semaphore("db", 1), TokenBucket("api", 1.0, 1.0)])
-    assert resources.try_take({"db": 1, "api": 1}, 0.0)
-    assert resources.available_at({"db": 1, "api": 1}, 0.0) is None  # only a release helps
+def test_a_short_semaphore_is_named_before_a_short_bucket() -> None:
+    # Only a release helps a semaphore, and a release wakes its waiters; a task parked on the bucket
+    # would wait for a refill that finds the semaphore still short, and no release would wake it.
+    resources = Resources([TokenBucket("api", 1.0, 1.0), Semaphore("db", 1)])
+    assert resources.take({"api": 1, "db": 1}, 0.0) is None
+    assert resources.take({"api": 1, "db": 1}, 0.0) == "db"
     resources.release({"db": 1})
-    assert resources.available_at({"db": 1, "api": 1}, 0.0) == 1.0
+    assert resources.take({"api": 1, "db": 1}, 0.0) == "api"
+    assert resources.refill_at("api", 1, 0.0) == 1.0
 
 
-def test_available_at_waits_for_the_scarcest_bucket() -> None:
+def test_the_bucket_that_refills_last_is_named() -> None:
     resources = Resources([TokenBucket("fast", 10.0, 1.0), TokenBucket("slow", 0.5, 1.0)])
-    assert resources.try_take({"fast": 1, "slow": 1}, 0.0)
-    assert resources.available_at({"fast": 1, "slow": 1}, 0.0) == 2.0
-    assert resources.available_at({"fast": 1}, 0.0) == 0.1
+    assert resources.take({"fast": 1, "slow": 1}, 0.0) is None
+    assert resources.take({"fast": 1, "slow": 1}, 0.0) == "slow"
+    assert resources.refill_at("slow", 1, 0.0) == 2.0
+    assert resources.take({"fast": 1, "slow": 1}, 1.0) == "slow"  # fast has refilled by then
+    assert resources.refill_at("fast", 1, 0.0) == 0.1
 
 
-def test_available_at_is_now_when_everything_is_there() -> None:
-    resources = Resources([Semaphore("db", 1), TokenBucket("api", 1.0, 1.0)])
-    assert resources.try_take({"api": 1}, 0.0)
-    assert resources.available_at({"db": 1, "api": 1}, 3.0) == 3.0
-
-
-def test_view_lists_resources_in_configuration_order() -> None:
+def test_refills_tells_buckets_from_semaphores() -> None:
     resources = Resources([TokenBucket("api", 4.0, 2.0), Semaphore("db", 3)])
-    assert resources.try_take({"api": 2, "db": 1}, 0.0)
-    assert resources.view(0.125) == [
-        ResourceView("api", "token_bucket", 2.0, 0.5),
-        ResourceView("db", "semaphore", 3.0, 2.0),
-    ]
+    assert resources.refills("api") and not resources.refills("db")
+    assert resources.take({"api": 2, "db": 1}, 0.0) is None
+    assert (resources.room("api", 0.125), resources.room("db", 0.125)) == (Fraction(1, 2), Fraction(2))

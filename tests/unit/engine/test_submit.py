@@ -110,7 +110,7 @@ def test_global_bound_on_pending_tasks_is_overloaded() -> None:
     engine.submit([spec("a"), spec("b")], 0.0)
     with pytest.raises(SubmitError) as err:
         engine.submit([spec("a"), spec("b")], 0.0)
-    assert (err.value.code, err.value.index) == ("overloaded", 1)
+    assert (err.value.code, err.value.index, err.value.limit) == ("overloaded", 1, "max_pending_total")
     assert engine.pending_count("a") + engine.pending_count("b") == 2
     engine.submit([spec("b")], 0.0)
 
