@@ -221,6 +221,49 @@ def row_of(task: Task) -> Row:
     return (*(columns[c] for c in SPEC_COLUMNS), *state_of(task))
 
 
+class LiveRows:
+    """The ids of live tasks that have a row in the store (recovered, or written by a commit of this
+    leadership), so that a commit writes their changes as state updates instead of rebinding the whole
+    spec and payload (``row_of`` is most of a row's cost; a task is written about three times).
+
+    A new leadership knows no rows until ``recover`` says which exist: until then every task is written
+    whole, which an upsert accepts whether or not its row exists.
+    """
+
+    __slots__ = ("_ids",)
+
+    def __init__(self) -> None:
+        self._ids: set[int] = set()
+
+    def reset(self, tasks: Iterable[Task] = ()) -> None:
+        """Start over knowing the rows of ``tasks`` (those recovered): the live ones."""
+        self._ids = {task.id for task in tasks if not task.status.terminal}
+
+    def split(self, tasks: Sequence[Task], *, one_statement: bool) -> tuple[list[Task], list[Task]]:
+        """``tasks`` (of one commit, each once) as (those whose row gets a state update, those written
+        whole). A store that writes every row in ``one_statement`` cannot order its updates before its
+        inserts, so there a task whose key a new row of the commit reuses is written whole too: both
+        are then written in id order, and the key is never held by two live rows at once."""
+        ids = self._ids
+        known = [task for task in tasks if task.id in ids]
+        whole = [task for task in tasks if task.id not in ids]
+        if one_statement and known and whole:
+            reused = {task.spec.key for task in whole if task.spec.key}
+            if reused:
+                whole += [task for task in known if task.spec.key in reused]
+                known = [task for task in known if task.spec.key not in reused]
+        return known, whole
+
+    def committed(self, tasks: Iterable[Task]) -> None:
+        """``tasks`` were written: the live ones have a row now, finished ones are no longer live."""
+        ids = self._ids
+        for task in tasks:
+            if task.status.terminal:
+                ids.discard(task.id)
+            else:
+                ids.add(task.id)
+
+
 def task_from_row(row: Row) -> Task:
     """Rebuild a task from a row in COLUMNS order. Raises ValueError when the row does not decode."""
     if len(row) != len(COLUMNS):

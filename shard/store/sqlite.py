@@ -36,6 +36,7 @@ from .rows import (
     SELECT_COLUMNS,
     SELECT_SCHEDULE_COLUMNS,
     STATE_COLUMNS,
+    LiveRows,
     Row,
     columns_added_in_v2,
     dep_targets,
@@ -188,9 +189,7 @@ class SqliteStore:
         self._executor: ThreadPoolExecutor | None = ThreadPoolExecutor(1, thread_name_prefix="cronoq-sqlite")
         self._conn: sqlite3.Connection | None = None  # used on the executor's thread only
         self._leadership: Leadership | None = None
-        # Ids of live tasks that have a row (recovered, or written by a commit of this leadership): their
-        # changes are written as state updates, without rebinding the spec and payload each time.
-        self._live_rows: set[int] = set()
+        self._live_rows = LiveRows()
         self._keeper: asyncio.Task[None] | None = None
 
     @property
@@ -216,7 +215,7 @@ class SqliteStore:
                 break
             await asyncio.sleep(self._lock_poll)
         await self._stop_keeper()
-        self._live_rows = set()  # until recover() says which rows hold live tasks: full rows only
+        self._live_rows.reset()
         leadership = self._leadership = Leadership(epoch)
         self._keeper = asyncio.create_task(self._keep_lease(leadership, started + self._lease_ttl))
         log.info("acquired cronoq leadership", epoch=epoch, holder=self._holder, path=self._path)
@@ -224,7 +223,7 @@ class SqliteStore:
 
     async def recover(self, finished_since: float) -> Recovered:
         recovered, quarantined, undecodable = await self._run(lambda: self._recover(ns(finished_since)))
-        self._live_rows = {task.id for task in recovered.tasks if not task.status.terminal}
+        self._live_rows.reset(recovered.tasks)
         for task_id, error in quarantined:
             log.error("task_row_quarantined", task_id=task_id, error=error, path=self._path)
         for name, error in undecodable:
@@ -241,13 +240,9 @@ class SqliteStore:
             # them becomes live, and those that finish free their keys); then new rows are inserted,
             # finished ones first: a task that ends and a new one that reuses its key can share a
             # batch, and the live-key index is checked row by row.
-            live_rows = self._live_rows
-            updates = [(*state_of(task), task.id) for task in batch.tasks if task.id in live_rows]
-            rows = [
-                row_of(task)
-                for task in sorted(batch.tasks, key=lambda task: not task.status.terminal)
-                if task.id not in live_rows
-            ]
+            known, whole = self._live_rows.split(batch.tasks, one_statement=False)
+            updates = [(*state_of(task), task.id) for task in known]
+            rows = [row_of(task) for task in sorted(whole, key=lambda task: not task.status.terminal)]
             outputs = [
                 (bytes(output), output_type, task_id) for task_id, output, output_type in batch.outputs
             ]
@@ -255,11 +250,7 @@ class SqliteStore:
             await self._run(
                 lambda: self._commit(updates, rows, outputs, schedules, batch.max_id, leadership.epoch)
             )
-            for task in batch.tasks:
-                if task.status.terminal:
-                    live_rows.discard(task.id)
-                else:
-                    live_rows.add(task.id)
+            self._live_rows.committed(batch.tasks)
         except Fenced as err:
             leadership.lose(str(err))
             self._leadership = None

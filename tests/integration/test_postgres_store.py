@@ -474,3 +474,41 @@ async def test_schemas_lead_independently(open_store: OpenStore, admin: Admin, p
     assert await lock_holder(admin, pg_schema) != await lock_holder(admin, f"{pg_schema}_b")
     await one.commit(Batch([task(1)], [], max_id=1))
     assert await other.fetch(1) is None
+
+
+@pytest.mark.parametrize("status", list(Status))
+async def test_a_state_update_sets_the_terminal_flag_from_the_status(
+    open_store: OpenStore, admin: Admin, pg_schema: str, status: Status
+) -> None:
+    # The row is this leadership's, so the change goes through the state update, which derives the
+    # flag that recovery, pruning and the live-key index read.
+    store = await open_store()
+    await store.acquire()
+    await store.recover(0.0)
+    await store.commit(Batch([task(1, key="k")], [], max_id=1))
+    changed = replace(task(1, key="k"), status=status, attempt=1, finished=NOW if status.terminal else None)
+    await store.commit(Batch([changed], [], max_id=1))
+    assert await rows(admin, "SELECT status, terminal FROM {s}.cronoq_tasks", pg_schema) == [
+        (int(status), status.terminal)
+    ]
+
+
+async def test_pool_connections_find_rows_by_index_even_in_a_small_table(
+    open_store: OpenStore, admin: Admin, pg_schema: str
+) -> None:
+    """The commit statement is prepared, and after a few runs planned once for all while the table is
+    still small: a join of the updated rows with a scan of the whole table is the cheapest plan then,
+    and it stays while the table grows (measured: commits of 26 updates took 6.5 ms instead of 3 ms at
+    12,000 rows). Pool connections rule sequential scans out."""
+    store = await open_store()
+    await store.acquire()
+    await store.recover(0.0)
+    await store.commit(Batch([task(i) for i in range(1, 51)], [], max_id=50))
+    join = sql.SQL(
+        "EXPLAIN SELECT t.status FROM {s}.cronoq_tasks t JOIN unnest('{{1,2,3}}'::bigint[]) AS u(id) ON t.id = u.id"
+    ).format(s=sql.Identifier(pg_schema))
+    plan = " ".join(row[0] for row in await (await admin.execute(join)).fetchall())
+    assert "Seq Scan on cronoq_tasks" in plan  # what a connection with the defaults would do
+    async with store._require_pool().connection() as conn:
+        plan = " ".join(row[0] for row in await (await conn.execute(join)).fetchall())
+    assert "Seq Scan on cronoq_tasks" not in plan and "cronoq_tasks_pkey" in plan
