@@ -10,8 +10,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -19,6 +17,8 @@ import grpc
 
 from cronoq.v1 import cronoq_pb2 as pb
 from cronoq.v1 import cronoq_pb2_grpc as pbg
+
+from .rawgrpc import free_port, serve, spawn
 
 
 def process_cpu_s(pid: int) -> float:
@@ -49,12 +49,7 @@ class _Echo(pbg.WorkersServicer):  # type: ignore[misc]
 
 
 async def _serve(port: int, n: int, window: int) -> None:
-    server = grpc.aio.server()
-    pbg.add_WorkersServicer_to_server(_Echo(n, window), server)
-    server.add_insecure_port(f"127.0.0.1:{port}")
-    await server.start()
-    print("ready", flush=True)
-    await server.wait_for_termination()
+    await serve(port, lambda server: pbg.add_WorkersServicer_to_server(_Echo(n, window), server))
 
 
 async def _client(port: int, n: int) -> float:
@@ -80,26 +75,9 @@ async def _client(port: int, n: int) -> float:
 def run(n: int = 20_000, window: int = 64) -> tuple[float, float]:
     """Round trips per second between two processes on this machine, and the CPU microseconds the
     serving process spent per round trip (the price of the transport alone, on each side)."""
-    with __import__("socket").socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    server = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "bench.grpc_ceiling",
-            "--serve",
-            str(port),
-            "--n",
-            str(n),
-            "--window",
-            str(window),
-        ],
-        stdout=subprocess.PIPE,
-        text=True,
-    )
+    port = free_port()
+    server = spawn("bench.grpc_ceiling", "--serve", str(port), "--n", str(n), "--window", str(window))
     try:
-        assert server.stdout is not None and server.stdout.readline().strip() == "ready"
         before = process_cpu_s(server.pid)
         rate = asyncio.run(_client(port, n))
         return rate, (process_cpu_s(server.pid) - before) / n * 1e6

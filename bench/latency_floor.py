@@ -11,15 +11,14 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import socket
-import subprocess
-import sys
 import time
 
 import grpc
 
 from cronoq.v1 import cronoq_pb2 as pb
 from cronoq.v1 import cronoq_pb2_grpc as pbg
+
+from .rawgrpc import free_port, serve, spawn
 
 
 class _Relay(pbg.TasksServicer, pbg.WorkersServicer):  # type: ignore[misc]
@@ -40,14 +39,13 @@ class _Relay(pbg.TasksServicer, pbg.WorkersServicer):  # type: ignore[misc]
 
 
 async def _serve(port: int) -> None:
-    server = grpc.aio.server()
     relay = _Relay()
-    pbg.add_TasksServicer_to_server(relay, server)
-    pbg.add_WorkersServicer_to_server(relay, server)
-    server.add_insecure_port(f"127.0.0.1:{port}")
-    await server.start()
-    print("ready", flush=True)
-    await server.wait_for_termination()
+
+    def register(server: grpc.aio.Server) -> None:
+        pbg.add_TasksServicer_to_server(relay, server)
+        pbg.add_WorkersServicer_to_server(relay, server)
+
+    await serve(port, register)
 
 
 async def _work(port: int, n: int) -> None:
@@ -73,26 +71,13 @@ async def _produce(port: int, n: int, rate: float) -> None:
             await stub.Submit(pb.SubmitRequest(task=pb.TaskSpec(payload=str(time.time_ns()).encode())))
 
 
-def _spawn(*args: str) -> subprocess.Popen[str]:
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "bench.latency_floor", *args], stdout=subprocess.PIPE, text=True
-    )
-    assert proc.stdout is not None
-    if proc.stdout.readline().strip() != "ready":
-        proc.kill()
-        raise RuntimeError(f"bench.latency_floor {args[0]} did not start")
-    return proc
-
-
 def run(rate: float = 200.0, seconds: float = 10.0) -> list[float]:
     """Submit→start latencies in seconds, one per task, at ``rate`` tasks/s for ``seconds``."""
     n = int(rate * seconds)
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    server = _spawn("--serve", str(port))
+    port = free_port()
+    server = spawn("bench.latency_floor", "--serve", str(port))
     try:
-        worker = _spawn("--work", str(port), "--n", str(n))
+        worker = spawn("bench.latency_floor", "--work", str(port), "--n", str(n))
         try:
             asyncio.run(_produce(port, n, rate))
             out, _ = worker.communicate(timeout=60)

@@ -9,9 +9,9 @@ import sys
 
 from cronoq import __version__
 from cronoq.config import Config, ConfigError, load_config
+from cronoq.hosts import is_loopback_name
 from cronoq.logs import configure, get_logger
 from cronoq.process import serve_until_signalled
-from cronoq.transport import is_loopback_name
 
 log = get_logger("cronoq.router")
 

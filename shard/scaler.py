@@ -23,8 +23,8 @@ from urllib.parse import urlsplit, urlunsplit
 import aiohttp
 
 from cronoq.config.model import WebhookScaler
+from cronoq.hosts import is_loopback_name
 from cronoq.logs import get_logger
-from cronoq.transport import is_loopback_name
 
 log = get_logger("cronoq.scaler")
 REQUEST_TIMEOUT_S = 10.0

@@ -20,6 +20,7 @@ import grpc
 from cronoq.auth import Principal
 from cronoq.client._connect import Endpoint, api_error, open_channel
 from cronoq.errors import ApiError, FailedPrecondition, Unavailable
+from cronoq.hosts import is_loopback_name
 from cronoq.prometheus import Writer, labelled
 from cronoq.shards import Shard, ShardMap
 from cronoq.transport import (
@@ -27,7 +28,6 @@ from cronoq.transport import (
     OUTPUT_TYPE_KEY,
     SHARD_ENDPOINT_KEY,
     SHARD_KEY,
-    is_loopback_name,
     metadata_value,
 )
 from cronoq.v1 import cronoq_pb2_grpc as pbg

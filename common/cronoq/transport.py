@@ -6,8 +6,6 @@ The SDK does the reverse (``cronoq.client._connect.api_error``).
 
 from __future__ import annotations
 
-import ipaddress
-
 import grpc
 
 from cronoq.errors import ApiError
@@ -44,14 +42,3 @@ def metadata_value(metadata: object, wanted: str) -> str | None:
         if key == wanted:
             return value if isinstance(value, str) else bytes(value).decode("latin-1")
     return None
-
-
-def is_loopback_name(host: str) -> bool:
-    """``localhost`` or a loopback IP address (no port, no brackets): a host whose traffic never leaves
-    this machine, so a token sent to it in the clear is not exposed."""
-    if host.lower() == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False

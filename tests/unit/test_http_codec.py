@@ -12,8 +12,8 @@ import pytest
 from multidict import MultiDict
 
 from cronoq.api import http_codec as codec
-from cronoq.api.http_api import is_loopback_host
 from cronoq.errors import InvalidArgument
+from cronoq.hosts import is_loopback_host_header
 from cronoq.v1 import cronoq_pb2 as pb
 
 
@@ -319,6 +319,7 @@ def test_responses_are_valid_json_even_for_unpaired_surrogates() -> None:
         ("[::1]:7071", True),
         ("::1", False),
         ("[127.0.0.1]", False),
+        ("[localhost]", False),
         ("localhost.evil.example", False),
         ("evil.example", False),
         ("10.0.0.1:7071", False),
@@ -329,4 +330,4 @@ def test_responses_are_valid_json_even_for_unpaired_surrogates() -> None:
     ],
 )
 def test_loopback_host_names(host: str | None, loopback: bool) -> None:
-    assert is_loopback_host(host) is loopback
+    assert is_loopback_host_header(host) is loopback

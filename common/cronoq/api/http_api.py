@@ -12,8 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import ipaddress
-import re
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 
 from aiohttp import hdrs, web
@@ -29,6 +27,7 @@ from cronoq.errors import (
     Unauthenticated,
     Unavailable,
 )
+from cronoq.hosts import is_loopback_host_header
 from cronoq.limits import LimitHits
 from cronoq.logs import get_logger
 from cronoq.prometheus import CONTENT_TYPE as PROMETHEUS_CONTENT_TYPE
@@ -102,26 +101,8 @@ def _json(body: object, status: int = 200) -> web.Response:
     return web.Response(text=codec.dump_json(body), status=status, content_type=codec.JSON_TYPE)
 
 
-_HOST = re.compile(r"(?:\[(?P<v6>[^\]]+)\]|(?P<name>[^:\[\]]+))(?::[0-9]{1,5})?")
-
-
 def _prometheus(render: Callable[[], str]) -> web.Response:
     return web.Response(body=render().encode(), headers={hdrs.CONTENT_TYPE: PROMETHEUS_TYPE})
-
-
-def is_loopback_host(host: str | None) -> bool:
-    """``localhost``, ``127.0.0.0/8`` or ``[::1]``, each with an optional port."""
-    match = _HOST.fullmatch(host or "")
-    if match is None:
-        return False
-    name = (match["v6"] or match["name"]).lower()
-    if name == "localhost":
-        return True
-    try:
-        address = ipaddress.ip_address(name)
-    except ValueError:
-        return False
-    return address.is_loopback and (address.version == 6) == bool(match["v6"])
 
 
 def _middleware(loopback_only_guard: bool, require_client_cert: bool = False) -> Middleware:
@@ -135,7 +116,7 @@ def _middleware(loopback_only_guard: bool, require_client_cert: bool = False) ->
                         "a client certificate signed by the server's client CA is required (mTLS)"
                     )
             host = request.headers.get(hdrs.HOST)
-            if loopback_only_guard and request.path not in PROBES and not is_loopback_host(host):
+            if loopback_only_guard and request.path not in PROBES and not is_loopback_host_header(host):
                 raise PermissionDenied(
                     f"Host {host!r} is not a loopback name: without credentials configured this server "
                     "answers only requests addressed to localhost, 127.0.0.1 or [::1]"
@@ -439,4 +420,4 @@ def build_metrics_app(service: RequestHandler, metrics: Callable[[], str]) -> we
     return app
 
 
-__all__ = ["PROMETHEUS_TYPE", "build_http_app", "build_metrics_app", "is_loopback_host"]
+__all__ = ["PROMETHEUS_TYPE", "build_http_app", "build_metrics_app"]

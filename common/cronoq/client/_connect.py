@@ -14,7 +14,8 @@ from urllib.parse import urlsplit
 import grpc
 
 from cronoq.errors import ApiError, FailedPrecondition, error_for
-from cronoq.transport import SHARD_ENDPOINT_KEY, is_loopback_name
+from cronoq.hosts import is_loopback_name
+from cronoq.transport import SHARD_ENDPOINT_KEY
 
 ChannelOptions = Sequence[tuple[str, Any]]
 Metadata = tuple[tuple[str, str], ...]

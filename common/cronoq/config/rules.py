@@ -14,6 +14,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
+from cronoq.hosts import is_loopback_name
+
 from .problems import show
 
 YEAR_S = 365 * 86_400  # the longest duration accepted anywhere in the file, as in the reference server
@@ -96,17 +98,7 @@ def check_address(value: str) -> str | None:
 
 def is_loopback(address: str) -> bool:
     """Whether a listener address only accepts connections from this host (no credentials needed)."""
-    return is_loopback_host(address.rpartition(":")[0].strip("[]"))
-
-
-def is_loopback_host(host: str) -> bool:
-    """Whether a host name or IP address (no port, no brackets) is this host."""
-    if host.lower() == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False  # a host name other than localhost may resolve to anything
+    return is_loopback_name(address.rpartition(":")[0].strip("[]"))
 
 
 def check_http_url(value: str) -> str | None:

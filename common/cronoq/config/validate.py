@@ -16,6 +16,8 @@ from dataclasses import fields, is_dataclass, replace
 from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
+from cronoq.hosts import is_loopback_name
+
 from .model import (
     DEFAULT_URL_ENV,
     AuthSection,
@@ -36,7 +38,6 @@ from .rules import (
     check_schema_name,
     check_token,
     is_loopback,
-    is_loopback_host,
 )
 
 if TYPE_CHECKING:
@@ -306,7 +307,7 @@ def _resolve_scaler(index: int, pool: PoolSection, env: Mapping[str, str], probl
     url_key = f"pools[{index}].scaler.url"
     if not problems.failed(url_key):
         parts = urlsplit(scaler.url)
-        if parts.scheme == "http" and not is_loopback_host(parts.hostname or ""):
+        if parts.scheme == "http" and not is_loopback_name(parts.hostname or ""):
             problems.add(
                 url_key,
                 f"plain http to {show(parts.hostname or '')} would send the desired capacity (and the "
