@@ -26,7 +26,7 @@ from cronoq.engine import (
     SubmitError,
     TaskSpec,
 )
-from cronoq.engine.model import PENDING
+from cronoq.engine.model import PENDING, Task
 
 S = Status
 NEXT: dict[Status, set[Status]] = {
@@ -276,6 +276,26 @@ class EngineMachine(RuleBasedStateMachine):
         for pool in snap.pools:
             assert sum(g.busy for g in pool.groups) == pool.busy
             assert sum(g.capacity for g in pool.groups) == pool.capacity
+
+    @invariant()
+    def no_ready_task_waits_beside_a_free_worker(self) -> None:
+        """Every input ends with a dispatch of whatever it made runnable, in any pool: a READY task
+        never waits while a worker of its pool, whose labels include its own, has a free slot."""
+        free = [v for v in self.engine.workers() if v.busy < v.slots]
+        for task_id, status in self.status.items():
+            if status is not S.READY:
+                continue
+            task = self.engine.get(task_id)
+            assert task is not None
+            if self.may_wait(task):
+                continue
+            wanted = task.spec.labels.items()
+            idle = [v.id for v in free if v.pool == task.spec.pool and wanted <= v.labels.items()]
+            assert not idle, f"task {task_id} waits while workers {idle} have a free slot"
+
+    def may_wait(self, task: Task) -> bool:
+        """Whether a READY task may wait beside a free worker for a reason of its own (none here)."""
+        return False
 
     def priority(self, task_id: int, pool: str) -> int | None:
         task = self.engine.get(task_id)

@@ -28,6 +28,7 @@ from cronoq.engine import (
     Semaphore,
     Status,
     SubmitError,
+    Task,
     TaskSpec,
     TokenBucket,
     UnknownDependency,
@@ -75,6 +76,11 @@ class FeatureMachine(EngineMachine):
     def __init__(self) -> None:
         super().__init__()
         self.engine = Engine(POOLS, rng=random.Random(0), resources=RESOURCES)
+
+    def may_wait(self, task: Task) -> bool:
+        # It may wait for a permit or tokens; and a slot held for a fixed start looks free.
+        held = any(p.held for p in self.engine.snapshot(self.now).pools if p.name == task.spec.pool)
+        return bool(task.spec.resources) or held
 
     @rule(
         pool=st.sampled_from(["a", "b"]),
