@@ -741,6 +741,12 @@ class PostgresStore:
                         await conn.execute(self._q.schedule, schedules)
                         await conn.execute(self._q.unschedule, schedules)
             if row is not None and row[0] is not None:
+                known = len(params["state_id"])
+                if row[3] != known:  # not a race: only this leader writes, so rows went behind its back
+                    raise StoreError(
+                        f"{known - row[3]} of the {known} task rows this leader updated are missing from "
+                        f"{self._schema}.cronoq_tasks (deleted by hand?); the commit wrote everything else"
+                    )
                 return int(row[0])
             row = await (await conn.execute(self._q.read_epoch)).fetchone()
         epoch = int(row[0]) if row else -1
@@ -753,6 +759,7 @@ class PostgresStore:
         try:
             async with pool.connection() as conn, conn.transaction():
                 await conn.execute("SET LOCAL statement_timeout = 0")  # proportional to the data kept
+                await conn.execute("SET LOCAL enable_seqscan = on")  # it may read most of the table
                 cur = conn.cursor(binary=True)
                 since = ns(finished_since)
                 await cur.execute(self._q.recover, (since,))

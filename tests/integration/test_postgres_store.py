@@ -512,3 +512,19 @@ async def test_pool_connections_find_rows_by_index_even_in_a_small_table(
     async with store._require_pool().connection() as conn:
         plan = " ".join(row[0] for row in await (await conn.execute(join)).fetchall())
     assert "Seq Scan on cronoq_tasks" not in plan and "cronoq_tasks_pkey" in plan
+
+
+async def test_a_state_update_of_a_row_deleted_by_hand_is_a_store_error(
+    open_store: OpenStore, admin: Admin, pg_schema: str
+) -> None:
+    store = await open_store()
+    await store.acquire()
+    await store.recover(0.0)
+    await store.commit(Batch([task(1), task(2)], [], max_id=2))
+    await rows(admin, "DELETE FROM {s}.cronoq_tasks WHERE id = 1", pg_schema)
+    running = [replace(task(i), status=Status.RUNNING, attempt=1, started=NOW) for i in (1, 2)]
+    with pytest.raises(StoreError, match="1 of the 2 task rows this leader updated are missing"):
+        await store.commit(Batch(running, [], max_id=2))
+    assert await rows(admin, "SELECT id, status FROM {s}.cronoq_tasks", pg_schema) == [
+        (2, int(Status.RUNNING))
+    ]

@@ -132,6 +132,10 @@ class Engine:
         # for (None: none armed). One timer serves every waiter of every bucket; a backlog behind a rate
         # limit would otherwise hold a timer per task and wake them all at each refill.
         self._refill_wake: float | None = None
+        # Resources whose last wake-up woke someone: a woken task that finds no worker takes nothing, so
+        # the room it was woken for goes to the next waiters (maybe of another pool) once the input's
+        # dispatch is done.
+        self._rewoken: set[str] = set()
         # Pools that may have work to dispatch, found in the middle of an input (a task made READY by a
         # cascade, a fixed start, a wake-up): every input dispatches them once it is whole, never before.
         self._dirty: dict[str, PoolState] = {}
@@ -555,6 +559,10 @@ class Engine:
         timers = self._timers
         while (entry := timers.peek()) is not None and entry[0] <= now:
             timers.pop()
+            if self._dirty and entry[2] is TimerKind.FIXED_MISS:
+                # A start due in this same tick may have found its slot freed earlier in it: run it
+                # before the miss is judged.
+                self._dispatch_dirty(None, now)
             due = self._due(entry)
             if due is None:
                 continue
@@ -664,36 +672,39 @@ class Engine:
 
     # --------------------------------------------------------------------------------- internals
 
-    def _dispatch(self, pool: PoolState, now: float) -> None:
+    def _dispatch(self, pool: PoolState, now: float, nested: bool = False) -> None:
         """Lease READY tasks to free compatible workers, best score first, until one side runs out.
         Fixed starts waiting for a held slot are served first; a task whose resources are taken is
-        parked and the next best goes instead."""
+        parked and the next best goes instead. At the end of an input (not ``nested``) the pools it
+        marked dirty are dispatched first, and resources its woken tasks left unused are settled."""
         if self._dirty:
             self._dispatch_dirty(pool, now)
         queue = pool.queue
         workers = pool.workers
-        if not workers.free:
-            return
-        if pool.hold_wanted:
+        if workers.free and pool.hold_wanted:
             self._serve_holds(pool)
-        if not (workers.free and queue.ready):
-            return
-        started = 0
-        bucket = pool.stats.bucket(now)
-        while workers.free and queue.ready:  # usually one task: an outcome freed one slot
-            best = queue.pop_best(now, workers.has_free)
-            if best is None:
-                break
-            task, required, inverted, ready_at = best
-            if task.spec.resources and (short := self._resources.take(task.spec.resources, now)) is not None:
-                self._park(task, short, ready_at, now)
-                continue
-            worker = workers.take(required)
-            assert worker is not None, "pop_best offers only lanes with a free compatible worker"
-            self._run(pool, task, worker, ready_at, inverted, now, bucket)
-            started += 1
-        self._pending_total -= started
-        self._totals.dispatched += started
+        if workers.free and queue.ready:
+            started = 0
+            bucket = pool.stats.bucket(now)
+            while workers.free and queue.ready:  # usually one task: an outcome freed one slot
+                best = queue.pop_best(now, workers.has_free)
+                if best is None:
+                    break
+                task, required, inverted, ready_at = best
+                if (
+                    task.spec.resources
+                    and (short := self._resources.take(task.spec.resources, now)) is not None
+                ):
+                    self._park(task, short, ready_at, now)
+                    continue
+                worker = workers.take(required)
+                assert worker is not None, "pop_best offers only lanes with a free compatible worker"
+                self._run(pool, task, worker, ready_at, inverted, now, bucket)
+                started += 1
+            self._pending_total -= started
+            self._totals.dispatched += started
+        if self._rewoken and not nested:
+            self._settle(now)
 
     def _dispatch_dirty(self, current: PoolState | None, now: float) -> None:
         """Dispatch the pools marked dirty during the input that just ended, except ``current``, which
@@ -702,7 +713,17 @@ class Engine:
         self._dirty = {}
         for pool in dirty.values():
             if pool is not current:
-                self._dispatch(pool, now)
+                self._dispatch(pool, now, nested=True)
+
+    def _settle(self, now: float) -> None:
+        """After an input's dispatch: units that woken tasks left unused (they found no free worker,
+        or another resource short) go to the next waiters, until a wake-up wakes nobody. Each round
+        takes at least one task out of the waiting heaps, so this ends."""
+        while self._rewoken:
+            names, self._rewoken = self._rewoken, set()
+            for name in names:
+                self._wake(name, now)
+            self._dispatch_dirty(None, now)
 
     def _run(
         self,
@@ -1237,27 +1258,18 @@ class Engine:
             self._arm(due, TimerKind.RESOURCE_WAKE, 0)
 
     def _rearm_refills(self, now: float) -> None:
-        """At the end of a tick (after a refill wake-up and its dispatch): arm the wake-up for the next
-        refill any parked task waits for. A bucket that already holds enough for one of its waiters (its woken tasks found no
-        worker, so took nothing) wakes them now, until either none fits or none is left, so the timer is
-        never armed in the past, which would spin."""
+        """At the end of a tick (after a refill wake-up, its dispatch and settling): arm the wake-up for
+        the next refill any parked task waits for. Settling has woken every waiter the tokens there
+        could serve, so that refill is in the future: a timer armed in the past would spin."""
         resources = self._resources
-        while True:
-            due: float | None = None
-            for name, by_amount in self._parked_on.items():
-                if resources.refills(name):
-                    at = resources.refill_at(name, min(by_amount), now)
-                    if due is None or at < due:
-                        due = at
-            if due is None:
-                return
-            if due > now:
-                self._arm_refill(due)
-                return
-            for name in list(self._parked_on):
-                if resources.refills(name):
-                    self._wake(name, now)
-            self._dispatch_dirty(None, now)
+        due: float | None = None
+        for name, by_amount in self._parked_on.items():
+            if resources.refills(name):
+                at = resources.refill_at(name, min(by_amount), now)
+                if due is None or at < due:
+                    due = at
+        if due is not None and due > now:
+            self._arm_refill(due)
 
     def _wake(self, name: str, now: float) -> None:
         """Put the parked tasks waiting for resource ``name`` back in their queues at their original
@@ -1287,6 +1299,7 @@ class Engine:
             pool = self._pools[task.spec.pool]
             pool.queue.push(task, ready_at, requeue=True)
             self._dirty[pool.name] = pool
+            self._rewoken.add(name)
         for amount in [a for a, waiting in by_amount.items() if not waiting]:
             del by_amount[amount]
         if not by_amount:

@@ -285,3 +285,20 @@ def test_tokens_a_woken_task_cannot_use_go_to_a_waiting_task_of_another_pool() -
     [d] = drain(engine).dispatches
     assert (d.task.id, d.worker_id) == (other.id, 2)
     assert task_of(engine, first.id).status is Status.READY
+
+
+def test_a_permit_a_woken_task_cannot_use_goes_to_a_waiting_task_of_another_pool() -> None:
+    engine = Engine(
+        [PoolConfig("a", retry=NO_RETRY), PoolConfig("b", retry=NO_RETRY)], resources=[Semaphore("gpu", 1)]
+    )
+    engine.add_worker(1, "a", 1, {}, 0.0)
+    engine.add_worker(2, "b", 2, {}, 0.0)
+    [holder] = engine.submit([needs(spec("b"), gpu=1)], 0.0)
+    [first] = engine.submit([needs(spec("a"), gpu=1)], 0.0)  # waits for the permit, best placed
+    [other] = engine.submit([needs(spec("b"), gpu=1)], 0.0)
+    engine.submit([spec("a")], 0.0)  # fills a's only slot
+    lease = {d.task.id: d.lease for d in drain(engine).dispatches}
+    engine.complete(2, lease[holder.id], 1.0)  # woken first, ``first`` finds a full and takes nothing
+    [d] = drain(engine).dispatches
+    assert (d.task.id, d.worker_id) == (other.id, 2)
+    assert task_of(engine, first.id).status is Status.READY

@@ -152,6 +152,19 @@ def test_on_miss_skip_misses_at_exactly_start_plus_tolerance() -> None:
     assert snap.totals.missed == 1 and snap.pending == 0 and snap.pools[0].reservations == 0
 
 
+def test_a_start_whose_slot_frees_in_the_tick_that_would_miss_it_runs() -> None:
+    # The only slot is busy when the worker would be held; at the start (zero tolerance) the busy
+    # attempt times out in the same tick: the start runs, it is not judged missed first.
+    e = engine()
+    e.add_worker(1, "p", 1, {}, 0.0)
+    [busy] = e.submit([dataclasses.replace(spec(), timeout=10.0)], 0.0)
+    [t] = e.submit([fixed(10.0, tolerance=0.0, on_miss=MissPolicy.SKIP)], 0.0)
+    e.tick(9.0)
+    e.tick(10.0)
+    assert task_of(e, busy.id).status is Status.DEAD_LETTERED
+    assert task_of(e, t.id).status is Status.RUNNING
+
+
 def test_on_miss_fail_fails() -> None:
     e = engine()
     [t] = e.submit([fixed(10.0, on_miss=MissPolicy.FAIL)], 0.0)
