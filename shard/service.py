@@ -541,7 +541,8 @@ class Service:
         try:
             runtime.engine.add_recurring(spec, runtime.clock())
         except RecurringError as err:  # the engine names the field: "cron: ...", "template.resources: ..."
-            raise (NotFound if err.code == "unknown_resource" else InvalidArgument)(str(err)) from None
+            missing = err.code in ("unknown_pool", "unknown_resource")  # SPEC §5: NOT_FOUND, like a task's
+            raise (NotFound if missing else InvalidArgument)(str(err)) from None
         runtime.flush()
         await runtime.sync()
         return pb.Empty()
