@@ -155,6 +155,26 @@ def render(
         "Open Watch subscriptions (gRPC and HTTP).",
         [({}, float(watch_streams))],
     )
+    if snap.resources:
+        labels = [{"resource": r.name, "kind": r.kind} for r in snap.resources]
+        w.family(
+            "cronoq_resource_capacity",
+            "gauge",
+            "Permits of a semaphore, or burst of a token bucket ([[resources]]).",
+            [(lab, r.capacity) for lab, r in zip(labels, snap.resources, strict=True)],
+        )
+        w.family(
+            "cronoq_resource_available",
+            "gauge",
+            "What a dispatch could take now: free permits, or tokens.",
+            [(lab, r.available) for lab, r in zip(labels, snap.resources, strict=True)],
+        )
+        w.family(
+            "cronoq_resource_waiting",
+            "gauge",
+            "READY tasks set aside until the resource has room for them.",
+            [(lab, float(r.waiting)) for lab, r in zip(labels, snap.resources, strict=True)],
+        )
     _leader(w, shard, True)
     if commits is not None:
         w.family("cronoq_store_commits_total", "counter", "Group commits.", [({}, float(commits.commits))])

@@ -143,8 +143,9 @@ class Metrics:
         return sum(value for (family, _), value in self.samples.items() if family == name)
 
 
-async def scrape_metrics(proc: ServerProcess) -> Metrics:
+async def scrape_metrics(proc: ServerProcess, token: str | None = None) -> Metrics:
     """``/metrics`` of a server or a router, parsed (checks the exposition content type)."""
-    async with aiohttp.ClientSession() as http, http.get(f"{proc.http}/metrics") as resp:
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    async with aiohttp.ClientSession() as http, http.get(f"{proc.http}/metrics", headers=headers) as resp:
         assert resp.status == 200 and resp.headers["content-type"].startswith("text/plain; version=0.0.4")
         return Metrics(await resp.text())

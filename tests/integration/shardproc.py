@@ -15,7 +15,7 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from .serverproc import ServerProcess, free_port, write_config
+from .serverproc import ServerProcess, free_ports, write_config
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,7 +56,7 @@ def cluster_tables(
 
 def router_process(directory: Path, tables: str) -> ServerProcess:
     """A ``cronoq-router`` (not started) on free ports, reading ``tables`` plus its ``[router]``."""
-    grpc_port, http_port = free_port(), free_port()
+    grpc_port, http_port = free_ports(2)
     directory.mkdir(parents=True, exist_ok=True)
     config = directory / "cronoq.toml"
     config.write_text(
@@ -88,7 +88,8 @@ def new_cluster(
     ``via_env`` are told their shard by ``CRONOQ_SHARD`` instead of ``server.shard``.
     """
     told_by_env = set(via_env)
-    ports = {spec.name: (free_port(), free_port()) for spec in shards}
+    picked = iter(free_ports(2 * len(shards)))
+    ports = {spec.name: (next(picked), next(picked)) for spec in shards}
     actual = {name: f"http://127.0.0.1:{grpc_port}" for name, (grpc_port, _) in ports.items()}
     procs: dict[str, ServerProcess] = {}
     for spec in shards:

@@ -18,7 +18,7 @@ from cronoq.client import Client
 from cronoq.errors import FailedPrecondition, Unavailable
 from cronoq.shards import SHARD_SHIFT
 
-from .serverproc import ServerProcess, free_port, write_config
+from .serverproc import ServerProcess, free_ports, write_config
 from .shardproc import ShardSpec, cluster_tables
 from .test_tls import Pki, _https, _issue, _openssl, _tls_config
 
@@ -73,7 +73,8 @@ def tls_cluster(
 ) -> Iterator[tuple[dict[str, ServerProcess], ServerProcess]]:
     """Shards a and b (mTLS listeners, https endpoints, peers verified with ``peer_ca``) and a router
     (plain loopback listeners, the same ``[server.peer_tls]``), all started."""
-    ports = {spec.name: (free_port(), free_port()) for spec in SPECS}
+    picked = iter(free_ports(2 * len(SPECS)))
+    ports = {spec.name: (next(picked), next(picked)) for spec in SPECS}
     tables = cluster_tables(
         SPECS, {name: f"https://127.0.0.1:{grpc_port}" for name, (grpc_port, _) in ports.items()}
     )
@@ -92,7 +93,7 @@ def tls_cluster(
             http_port=http_port,
             ssl_context=_https(pki.base, False),
         )
-    router_grpc, router_http = free_port(), free_port()
+    router_grpc, router_http = free_ports(2)
     (directory / "router").mkdir()
     router_config = directory / "router" / "cronoq.toml"
     router_config.write_text(
@@ -194,7 +195,7 @@ async def test_an_unreadable_or_invalid_peer_file_is_a_startup_error(
         folder = tmp_path / name
         folder.mkdir()
         body = f'[server]\nshard = "a"\n{_peer_tls(peer_pki, ca)}\n{tables}'
-        grpc_port, http_port = free_port(), free_port()
+        grpc_port, http_port = free_ports(2)
         config = write_config(folder, body, grpc_port, http_port)
         server = ServerProcess(config, folder / "server.log", grpc_port=grpc_port, http_port=http_port)
         with pytest.raises(RuntimeError) as failed:

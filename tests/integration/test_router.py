@@ -18,7 +18,7 @@ from cronoq.errors import Unavailable
 from cronoq.shards import SHARD_SHIFT
 
 from .helpers import scrape_metrics, watch_while, worker
-from .serverproc import ServerProcess, free_port, write_config
+from .serverproc import ServerProcess, free_ports, write_config
 from .shardproc import ShardSpec, cluster_tables, router_process
 
 pytestmark = pytest.mark.asyncio
@@ -34,7 +34,8 @@ def cluster(
     tmp_path: Path, postgres_url: str, schema: str
 ) -> Iterator[tuple[ServerProcess, dict[str, list[ServerProcess]]]]:
     """The router and, per shard, [leader, standby] (all started; the standbys standing by)."""
-    ports = {name: [(free_port(), free_port()) for _ in range(2)] for name in SHARDS}
+    picked = iter(free_ports(4 * len(SHARDS)))
+    ports = {name: [(next(picked), next(picked)) for _ in range(2)] for name in SHARDS}
     urls = {name: [f"http://127.0.0.1:{grpc}" for grpc, _ in pairs] for name, pairs in ports.items()}
     tables = cluster_tables(SPECS, {name: members[0] for name, members in urls.items()}, urls)
     body = f'[store]\nkind = "postgres"\nschema = "{schema}_{{shard}}"\n\n{tables}'

@@ -19,7 +19,7 @@ from cronoq.client import Client, Lease, task
 from cronoq.errors import ApiError, FailedPrecondition, InvalidArgument, NotFound, PermissionDenied
 from cronoq.v1 import cronoq_pb2 as pb
 
-from .helpers import worker
+from .helpers import scrape_metrics, worker
 from .serverproc import ServerProcess, running_server
 
 pytestmark = pytest.mark.asyncio
@@ -311,6 +311,12 @@ async def test_a_one_permit_semaphore_serialises_two_tasks(server: ServerProcess
             "ready",
             "running",
         ]
+        metrics = await scrape_metrics(server, METRICS)
+        gpu = {"resource": "gpu", "kind": "semaphore"}
+        assert metrics("cronoq_resource_capacity", **gpu) == 1
+        assert metrics("cronoq_resource_available", **gpu) == 0
+        assert metrics("cronoq_resource_waiting", **gpu) == 1
+        assert metrics("cronoq_resource_capacity", resource="api", kind="token_bucket") == 2
         release.set()
         assert (await client.wait(one.id, timeout=10)).status == "succeeded"
         assert (await client.wait(two.id, timeout=10)).status == "succeeded"

@@ -15,7 +15,7 @@ import pytest
 from cronoq.client import Client, ClientError
 from cronoq.errors import PermissionDenied
 
-from .serverproc import ServerProcess, free_port, running_server, write_config
+from .serverproc import ServerProcess, free_ports, running_server, write_config
 
 pytestmark = pytest.mark.asyncio
 
@@ -156,7 +156,7 @@ async def test_unreadable_certificate_is_a_startup_error(tmp_path: Path, pki: Pk
 async def test_the_router_serves_tls_from_server_tls(tmp_path: Path, pki: Pki) -> None:
     """The router reads ``[server.tls]`` like a server: TLS on its gRPC and HTTP listeners, plaintext
     refused; here its one shard is a plain loopback server."""
-    shard_grpc, shard_http, router_grpc, router_http = (free_port() for _ in range(4))
+    shard_grpc, shard_http, router_grpc, router_http = free_ports(4)
     cluster = (
         '[[pools]]\nname = "default"\n'
         f'[[shards]]\nname = "a"\nnumber = 1\nendpoint = "http://127.0.0.1:{shard_grpc}"\npools = ["default"]\n'

@@ -36,7 +36,7 @@ from .model import (
     TokenBucket,
     UnknownDependency,
 )
-from .snapshot import GroupStats, PoolStats, Snapshot, Totals, WorkerView
+from .snapshot import GroupStats, PoolStats, ResourceStats, Snapshot, Totals, WorkerView
 
 __all__ = [
     "Abort",
@@ -58,6 +58,7 @@ __all__ = [
     "RecurringError",
     "RecurringSpec",
     "ResourceConfig",
+    "ResourceStats",
     "RetryPolicy",
     "Scale",
     "ScheduleChanged",

@@ -52,7 +52,7 @@ from .model import (
 from .pool import PoolState
 from .resources import Resources
 from .retry import backoff_delay
-from .snapshot import GroupStats, PoolStats, Snapshot, Totals, WorkerView
+from .snapshot import GroupStats, PoolStats, ResourceStats, Snapshot, Totals, WorkerView
 from .stats import Bucket
 from .table import TaskTable
 from .timers import TimerEntry, TimerHeap, TimerKind
@@ -654,6 +654,11 @@ class Engine:
             missed=ended[Status.MISSED],
             shed=ended[Status.SHED],
         )
+        parked = self._parked
+        waiting = {
+            name: sum(1 for heap in by_amount.values() for entry in heap if entry[2] in parked)
+            for name, by_amount in self._parked_on.items()
+        }
         return Snapshot(
             pools=pools,
             live_tasks=self._table.live,
@@ -661,6 +666,10 @@ class Engine:
             pending=self._pending_total,
             totals=totals,
             workers_connected=len(self._workers),
+            resources=[
+                ResourceStats(name, kind, capacity, available, waiting.get(name, 0))
+                for name, kind, capacity, available in self._resources.levels(now)
+            ],
         )
 
     def workers(self) -> list[WorkerView]:

@@ -177,6 +177,16 @@ class Resources:
             return Fraction(resource.permits - resource.held)
         return resource.tokens(Fraction(now))
 
+    def levels(self, now: float) -> list[tuple[str, str, float, float]]:
+        """Every resource in configuration order as (name, kind, capacity, available at ``now``)."""
+        exact_now = Fraction(now)
+        return [
+            (name, "semaphore", float(r.permits), float(r.permits - r.held))
+            if isinstance(r, _Semaphore)
+            else (name, "token_bucket", float(r.burst), float(r.tokens(exact_now)))
+            for name, r in self._by_name.items()
+        ]
+
     def release(self, amounts: Mapping[str, int]) -> None:
         """An attempt that took ``amounts`` ended: its semaphore permits come back (tokens are spent)."""
         for name, amount in amounts.items():

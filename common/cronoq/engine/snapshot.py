@@ -66,9 +66,22 @@ class Totals:
     recurring_invalid: int = 0  # occurrences or schedules that could not be created or restored
 
 
+@dataclass(slots=True, frozen=True)
+class ResourceStats:
+    """One ``[[resources]]`` entry: ``capacity`` (permits, or burst), ``available`` (what a dispatch
+    could take now: free permits, or tokens) and ``waiting`` (READY tasks parked until it has room).
+    Not on the wire; ``/metrics`` shows it."""
+
+    name: str
+    kind: str  # "semaphore" or "token_bucket"
+    capacity: float
+    available: float
+    waiting: int
+
+
 @dataclass(slots=True)
 class Snapshot:
-    """The engine as a whole; ``pools`` in configuration order."""
+    """The engine as a whole; ``pools`` and ``resources`` in configuration order."""
 
     pools: list[PoolStats]
     live_tasks: int
@@ -76,6 +89,7 @@ class Snapshot:
     pending: int
     totals: Totals
     workers_connected: int
+    resources: list[ResourceStats] = field(default_factory=list)
 
     def pool(self, name: str) -> PoolStats | None:
         return next((p for p in self.pools if p.name == name), None)

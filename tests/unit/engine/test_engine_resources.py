@@ -7,7 +7,17 @@ import dataclasses
 
 import pytest
 
-from cronoq.engine import Engine, PoolConfig, Priority, Semaphore, Status, SubmitError, TaskSpec, TokenBucket
+from cronoq.engine import (
+    Engine,
+    PoolConfig,
+    Priority,
+    ResourceStats,
+    Semaphore,
+    Status,
+    SubmitError,
+    TaskSpec,
+    TokenBucket,
+)
 from cronoq.engine.lanes import PoolQueue
 from cronoq.engine.model import Task
 
@@ -302,3 +312,15 @@ def test_a_permit_a_woken_task_cannot_use_goes_to_a_waiting_task_of_another_pool
     [d] = drain(engine).dispatches
     assert (d.task.id, d.worker_id) == (other.id, 2)
     assert task_of(engine, first.id).status is Status.READY
+
+
+def test_the_snapshot_shows_each_resource_with_its_room_and_waiting_tasks() -> None:
+    engine = make()
+    engine.add_worker(1, "p", 5, {}, 0.0)
+    engine.submit([needs(spec(), gpu=2), needs(spec(), api=2)], 0.0)
+    waiting = engine.submit([needs(spec(), gpu=1) for _ in range(3)], 0.0)
+    assert engine.cancel(waiting[0].id, 0.0)  # a task cancelled while it waited is not counted
+    assert engine.snapshot(0.125).resources == [
+        ResourceStats("gpu", "semaphore", 2.0, 0.0, 2),
+        ResourceStats("api", "token_bucket", 2.0, 0.5, 0),
+    ]
