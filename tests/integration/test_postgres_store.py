@@ -70,6 +70,14 @@ async def rows(admin: Admin, query: str, schema: str, *params: Any) -> list[tupl
     return await cur.fetchall() if cur.description else []
 
 
+async def leading(open_store: OpenStore) -> PostgresStore:
+    """A store of ``pg_schema`` that leads and has recovered (an empty schema)."""
+    store = await open_store()
+    await store.acquire()
+    await store.recover(0.0)
+    return store
+
+
 async def lock_holder(admin: Admin, schema: str) -> int:
     """The backend pid of the session holding ``schema``'s leader lock."""
     cls, key = lock_key(schema)
@@ -260,9 +268,7 @@ async def test_commit_recover_fetch_prune_roundtrip(open_store: OpenStore) -> No
 async def test_state_updates_keep_the_spec_and_land_outputs_after_a_takeover_too(
     open_store: OpenStore, admin: Admin, pg_schema: str
 ) -> None:
-    store = await open_store()
-    await store.acquire()
-    await store.recover(0.0)
+    store = await leading(open_store)
     first = task(1, key="k")
     await store.commit(Batch([first, task(2)], [], max_id=2))
     done = replace(
@@ -482,9 +488,7 @@ async def test_a_state_update_sets_the_terminal_flag_from_the_status(
 ) -> None:
     # The row is this leadership's, so the change goes through the state update, which derives the
     # flag that recovery, pruning and the live-key index read.
-    store = await open_store()
-    await store.acquire()
-    await store.recover(0.0)
+    store = await leading(open_store)
     await store.commit(Batch([task(1, key="k")], [], max_id=1))
     changed = replace(task(1, key="k"), status=status, attempt=1, finished=NOW if status.terminal else None)
     await store.commit(Batch([changed], [], max_id=1))
@@ -500,9 +504,7 @@ async def test_pool_connections_find_rows_by_index_even_in_a_small_table(
     still small: a join of the updated rows with a scan of the whole table is the cheapest plan then,
     and it stays while the table grows (measured: commits of 26 updates took 6.5 ms instead of 3 ms at
     12,000 rows). Pool connections rule sequential scans out."""
-    store = await open_store()
-    await store.acquire()
-    await store.recover(0.0)
+    store = await leading(open_store)
     await store.commit(Batch([task(i) for i in range(1, 51)], [], max_id=50))
     join = sql.SQL(
         "EXPLAIN SELECT t.status FROM {s}.cronoq_tasks t JOIN unnest('{{1,2,3}}'::bigint[]) AS u(id) ON t.id = u.id"
@@ -517,9 +519,7 @@ async def test_pool_connections_find_rows_by_index_even_in_a_small_table(
 async def test_a_state_update_of_a_row_deleted_by_hand_is_a_store_error(
     open_store: OpenStore, admin: Admin, pg_schema: str
 ) -> None:
-    store = await open_store()
-    await store.acquire()
-    await store.recover(0.0)
+    store = await leading(open_store)
     await store.commit(Batch([task(1), task(2)], [], max_id=2))
     await rows(admin, "DELETE FROM {s}.cronoq_tasks WHERE id = 1", pg_schema)
     running = [replace(task(i), status=Status.RUNNING, attempt=1, started=NOW) for i in (1, 2)]

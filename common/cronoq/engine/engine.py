@@ -52,7 +52,7 @@ from .model import (
 from .pool import PoolState
 from .resources import Resources
 from .retry import backoff_delay
-from .snapshot import GroupStats, PoolStats, ResourceStats, Snapshot, Totals, WorkerView
+from .snapshot import GroupStats, PoolStats, Snapshot, Totals, WorkerView
 from .stats import Bucket
 from .table import TaskTable
 from .timers import TimerEntry, TimerHeap, TimerKind
@@ -666,10 +666,7 @@ class Engine:
             pending=self._pending_total,
             totals=totals,
             workers_connected=len(self._workers),
-            resources=[
-                ResourceStats(name, kind, capacity, available, waiting.get(name, 0))
-                for name, kind, capacity, available in self._resources.levels(now)
-            ],
+            resources=self._resources.stats(now, waiting),
         )
 
     def workers(self) -> list[WorkerView]:

@@ -19,6 +19,7 @@ from collections.abc import Mapping, Sequence
 from fractions import Fraction
 
 from .model import ResourceConfig, Semaphore
+from .snapshot import ResourceStats
 
 
 class _Semaphore:
@@ -177,15 +178,18 @@ class Resources:
             return Fraction(resource.permits - resource.held)
         return resource.tokens(Fraction(now))
 
-    def levels(self, now: float) -> list[tuple[str, str, float, float]]:
-        """Every resource in configuration order as (name, kind, capacity, available at ``now``)."""
+    def stats(self, now: float, waiting: Mapping[str, int]) -> list[ResourceStats]:
+        """Every resource in configuration order, with what is available at ``now`` and the number of
+        tasks ``waiting`` for it (which the engine keeps)."""
         exact_now = Fraction(now)
-        return [
-            (name, "semaphore", float(r.permits), float(r.permits - r.held))
-            if isinstance(r, _Semaphore)
-            else (name, "token_bucket", float(r.burst), float(r.tokens(exact_now)))
-            for name, r in self._by_name.items()
-        ]
+        stats = []
+        for name, r in self._by_name.items():
+            if isinstance(r, _Semaphore):
+                kind, capacity, available = "semaphore", Fraction(r.permits), Fraction(r.permits - r.held)
+            else:
+                kind, capacity, available = "token_bucket", r.burst, r.tokens(exact_now)
+            stats.append(ResourceStats(name, kind, float(capacity), float(available), waiting.get(name, 0)))
+        return stats
 
     def release(self, amounts: Mapping[str, int]) -> None:
         """An attempt that took ``amounts`` ended: its semaphore permits come back (tokens are spent)."""
