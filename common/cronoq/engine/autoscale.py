@@ -56,7 +56,12 @@ class Autoscaler:
     )
 
     def __init__(
-        self, config: AutoscaleConfig, min_workers: int, max_workers: int, default_duration: float
+        self,
+        config: AutoscaleConfig,
+        min_workers: int,
+        max_workers: int,
+        default_duration: float,
+        initial: int | None = None,
     ) -> None:
         if min_workers > max_workers:
             raise ValueError(f"min_workers ({min_workers}) must not exceed max_workers ({max_workers})")
@@ -65,7 +70,9 @@ class Autoscaler:
         self._min = min_workers
         self._max = max_workers
         self._default_duration = default_duration
-        self._target = min_workers
+        # The target the first evaluation moves from: the capacity the pool really starts with when
+        # known, so that one starting below min gets min at once (the target is only emitted on change).
+        self._target = min_workers if initial is None else initial
         self._rate: float | None = None  # lambda, arrivals per second; None until the first sample
         self._last_at: float | None = None  # time of the previous evaluation
         self._unsampled = 0  # arrivals seen in evaluations that had no elapsed time to divide them by
@@ -74,7 +81,8 @@ class Autoscaler:
 
     @property
     def desired(self) -> int:
-        """The current target: the last one returned by ``evaluate``, or ``min_workers`` before that."""
+        """The current target: the last one returned by ``evaluate``, or ``initial`` (default
+        ``min_workers``) before that."""
         return self._target
 
     def evaluate(

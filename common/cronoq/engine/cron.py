@@ -108,6 +108,24 @@ class CronSchedule:
             # The second pass of a repeated wall-clock time that already fired on the first pass.
             after = self._end_of_repeat(int(found)) - 1
 
+    def last_until(self, t: float, after: float) -> float:
+        """The last occurrence in (``after``, ``t``]; the caller knows there is one.
+
+        Bisects whole seconds with ``next_after`` (occurrences fall on whole seconds), so it costs
+        O(log(t - after)) searches however many occurrences lie between: a schedule a day late may
+        have tens of thousands.
+        """
+        low, high = math.floor(after), math.floor(t)
+        # Invariant: next_after(low) <= t < next_after(high).
+        assert self.next_after(low) <= t, "no occurrence in (after, t]"
+        while high - low > 1:
+            middle = (low + high) // 2
+            if self.next_after(middle) <= t:
+                low = middle
+            else:
+                high = middle
+        return self.next_after(low)
+
     def _end_of_repeat(self, second_pass: int) -> int:
         """The first whole second after ``second_pass`` that is past the repeated (fall-back) wall-clock hour.
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import random
+from collections import Counter
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from heapq import heapify, heappop, heappush
 
@@ -77,6 +78,7 @@ _WAITING = frozenset({BLOCKED, SCHEDULED})  # pending but not yet eligible: not 
 
 _TIMER_SLACK = 1024  # dead timer entries tolerated before the heap is worth compacting
 _PARKED_SLACK = 256  # entries of a resource's parked heap tolerated before dead ones are worth dropping
+_MISSED_COUNTED = 1_000  # passed starts of a late recurring timer counted one by one (~0.25 s of cron)
 
 
 class Engine:
@@ -143,7 +145,7 @@ class Engine:
         self._arrivals = {c.name: 0 for c in pools}  # tasks that became eligible since the last evaluation
         self._runs = {c.name: [0.0, 0] for c in pools}  # attempt run seconds and count, for service time
         self._autoscalers = {
-            c.name: Autoscaler(c.autoscale, c.min, c.max, c.default_duration)
+            c.name: Autoscaler(c.autoscale, c.min, c.max, c.default_duration, c.initial)
             for c in pools
             if c.autoscale is not None
         }
@@ -184,9 +186,13 @@ class Engine:
             self._dispatch(pool, now)
         return submitted
 
-    def _insert(self, specs: Sequence[TaskSpec], now: float) -> tuple[list[Submitted], dict[str, PoolState]]:
+    def _insert(
+        self, specs: Sequence[TaskSpec], now: float, link: bool = True
+    ) -> tuple[list[Submitted], dict[str, PoolState]]:
         """``submit`` without the dispatch: the answers, and the pools that got tasks (for the caller
-        to dispatch once its input is whole)."""
+        to dispatch once its input is whole). With ``link`` False the new tasks' edges are left to the
+        caller, which must ``_link`` them: ``_create_occurrence`` first links an occurrence to the one
+        before it, which judging it may need at once."""
         special = False
         for spec in specs:
             if spec.deps or spec.start is not None or spec.resources:
@@ -246,7 +252,7 @@ class Engine:
         self._seq = seq
         self._pending_total += len(created)
         self._totals.submitted += len(created)
-        if special or self._deps.awaiting:
+        if link and (special or self._deps.awaiting):
             self._link(created.values(), blocked, now)
         return submitted, touched
 
@@ -270,34 +276,43 @@ class Engine:
         Pending tasks queue again (READY ones keep their place in time, so their wait keeps counting);
         BLOCKED ones judge their edges again and SCHEDULED ones wait for their start again; an attempt
         that was RUNNING is lost with its worker's stream and counts as a retryable failure; finished
-        tasks are retained for key dedup, lookups and the edges of live dependents. A task of a pool
-        that is no longer configured cannot run here, so it fails saying so rather than staying pending
-        for ever. A schedule whose cron no longer parses is dropped and counted in
-        ``totals.recurring_invalid``.
+        tasks are retained, from when they finished, for key dedup, lookups and the edges of live
+        dependents. A task of a pool that is no longer configured, or needing a resource that is no
+        longer configured (or no longer that big), cannot run here, so it fails saying so rather than
+        staying pending for ever. A schedule whose cron no longer parses is dropped and counted in
+        ``totals.recurring_invalid``; a schedule's pending occurrence keeps its ``overlap`` check.
         """
         table = self._table
         live: list[Task] = []
+        finished: list[Task] = []
         for task in tasks:
-            table.restore(task, now)
+            table.restore(task)
             self._seq = max(self._seq, task.seq)
-            if not task.status.terminal:
-                live.append(task)
+            (finished if task.status.terminal else live).append(task)
+        table.retain_restored(finished, now)
+        # Schedules first: a pending occurrence whose start passed during the takeover is judged (its
+        # overlap too) as soon as it is restored, so it must be linked to the one before it by then.
+        for recurring in schedules:
+            try:
+                cron = CronSchedule.parse(recurring.spec.cron, recurring.spec.tz)
+            except ValueError:
+                self._totals.recurring_invalid += 1
+                continue
+            schedule = self._new_schedule(recurring, cron)
+            if recurring.next_start is not None:
+                self._arm(recurring.next_start, TimerKind.RECURRING, schedule.number, schedule.generation)
+        if self._schedules:
+            self._relink_occurrences(live)
         blocked: list[Task] = []
         for task in live:
             status = task.status
             spec = task.spec
             pool = self._pools.get(spec.pool)
             if pool is None:
-                task.status = Status.FAILED  # not pending: nothing to take out of the pool's counts
-                task.message = f"pool '{spec.pool}' is no longer configured"
-                task.finished = now
-                self._ended[Status.FAILED] += 1
-                table.retire(task, now)
-                self._actions.append(
-                    StatusEvent(
-                        task.id, spec.pool, spec.key, Status.FAILED, task.attempt, now, task.message, task
-                    )
-                )
+                self._fail_restored(task, f"pool '{spec.pool}' is no longer configured", now)
+                continue
+            if spec.resources and (problem := self._resources.unavailable(spec.resources)) is not None:
+                self._fail_restored(task, problem, now)
                 continue
             if spec.start is not None:
                 self._reservations[pool.name].add(task.id, self._window(pool, spec))
@@ -313,11 +328,12 @@ class Engine:
             self._pending_total += 1
             if pool.shed is not None:
                 pool.shed.track(task, pool.pending[priority])
-            if status is BLOCKED:
+            if status is BLOCKED or status is SCHEDULED:
                 self._waiting[pool.name][priority] += 1
-                blocked.append(task)
-            elif status is SCHEDULED:
-                self._schedule(pool, task, now)
+                if status is BLOCKED:
+                    blocked.append(task)
+                else:
+                    self._schedule(pool, task, now)
             elif status is READY:
                 ready_at = task.ready_at if task.ready_at is not None else task.created
                 pool.queue.push(task, ready_at)
@@ -328,17 +344,23 @@ class Engine:
         for task in blocked:
             if task.status is BLOCKED:
                 self._resolve(task, now)
-        for recurring in schedules:
-            try:
-                cron = CronSchedule.parse(recurring.spec.cron, recurring.spec.tz)
-            except ValueError:
-                self._totals.recurring_invalid += 1
-                continue
-            schedule = self._new_schedule(recurring, cron)
-            if recurring.next_start is not None:
-                self._arm(recurring.next_start, TimerKind.RECURRING, schedule.number, schedule.generation)
         for pool in self._pools.values():
             self._dispatch(pool, now)
+
+    def _fail_restored(self, task: Task, message: str, now: float) -> None:
+        """A recovered live task that cannot run here ends FAILED with ``message``. It is not counted as
+        pending yet, so there is nothing to take out of its pool's counts; an occurrence is unlinked."""
+        if self._occurrences:
+            self._occurrences.pop(task.id, None)
+        task.status = Status.FAILED
+        task.message = message
+        task.finished = now
+        self._ended[Status.FAILED] += 1
+        self._table.retire(task, now)
+        spec = task.spec
+        self._actions.append(
+            StatusEvent(task.id, spec.pool, spec.key, Status.FAILED, task.attempt, now, message, task)
+        )
 
     # -------------------------------------------------------------------------------- recurring
 
@@ -610,9 +632,11 @@ class Engine:
     def snapshot(self, now: float) -> Snapshot:
         """Pools, counts and totals as of ``now``."""
         pools: list[PoolStats] = []
+        # READY tasks waiting for a resource are out of their pool's queue (and its count) until woken.
+        parked_in = Counter(task.spec.pool for task, _ in self._parked.values())
         for pool in self._pools.values():
             w = pool.workers
-            window = pool.stats.view(now)
+            window = pool.stats.view(now)  # integrates worker-seconds up to now
             holds = [worker.group for worker in self._holds.values() if worker.pool == pool.name]
             held = len(holds)
             scaler = self._autoscalers.get(pool.name)
@@ -641,6 +665,12 @@ class Engine:
                         GroupStats(dict(g.labels), g.capacity, g.busy - holds.count(g))
                         for g in w.groups.values()
                     ],
+                    ready=pool.queue.ready + parked_in[pool.name],
+                    retried=window.retried,
+                    worker_seconds=pool.stats.worker_seconds,
+                    wait_mean=window.wait_mean,
+                    run_p50=window.run_p50,
+                    run_p99=window.run_p99,
                 )
             )
         ended = self._ended
@@ -828,6 +858,7 @@ class Engine:
         if pool.shed is not None:
             pool.shed.track(task, pool.pending[spec.priority])
         self._totals.retries += 1
+        pool.stats.bucket(now).retry()
         self._actions.append(
             StatusEvent(task.id, spec.pool, spec.key, RETRYING, task.attempt, now, message, task)
         )
@@ -946,7 +977,7 @@ class Engine:
             return
         if kind is TimerKind.RECURRING:
             schedule = self._numbered[target]  # _due checked it
-            self._plan_occurrence(schedule, schedule.cron.next_after(due), now)
+            self._plan_occurrence(schedule, self._next_start(schedule, due, now), now)
             return
         task = self._table.by_id[target]
         pool = self._pools[task.spec.pool]
@@ -1092,11 +1123,12 @@ class Engine:
             self._arm(now + pool.config.await_timeout, TimerKind.AWAIT_TIMEOUT, task.id)
 
     def _unblock(self, pool: PoolState, task: Task, now: float) -> None:
-        """Every edge of a BLOCKED task is met: READY, or SCHEDULED until its fixed start."""
-        self._waiting[pool.name][task.spec.priority] -= 1
+        """Every edge of a BLOCKED task is met: READY, or on to ``_schedule`` for its fixed start (still
+        counted as waiting: ``_schedule`` knows whether it stays so)."""
         if task.spec.start is not None:
             self._schedule(pool, task, now)
             return
+        self._waiting[pool.name][task.spec.priority] -= 1
         self._make_ready(pool, task, now, now)
         if self._autoscalers:
             self._arrivals[pool.name] += 1
@@ -1133,15 +1165,20 @@ class Engine:
         return (spec.start - spec.tolerance, spec.start + estimate + spec.tolerance)
 
     def _schedule(self, pool: PoolState, task: Task, now: float) -> None:
-        """A fixed-start task whose dependencies are met: SCHEDULED until its start (a worker is held
-        from start - max(tolerance, 1 s)), READY within its tolerance, or missed already."""
+        """A fixed-start task whose dependencies are met (BLOCKED until now, or SCHEDULED as restored):
+        SCHEDULED until its start (a worker is held from start - max(tolerance, 1 s)); or, its start
+        passed, judged as ``_start_fixed`` would have judged it on time (an overlapped occurrence is
+        skipped), then READY within its tolerance or missed already.
+
+        The task comes counted in ``_waiting`` and stays so only while SCHEDULED: a task that ends here
+        leaves the count in ``_finish``, which goes by its status, so counting it out beforehand would
+        count it out twice."""
         spec = task.spec
         start = spec.start
         assert start is not None
         late = start + spec.tolerance
         if now < start:
             task.status = SCHEDULED
-            self._waiting[pool.name][spec.priority] += 1
             self._actions.append(StatusEvent(task.id, spec.pool, spec.key, SCHEDULED, 0, now, "", task))
             self._arm(start, TimerKind.FIXED_START, task.id)
             self._arm(late, TimerKind.FIXED_MISS, task.id)
@@ -1151,14 +1188,15 @@ class Engine:
             else:
                 self._arm(hold_at, TimerKind.FIXED_HOLD, task.id)
             return
-        if now <= late:
-            self._arm(late, TimerKind.FIXED_MISS, task.id)
-            self._make_ready(pool, task, start, now)
-        elif spec.on_miss is MissPolicy.RUN_LATE:
-            self._make_ready(pool, task, start, now)  # its dispatch counts as a non-hit
-        else:
+        if self._skip_overlap(pool, task, now):
+            return
+        if now > late and spec.on_miss is not MissPolicy.RUN_LATE:
             self._miss(pool, task, now)
             return
+        self._waiting[pool.name][spec.priority] -= 1
+        if now <= late:
+            self._arm(late, TimerKind.FIXED_MISS, task.id)
+        self._make_ready(pool, task, start, now)  # dispatched past its tolerance, it counts as a non-hit
         if self._autoscalers:
             self._arrivals[pool.name] += 1
         self._dirty[pool.name] = pool
@@ -1205,13 +1243,8 @@ class Engine:
         spec = task.spec
         start = spec.start
         assert start is not None
-        occurrence = self._occurrences.pop(task.id, None)
-        if occurrence is not None and occurrence[0].recurring.spec.overlap is Overlap.SKIP:
-            previous = self._table.by_id.get(occurrence[1])
-            if previous is not None and not previous.status.terminal:
-                self._finish(pool, task, Status.SKIPPED, OVERLAPPED, now)
-                self._dirty[pool.name] = pool
-                return
+        if self._skip_overlap(pool, task, now):
+            return
         self._waiting[pool.name][spec.priority] -= 1
         pool.hold_wanted.pop(task.id, None)
         worker = self._holds.pop(task.id, None)
@@ -1228,6 +1261,20 @@ class Engine:
         if self._autoscalers:
             self._arrivals[pool.name] += 1
         self._dirty[pool.name] = pool
+
+    def _skip_overlap(self, pool: PoolState, task: Task, now: float) -> bool:
+        """The start of a fixed-start task came (on time, or passed before it was scheduled): if it is
+        an occurrence of an ``overlap = skip`` schedule whose previous occurrence is still live, it ends
+        SKIPPED and this returns True. Either way its link to the previous occurrence is done with."""
+        occurrence = self._occurrences.pop(task.id, None)
+        if occurrence is None or occurrence[0].recurring.spec.overlap is not Overlap.SKIP:
+            return False
+        previous = self._table.by_id.get(occurrence[1])
+        if previous is None or previous.status.terminal:
+            return False
+        self._finish(pool, task, Status.SKIPPED, OVERLAPPED, now)
+        self._dirty[pool.name] = pool
+        return True
 
     def _miss(self, pool: PoolState, task: Task, now: float) -> None:
         """Start + tolerance passed before the task ran: MISSED or FAILED as ``on_miss`` says (run_late
@@ -1323,6 +1370,57 @@ class Engine:
             self._arm(start, TimerKind.RECURRING, schedule.number, schedule.generation)
         self._actions.append(ScheduleChanged(recurring.spec.name, recurring))
 
+    def _relink_occurrences(self, restored: Sequence[Task]) -> None:
+        """After a takeover, tell each schedule's pending occurrence which one came before it, as
+        ``_create_occurrence`` did, so that ``overlap = skip`` still judges it when its start comes.
+
+        The store keeps no such link. Only a previous occurrence still live can make the pending one
+        skip, so it is looked for among the ``restored`` tasks still live with a fixed start (few): the
+        newest older one that the schedule's template makes."""
+        fixed = [task for task in restored if task.spec.start is not None and not task.status.terminal]
+        for schedule in self._schedules.values():
+            pending = self._table.by_id.get(schedule.recurring.last_task_id)
+            if pending is None or pending.status.terminal:
+                continue
+            spec = schedule.recurring.spec
+            previous = 0
+            for task in fixed:
+                if task.id >= pending.id:
+                    break
+                if _occurrence_of(spec, task.spec):
+                    previous = task.id
+            self._occurrences[pending.id] = (schedule, previous)
+
+    def _next_start(self, schedule: _Schedule, due: float, now: float) -> float:
+        """The start of the occurrence to plan when the timer of the one starting at ``due`` fires.
+
+        That is the cron's next start, unless the timer fired late (the engine was down before a
+        takeover, or library mode's loop stalled) and starts passed meanwhile. Replaying them would
+        create an occurrence per passed start in one tick (1,440 for a minutely schedule a day late),
+        all running late at once. The occurrence of ``due``, created one ahead and judged by its own
+        ``on_miss``, already stands for the gap; of the passed starts, only the latest gets an
+        occurrence, and only if it is still within the template's tolerance (so on time). The others
+        are counted in the schedule's ``missed_starts`` (at most ``_MISSED_COUNTED`` per catch-up: each
+        costs a cron search), and the schedule goes on with the first start after ``now``.
+        """
+        cron = schedule.cron
+        start = cron.next_after(due)
+        if start > now:
+            return start
+        latest, passed = start, 1
+        while (following := cron.next_after(latest)) <= now:
+            if passed == _MISSED_COUNTED:
+                latest = cron.last_until(now, latest)
+                following = cron.next_after(latest)
+                break
+            latest, passed = following, passed + 1
+        recurring = schedule.recurring
+        if now <= latest + recurring.spec.template.tolerance:
+            self._create_occurrence(schedule, latest, now)
+            passed -= 1
+        recurring.missed_starts += passed
+        return following
+
     def _create_occurrence(self, schedule: _Schedule, start: float, now: float) -> None:
         spec = schedule.recurring.spec
         template = spec.template
@@ -1342,7 +1440,7 @@ class Engine:
             resources=dict(template.resources) if template.resources else NO_RESOURCES,
         )
         try:
-            (submitted,), touched = self._insert([occurrence], now)
+            (submitted,), touched = self._insert([occurrence], now, link=False)
         except SubmitError as err:
             if err.code == "reservation_conflict":
                 self._totals.recurring_conflicts += 1
@@ -1350,9 +1448,13 @@ class Engine:
                 self._totals.recurring_invalid += 1
             return
         self._dirty.update(touched)
-        if not submitted.duplicate:
-            schedule.recurring.last_task_id = submitted.id
-            self._occurrences[submitted.id] = (schedule, previous)
+        if submitted.duplicate:
+            return
+        schedule.recurring.last_task_id = submitted.id
+        # Linked before its edges are judged: a start already passed is judged right away, overlap too.
+        self._occurrences[submitted.id] = (schedule, previous)
+        task = self._table.by_id[submitted.id]
+        self._link((task,), [task], now)
 
     # ----------------------------------------------------------------------- autoscaling (internals)
 
@@ -1397,6 +1499,18 @@ class _Schedule:
         self.generation = generation
         self.recurring = recurring
         self.cron = cron
+
+
+def _occurrence_of(recurring: RecurringSpec, spec: TaskSpec) -> bool:
+    """Whether ``spec`` is an occurrence of ``recurring``: its template with what ``_create_occurrence``
+    sets per start (key, start, deadline, the edge to the previous occurrence)."""
+    template = recurring.template
+    start = spec.start
+    return (
+        start is not None
+        and spec.key == occurrence_key(template.key, start)
+        and dataclasses.replace(spec, key=template.key, start=None, deadline=None, deps=()) == template
+    )
 
 
 def _grant(config: PoolConfig, requested: int) -> int:

@@ -174,6 +174,9 @@ class PoolConfig:
     reservable_fraction: float = 0.5  # overlapping fixed-start reservations <= max(1, max x this)
     fair_share: bool = False
     tenant_weights: Mapping[str, float] = field(default_factory=dict)  # unnamed tenants weigh 1
+    # The capacity a caller that sets it itself (library mode) starts the pool with: the autoscaler's
+    # first target moves from there. None: ``min`` (the server, whose workers connect when they will).
+    initial: int | None = None
 
 
 @dataclass(slots=True)
@@ -250,11 +253,17 @@ class RecurringSpec:
 
 @dataclass(slots=True)
 class Recurring:
-    """A schedule as the engine runs it: its next occurrence's start and the last task it created."""
+    """A schedule as the engine runs it: its next occurrence's start and the last task it created.
+
+    ``missed_starts`` counts starts that got no occurrence because they passed while the engine was
+    down or its caller stalled: a late schedule goes on from the present instead of replaying them. It
+    is a statistic of this engine (not stored, not on the wire).
+    """
 
     spec: RecurringSpec
     next_start: float | None = None
     last_task_id: int = 0
+    missed_starts: int = 0
 
 
 @dataclass(slots=True)

@@ -119,6 +119,15 @@ class Resources:
                 )
         return None
 
+    def unavailable(self, amounts: Mapping[str, int]) -> str | None:
+        """Why a request that passed ``check`` under an earlier configuration (a previous leader's) can
+        never be granted under this one, or None if it can: ``take`` assumes every name exists."""
+        for name in amounts:
+            if name not in self._by_name:
+                return f"resource '{name}' is no longer configured"
+        problem = self.check(amounts)
+        return None if problem is None else problem[1]
+
     def take(self, amounts: Mapping[str, int], now: float) -> str | None:
         """Take every requested unit if all are available at ``now`` and return None; otherwise take
         nothing (partial holds could deadlock two tasks each holding half of what the other needs) and

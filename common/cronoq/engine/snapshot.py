@@ -43,6 +43,14 @@ class PoolStats:
     cost: float  # worker-seconds since start x cost_per_worker_second
     workers_connected: int
     groups: list[GroupStats] = field(default_factory=list)
+    # Library mode reports these; the wire snapshot has no fields for them. They come last, with
+    # defaults, so that constructions by position stay valid.
+    ready: int = 0  # READY tasks: queued (a fixed start that is due among them), or parked for a resource
+    retried: int = 0  # retryable failures that got another attempt, in the window
+    worker_seconds: float = 0.0  # capacity integrated over time since start
+    wait_mean: float = 0.0  # mean of the waits behind wait_p50..wait_p99
+    run_p50: float = 0.0  # run seconds of attempts that ended in the window (any outcome)
+    run_p99: float = 0.0
 
 
 @dataclass(slots=True)

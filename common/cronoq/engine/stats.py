@@ -2,8 +2,9 @@
 
 The window (``limits.metrics_window``, 60 s by default) is cut into ``SLOTS`` time buckets kept in a
 ring; a bucket is cleared when the ring comes round to it again, so counting costs O(1) and memory does
-not grow with traffic. Wait times go into a log-bucket histogram per bucket: percentiles are quantized to
-an eighth of an octave (about 6 % error), which is what a dashboard needs, for a few hundred ints.
+not grow with traffic. Wait times and attempt run times each go into a log-bucket histogram per bucket:
+percentiles are quantized to an eighth of an octave (about 6 % error), which is what a dashboard needs,
+for a few hundred ints; the mean wait is exact (a running sum).
 
 Utilization is the run time of attempts that ended in the window over the worker-seconds of the window,
 as the reference defines it; attempts are credited when they end, so the busy slots of the hot path are
@@ -14,26 +15,25 @@ changes (and before a snapshot) to integrate worker-seconds.
 from __future__ import annotations
 
 import math
+from bisect import bisect_right
 
 from .model import Status
 
 SLOTS = 60  # buckets per window
 
-# Histogram: bin 0 holds waits under 1 ms; then 8 linear sub-bins per octave from 1 ms, 31 octaves
+# Histogram: bin 0 holds durations under 1 ms; then 8 linear sub-bins per octave from 1 ms, 31 octaves
 # (to about 24 days); the last bin also takes anything longer.
 _UNIT = 1e-3
 _SUB = 8
 BINS = 1 + 31 * _SUB
+# Where each bin from 1 on begins, in units. The edges are exact binary fractions, so bisecting them
+# finds the bin the octave arithmetic defines, in one C call: every finished attempt pays for one.
+_EDGES = [2.0**octave * (1.0 + sub / _SUB) for octave in range(31) for sub in range(_SUB)]
 
 
-def wait_bin(seconds: float) -> int:
-    """The histogram bin of a wait time."""
-    scaled = seconds / _UNIT
-    if scaled < 1.0:
-        return 0
-    mantissa, exponent = math.frexp(scaled)  # scaled = mantissa * 2**exponent, mantissa in [0.5, 1)
-    index = 1 + (exponent - 1) * _SUB + int((mantissa - 0.5) * (2 * _SUB))
-    return index if index < BINS else BINS - 1
+def duration_bin(seconds: float) -> int:
+    """The histogram bin of a duration (a wait, or an attempt's run time)."""
+    return bisect_right(_EDGES, seconds / _UNIT)
 
 
 def bin_value(index: int) -> float:
@@ -63,33 +63,42 @@ class Bucket:
     __slots__ = (
         "capacity_area",
         "dispatched",
+        "ended",
         "failed",
         "fixed_hits",
         "fixed_total",
         "index",
         "inversions",
+        "retried",
         "run_ok",
         "run_total",
+        "runs",
         "succeeded",
+        "wait_total",
         "waits",
     )
 
     def __init__(self) -> None:
         self.waits = [0] * BINS
+        self.runs = [0] * BINS
         self.clear(-1)
 
     def clear(self, index: int) -> None:
         self.index = index
         self.dispatched = 0
         self.inversions = 0
+        self.wait_total = 0.0
         self.succeeded = 0
         self.failed = 0
+        self.retried = 0
+        self.ended = 0
         self.run_total = 0.0
         self.run_ok = 0.0
         self.capacity_area = 0.0
         self.fixed_hits = 0
         self.fixed_total = 0
-        self.waits[:] = _NO_WAITS
+        self.waits[:] = _EMPTY
+        self.runs[:] = _EMPTY
 
     def dispatch(self, wait: float, inverted: bool) -> None:
         """An attempt started after waiting ``wait`` seconds READY; ``inverted`` if it passed over an
@@ -97,7 +106,8 @@ class Bucket:
         self.dispatched += 1
         if inverted:
             self.inversions += 1
-        self.waits[0 if wait < _UNIT else wait_bin(wait)] += 1
+        self.wait_total += wait
+        self.waits[0 if wait < _UNIT else duration_bin(wait)] += 1
 
     def fixed_start(self, hit: bool) -> None:
         """A fixed-start task started within its tolerance (a hit), or started late or missed."""
@@ -107,6 +117,8 @@ class Bucket:
 
     def attempt(self, run: float, outcome: Status) -> None:
         """An attempt ended after ``run`` seconds as SUCCEEDED, FAILED (retryable or not) or CANCELLED."""
+        self.ended += 1
+        self.runs[0 if run < _UNIT else duration_bin(run)] += 1
         self.run_total += run
         if outcome is Status.SUCCEEDED:
             self.succeeded += 1
@@ -114,8 +126,12 @@ class Bucket:
         elif outcome is Status.FAILED:
             self.failed += 1
 
+    def retry(self) -> None:
+        """A task that failed retryably got another attempt (it is RETRYING, not dead-lettered)."""
+        self.retried += 1
 
-_NO_WAITS = [0] * BINS
+
+_EMPTY = [0] * BINS
 
 
 class WindowView:
@@ -126,23 +142,31 @@ class WindowView:
         "failed",
         "fixed_start_hit_rate",
         "priority_adherence",
+        "retried",
+        "run_p50",
+        "run_p99",
         "schedule_efficiency",
         "succeeded",
         "utilization",
+        "wait_mean",
         "wait_p50",
         "wait_p90",
         "wait_p99",
     )
 
     def __init__(self, buckets: list[Bucket]) -> None:
-        dispatched = inversions = succeeded = failed = fixed_hits = fixed_total = 0
-        run_total = run_ok = capacity_area = 0.0
+        dispatched = inversions = succeeded = failed = retried = ended = fixed_hits = fixed_total = 0
+        wait_total = run_total = run_ok = capacity_area = 0.0
         waits = [0] * BINS
+        runs = [0] * BINS
         for b in buckets:
             dispatched += b.dispatched
             inversions += b.inversions
+            wait_total += b.wait_total
             succeeded += b.succeeded
             failed += b.failed
+            retried += b.retried
+            ended += b.ended
             run_total += b.run_total
             run_ok += b.run_ok
             capacity_area += b.capacity_area
@@ -150,21 +174,27 @@ class WindowView:
             fixed_total += b.fixed_total
             if b.dispatched:
                 waits = [x + y for x, y in zip(waits, b.waits, strict=True)]
+            if b.ended:
+                runs = [x + y for x, y in zip(runs, b.runs, strict=True)]
         self.dispatched = dispatched
         self.succeeded = succeeded
         self.failed = failed
+        self.retried = retried
         self.priority_adherence = 1.0 - inversions / dispatched if dispatched else 1.0
         self.fixed_start_hit_rate = fixed_hits / fixed_total if fixed_total else 1.0
         # Attempts are credited when they end, so one that began before the window can overshoot.
         self.utilization = min(1.0, run_total / capacity_area) if capacity_area > 0 else 0.0
         self.schedule_efficiency = min(self.utilization, run_ok / capacity_area) if capacity_area > 0 else 0.0
+        self.wait_mean = wait_total / dispatched if dispatched else 0.0
         self.wait_p50 = quantile(waits, dispatched, 0.50)
         self.wait_p90 = quantile(waits, dispatched, 0.90)
         self.wait_p99 = quantile(waits, dispatched, 0.99)
+        self.run_p50 = quantile(runs, ended, 0.50)
+        self.run_p99 = quantile(runs, ended, 0.99)
 
 
 class WindowStats:
-    """One pool's windowed counters plus its worker-seconds since start (for cost)."""
+    """One pool's windowed counters plus its worker-seconds since start (reported, and priced as cost)."""
 
     __slots__ = ("_current", "_ring", "_until", "_width", "capacity", "last", "worker_seconds")
 

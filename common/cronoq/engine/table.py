@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from bisect import bisect_right
 from collections import deque
-from collections.abc import Collection
+from collections.abc import Collection, Iterable
 
 from .model import Status, Task
 
@@ -53,9 +53,9 @@ class TaskTable:
         self.next_id = task.id + 1
         self.live += 1
 
-    def restore(self, task: Task, now: float) -> None:
-        """Insert a task recovered from the store, in ascending id order, below ``next_id``. A finished
-        one is retained as if it had just finished (its retention restarts)."""
+    def restore(self, task: Task) -> None:
+        """Insert a task recovered from the store, in ascending id order, below ``next_id``, as live;
+        once all are in, the caller hands the finished ones to ``retain_restored``."""
         if self._ids and task.id <= self._ids[-1]:
             raise ValueError(f"task {task.id} restored out of order")
         self.by_id[task.id] = task
@@ -63,8 +63,17 @@ class TaskTable:
         if task.spec.key:  # ascending ids: the newest task with a key holds it
             self.by_key[task.spec.key] = task
         self.live += 1
-        if task.status.terminal:
-            self.retire(task, now)
+
+    def retain_restored(self, finished: Iterable[Task], now: float) -> None:
+        """Retain restored finished tasks from when they finished, so that a takeover does not restart
+        their retention; ``now`` when that is unknown or ahead of ``now`` (the previous leader's clock).
+        Sorted first: retention expires them oldest first, and ids are not in finishing order."""
+
+        def finished_at(task: Task) -> float:
+            return now if task.finished is None else min(task.finished, now)
+
+        for task in sorted(finished, key=finished_at):
+            self.retire(task, finished_at(task))
 
     def get(self, ref: int | str) -> Task | None:
         return self.by_key.get(ref) if isinstance(ref, str) else self.by_id.get(ref)

@@ -25,8 +25,9 @@ class Pool:
     ``executor`` may be a coroutine function (run on the scheduler's loop, cancelled when the attempt is
     aborted) or a plain function (run in the loop's default thread pool; it cannot be interrupted). The
     capacity starts at ``initial`` (default ``min``); with autoscaling on (``autoscale=None``, the
-    default, or an :class:`AutoscaleConfig`) it then follows queue pressure within [min, max], and with
-    ``autoscale=False`` it changes only through ``Scheduler.set_capacity``/``set_group_capacity``.
+    default, or an :class:`AutoscaleConfig`) it then follows queue pressure within [min, max] from there
+    (so it is at least ``min`` once started), and with ``autoscale=False`` it changes only through
+    ``Scheduler.set_capacity``/``set_group_capacity``.
     """
 
     __slots__ = ("config", "executor", "initial", "is_async", "name")
@@ -92,6 +93,7 @@ class Pool:
             default_duration=validate.positive("default_duration", default_duration),
             cost_per_worker_second=0.0 if scaling is None else scaling.cost_per_worker_second,
             autoscale=None if scaling is None else scaling.to_engine(),
+            initial=self.initial,
             unknown_dependency=validate.choice("unknown_dependency", unknown_dependency, UnknownDependency),
             await_timeout=None if await_timeout is None else validate.seconds("await_timeout", await_timeout),
             reservable_fraction=validate.fraction("reservable_fraction", reservable_fraction),

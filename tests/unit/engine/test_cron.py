@@ -321,6 +321,22 @@ def test_unknown_time_zone(tz: str, shown: str) -> None:
     assert str(raised.value) == f"tz: unknown time zone {shown}"
 
 
+# --- the last occurrence up to a time (a late timer's catch-up) ---------------------------------------------
+
+
+def test_last_until_is_the_latest_occurrence_in_the_half_open_interval() -> None:
+    minutely = CronSchedule.parse("* * * * *")
+    day = at("2026-05-01T00:00:00")
+    assert minutely.last_until(day + 86_430.0, day + 60.0) == day + 86_400.0  # 1,439 in between
+    assert minutely.last_until(day + 120.0, day + 60.0) == day + 120.0  # the end is included
+    assert minutely.last_until(day + 179.9, day + 119.5) == day + 120.0  # a single one
+    # Fall back: the second 02:30 in Berlin (01:30Z) is not an occurrence, so the first pass is the last.
+    berlin = CronSchedule.parse("30 2 * * *", "Europe/Berlin")
+    assert berlin.last_until(at("2026-10-25T01:45:00"), at("2026-10-20T00:00:00")) == at(
+        "2026-10-25T00:30:00"
+    )
+
+
 # --- attributes and keys ------------------------------------------------------------------------------------
 
 

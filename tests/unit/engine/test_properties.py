@@ -29,6 +29,7 @@ from cronoq.engine import (
 from cronoq.engine.model import PENDING, Task
 
 S = Status
+WAITING = frozenset({S.BLOCKED, S.SCHEDULED})
 NEXT: dict[Status, set[Status]] = {
     S.BLOCKED: {S.READY},
     S.READY: {S.RUNNING, S.CANCELLED, S.SHED},
@@ -261,6 +262,16 @@ class EngineMachine(RuleBasedStateMachine):
             ]
             assert 0.0 <= pool.priority_adherence <= 1.0
             assert 0.0 <= pool.schedule_efficiency <= pool.utilization <= 1.0
+
+    @invariant()
+    def waiting_counts_the_blocked_and_scheduled(self) -> None:
+        """The engine's own count of tasks not yet eligible (kept apart from the backlog the autoscaler
+        sees) matches their statuses, per pool and class; it cannot go negative."""
+        for pool in self.engine.pool_names:
+            assert self.engine._waiting[pool] == [
+                sum(1 for i, s in self.status.items() if s in WAITING and self.priority(i, pool) == c)
+                for c in Priority
+            ]
 
     @invariant()
     def busy_within_capacity(self) -> None:

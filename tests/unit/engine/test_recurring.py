@@ -199,3 +199,111 @@ def test_restored_schedules_continue_and_invalid_ones_are_counted() -> None:
     fresh.tick(10.0)
     keys = [t.spec.key for t in occurrences(fresh)]
     assert keys == ["sh@1970-01-01T00:00:10Z", "sh@1970-01-01T00:00:20Z"]
+
+
+# --- late timers: downtime before a takeover, a stalled loop ---------------------------------------------
+
+
+def taken_over(e: Engine, now: float, *, first_id: int = 1000) -> Engine:
+    """A new leader that restores ``e``'s tasks and schedules (as a store returns them) at ``now``."""
+    fresh = Engine([PoolConfig("p", retry=NO_RETRY)], first_id=first_id)
+    tasks = [dataclasses.replace(t) for t in occurrences(e)]
+    fresh.restore(tasks, now, [dataclasses.replace(r) for r in e.list_recurring()])
+    return fresh
+
+
+def test_a_takeover_a_day_late_creates_one_occurrence_not_one_per_missed_start() -> None:
+    e = make()
+    e.add_recurring(schedule("* * * * *"), 0.0)  # its occurrence at 60 is stored, not yet started
+    now = 60.0 + 86_400.0 + 30.0  # a day later, mid-minute: no passed start is within tolerance
+    fresh = taken_over(e, now)
+    fresh.tick(now)
+    stored, *created = occurrences(fresh)
+    assert (stored.spec.start, stored.status) == (60.0, Status.READY)  # run_late: it stands for the gap
+    [ahead] = created
+    assert (ahead.spec.start, ahead.status) == (86_520.0, Status.SCHEDULED)
+    [recurring] = fresh.list_recurring()
+    assert (recurring.next_start, recurring.last_task_id) == (86_520.0, ahead.id)
+    assert recurring.missed_starts == 1_000  # 1,440 passed; a catch-up counts at most 1,000
+    fresh.tick(86_520.0)  # and the schedule goes on as usual
+    assert [t.spec.start for t in occurrences(fresh)][-2:] == [86_520.0, 86_580.0]
+
+
+def test_a_stalled_tick_skips_the_missed_starts_and_counts_them() -> None:
+    e = make()
+    e.add_recurring(schedule("0 * * * *"), 0.0)
+    e.tick(3_600.0)  # on time: the 7,200 occurrence is created
+    e.tick(86_400.0 + 1_800.0)  # the loop stalled for a day
+    starts = [t.spec.start for t in occurrences(e)]
+    assert starts == [3_600.0, 7_200.0, 90_000.0]
+    [recurring] = e.list_recurring()
+    assert recurring.missed_starts == 22  # 10,800 ... 86,400: each more than its tolerance late
+
+
+def test_the_latest_passed_start_still_within_tolerance_runs_on_time() -> None:
+    e = make()
+    e.add_worker(1, "p", 5, {}, 0.0)
+    e.add_recurring(schedule(overlap=Overlap.ALLOW, tolerance=1.0), 0.0)
+    e.tick(10.0)  # 10 runs, 20 is created
+    e.tick(50.5)  # 20 is late; 30 and 40 passed; 50 is half a second late
+    by_start = {t.spec.start or 0.0: t for t in occurrences(e)}  # occurrences all have a start
+    assert sorted(by_start) == [10.0, 20.0, 50.0, 60.0]
+    assert by_start[50.0].status is Status.RUNNING
+    assert by_start[60.0].status is Status.SCHEDULED
+    assert e.snapshot(50.5).pools[0].fixed_start_hit_rate == pytest.approx(2 / 3)  # 20 was late
+    [recurring] = e.list_recurring()
+    assert (recurring.next_start, recurring.missed_starts) == (60.0, 2)
+
+
+@pytest.mark.parametrize("key", ["sh", ""])
+def test_overlap_skip_still_applies_to_an_occurrence_restored_after_failover(key: str) -> None:
+    e = make()
+    e.add_recurring(schedule(key=key), 0.0)
+    e.tick(10.0)  # no worker: 10 stays READY (run_late), 20 is created
+    fresh = taken_over(e, 12.0)
+    fresh.tick(20.0)
+    first, second, third = occurrences(fresh)
+    assert first.status is Status.READY  # still pending
+    assert (second.status, second.message) == (Status.SKIPPED, "previous occurrence still running")
+    assert third.status is Status.SCHEDULED
+
+
+# --- an occurrence whose start passed before it was scheduled obeys overlap like an on-time one -------------
+
+
+@pytest.mark.parametrize(
+    ("overlap", "status"),
+    [
+        (Overlap.SKIP, Status.SKIPPED),
+        (Overlap.QUEUE, Status.BLOCKED),
+        (Overlap.QUEUE_ON_SUCCESS, Status.BLOCKED),
+        (Overlap.ALLOW, Status.RUNNING),
+    ],
+)
+def test_an_occurrence_created_late_obeys_overlap_while_the_previous_one_runs(
+    overlap: Overlap, status: Status
+) -> None:
+    e = make()
+    e.add_worker(1, "p", 5, {}, 0.0)
+    e.add_recurring(schedule(overlap=overlap), 0.0)
+    e.tick(10.0)
+    [first] = drain(e).dispatches
+    e.complete(1, first.lease, 15.0)
+    e.tick(30.5)  # a stalled loop: 20 starts (late) and runs; 30, half a second late, is created now
+    by_start = {t.spec.start: t for t in occurrences(e)}
+    assert by_start[20.0].status is Status.RUNNING
+    late = by_start[30.0]
+    assert late.status is status
+    if status is Status.SKIPPED:
+        assert late.message == "previous occurrence still running"
+        assert e.snapshot(30.5).totals.skipped == 1
+
+
+def test_overlap_skip_judges_an_occurrence_whose_start_passed_during_a_takeover() -> None:
+    e = make()
+    e.add_recurring(schedule(), 0.0)
+    e.tick(10.0)  # no worker: 10 stays READY (run_late), 20 is created
+    fresh = taken_over(e, 20.5)  # 20's start passed while no engine led, within its tolerance
+    first, second = occurrences(fresh)
+    assert first.status is Status.READY
+    assert (second.status, second.message) == (Status.SKIPPED, "previous occurrence still running")

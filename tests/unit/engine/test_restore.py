@@ -6,7 +6,7 @@ import copy
 import dataclasses
 import random
 
-from cronoq.engine import Dep, Engine, PoolConfig, RetryPolicy, Status, Task
+from cronoq.engine import Dep, Engine, EngineLimits, PoolConfig, RetryPolicy, Semaphore, Status, Task
 
 from .helpers import FIXED, drain, spec, task_of
 
@@ -123,3 +123,41 @@ def test_restored_blocked_task_whose_met_target_was_pruned_waits_for_the_rest() 
     lease_b = next(d for d in drain(new).dispatches if d.task.id == b.id)
     new.complete(1, lease_b.lease, 3.0)
     assert task_of(new, c.id).status is Status.RUNNING
+
+
+def test_a_task_whose_resource_is_no_longer_configured_fails_instead_of_breaking_dispatch() -> None:
+    old = Engine([PoolConfig("p", retry=FIXED)], resources=[Semaphore("gpu", 2), Semaphore("db", 1)])
+    gpu = dataclasses.replace(spec(key="ready"), resources={"gpu": 1})
+    db = dataclasses.replace(spec(key="db"), resources={"db": 1})
+    old.add_worker(1, "p", 1, {}, 0.0)
+    old.submit([dataclasses.replace(gpu, key="running"), gpu, db], 0.0)
+    drain(old)
+    left = [copy.deepcopy(t) for t in old.list_tasks(pools=None, statuses=None, after=0, limit=10)[0]]
+    assert [t.status for t in left] == [Status.RUNNING, Status.READY, Status.READY]
+    for task in left:
+        task.lease = task.worker = 0
+    new = Engine([PoolConfig("p", retry=FIXED)], first_id=100, resources=[Semaphore("db", 1)])
+    new.restore(left, 10.0)
+    for key in ("running", "ready"):
+        task = task_of(new, key)
+        assert (task.status, task.message) == (Status.FAILED, "resource 'gpu' is no longer configured")
+    new.add_worker(2, "p", 2, {}, 10.0)  # dispatch goes on: the task that can still run does
+    assert [d.task.spec.key for d in drain(new).dispatches] == ["db"]
+    assert new.pending_count("p") == 0 and new.snapshot(10.0).totals.failed == 2
+
+
+def test_restored_finished_tasks_are_retained_from_when_they_finished() -> None:
+    old = Engine([PoolConfig("p", retry=FIXED)])
+    old.add_worker(1, "p", 2, {}, 0.0)
+    old.submit([spec(key="early"), spec(key="late")], 0.0)
+    leases = {d.task.spec.key: d.lease for d in drain(old).dispatches}
+    old.complete(1, leases["late"], 50.0)
+    old.complete(1, leases["early"], 10.0)  # finish order is not id order
+    finished = [copy.deepcopy(task_of(old, key)) for key in ("early", "late")]
+    new = Engine([PoolConfig("p", retry=FIXED)], first_id=100, limits=EngineLimits(key_retention=100.0))
+    new.restore(finished, 90.0)
+    assert new.next_wakeup() == 110.0  # when "early" expires, not 190
+    new.tick(110.0)
+    assert new.get("early") is None and task_of(new, "late").status is Status.SUCCEEDED
+    new.tick(150.0)
+    assert new.get("late") is None

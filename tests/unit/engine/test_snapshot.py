@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
+import random
 
 import pytest
 
-from cronoq.engine import EngineLimits, PoolConfig, Priority, Status
-from cronoq.engine.stats import BINS, WindowStats, bin_value, quantile, wait_bin
+from cronoq.engine import Dep, Engine, EngineLimits, PoolConfig, Priority, Semaphore, Status
+from cronoq.engine.stats import BINS, WindowStats, bin_value, duration_bin, quantile
 
-from .helpers import FIXED, drain, make_engine, run_one_at_a_time, spec, task_of
+from .helpers import FIXED, drain, make_engine, only_dispatch, run_one_at_a_time, spec, task_of
 
 POOL = PoolConfig("p", retry=FIXED, cost_per_worker_second=0.5)
 
@@ -58,7 +60,9 @@ def test_windowed_counters_forget_what_is_older_than_the_window_but_cost_accumul
         0.0,
         0.0,
     )
+    assert (pool.retried, pool.wait_mean, pool.run_p50, pool.run_p99) == (0, 0.0, 0.0, 0.0)
     assert pool.cost == pytest.approx(2 * 100.0 * 0.5)
+    assert pool.worker_seconds == pytest.approx(2 * 100.0)
     assert engine.snapshot(100.0).totals.succeeded == 1
 
 
@@ -69,7 +73,41 @@ def test_cost_follows_capacity_changes() -> None:
     engine.add_worker(2, "p", 2, {}, 30.0)
     engine.remove_worker(1, 40.0)
     worker_seconds = 4 * 10 + 1 * 10 + 3 * 10 + 2 * 10
-    assert engine.snapshot(50.0).pools[0].cost == pytest.approx(worker_seconds * 0.5)
+    pool = engine.snapshot(50.0).pools[0]
+    assert pool.worker_seconds == pytest.approx(worker_seconds)
+    assert pool.cost == pytest.approx(worker_seconds * 0.5)
+
+
+def test_worker_seconds_accumulate_since_start_without_a_price() -> None:
+    engine = make_engine(PoolConfig("p"))  # cost_per_worker_second 0: cost stays 0, not the integral
+    engine.add_worker(1, "p", 4, {}, 10.0)
+    assert engine.snapshot(100.0).pools[0].worker_seconds == pytest.approx(360.0)
+    pool = engine.snapshot(1_000.0).pools[0]  # far past the window: not windowed
+    assert pool.worker_seconds == pytest.approx(3_960.0) and pool.cost == 0.0
+
+
+def gpu_engine() -> Engine:
+    return Engine([PoolConfig("p", retry=FIXED)], resources=[Semaphore("gpu", 1)], rng=random.Random(0))
+
+
+def test_ready_counts_queued_due_and_parked_tasks_only() -> None:
+    engine = gpu_engine()
+    start = dataclasses.replace(spec(key="fixed"), start=10.0)
+    behind = dataclasses.replace(spec(), deps=(Dep("a"),))
+    engine.submit([spec(key="a"), spec(), start, behind], 0.0)  # no worker yet
+    pool = engine.snapshot(0.0).pools[0]
+    assert (pool.ready, sum(pool.pending_by_class)) == (2, 4)  # the fixed start and its dependent wait
+    engine.tick(10.0)
+    assert engine.snapshot(10.0).pools[0].ready == 3  # the fixed start is due
+    gpu = dataclasses.replace(spec(), resources={"gpu": 1})
+    other = gpu_engine()
+    other.submit([gpu, gpu], 0.0)
+    other.add_worker(1, "p", 2, {}, 0.0)  # one runs; the other finds a free slot but no permit: parked
+    pool = other.snapshot(0.0).pools[0]
+    assert (pool.busy, pool.ready) == (1, 1)
+    other.fail(1, only_dispatch(other).lease, "boom", False, 5.0, 1.0)  # RETRYING is not ready
+    pool = other.snapshot(1.0).pools[0]
+    assert (pool.busy, pool.ready, sum(pool.pending_by_class)) == (1, 0, 1)
 
 
 def test_wait_percentiles_follow_the_distribution() -> None:
@@ -81,6 +119,39 @@ def test_wait_percentiles_follow_the_distribution() -> None:
     assert pool.wait_p50 == pytest.approx(5.0, rel=0.07)
     assert pool.wait_p90 == pytest.approx(9.0, rel=0.07)
     assert pool.wait_p99 == pytest.approx(9.9, rel=0.07)
+    assert pool.wait_mean == pytest.approx(5.05)  # exact, not from the histogram
+
+
+def test_run_percentiles_cover_attempts_that_ended_whatever_the_outcome() -> None:
+    engine = make_engine(PoolConfig("p", max=100, retry=FIXED))
+    engine.add_worker(1, "p", 100, {}, 0.0)
+    engine.submit([spec() for _ in range(100)], 0.0)
+    leases = drain(engine).dispatches
+    for i, lease in enumerate(leases):  # runs of 0.1 .. 10 s; every other attempt fails, retryably
+        if i % 2:
+            engine.complete(1, lease.lease, (i + 1) * 0.1)
+        else:
+            engine.fail(1, lease.lease, "boom", False, 100.0, (i + 1) * 0.1)
+    pool = engine.snapshot(10.0).pools[0]
+    assert pool.run_p50 == pytest.approx(5.0, rel=0.07)
+    assert pool.run_p99 == pytest.approx(9.9, rel=0.07)
+    assert (pool.failed, pool.retried, pool.wait_mean) == (50, 50, 0.0)
+    assert make_engine().snapshot(10.0).pools[0].run_p50 == 0.0  # no attempt ended
+
+
+def test_retried_counts_failures_that_got_another_attempt_not_the_last_one() -> None:
+    engine = make_engine(PoolConfig("p", retry=FIXED))  # 3 attempts, backoff 1 s then 2 s
+    engine.add_worker(1, "p", 1, {}, 0.0)
+    [task] = engine.submit([spec()], 0.0)
+    engine.fail(1, only_dispatch(engine).lease, "boom", False, None, 1.0)  # again at 2
+    engine.tick(2.0)
+    engine.fail(1, only_dispatch(engine).lease, "boom", False, None, 3.0)  # again at 5
+    engine.tick(5.0)
+    engine.fail(1, only_dispatch(engine).lease, "boom", False, None, 6.0)  # the last attempt
+    assert task_of(engine, task.id).status is Status.DEAD_LETTERED
+    pool = engine.snapshot(6.0).pools[0]
+    assert (pool.failed, pool.retried) == (3, 2)
+    assert engine.snapshot(6.0).totals.retries == 2
 
 
 def test_utilization_is_one_when_every_slot_ran_all_window_and_efficiency_excludes_failures() -> None:
@@ -121,21 +192,30 @@ def test_counters_of_finished_statuses() -> None:
 
 def test_histogram_bins_are_ordered_and_within_one_sixteenth() -> None:
     values = [0.0, 0.0005, 0.001, 0.0015, 0.01, 0.37, 1.0, 2.9, 45.0, 3600.0, 86_400.0]
-    bins = [wait_bin(v) for v in values]
+    bins = [duration_bin(v) for v in values]
     assert bins == sorted(bins)
-    assert wait_bin(0.0009) == 0 and bin_value(0) == 0.0
+    assert duration_bin(0.0009) == 0 and bin_value(0) == 0.0
     for v in values[2:]:
-        assert math.isclose(bin_value(wait_bin(v)), v, rel_tol=1 / 16)
-    assert wait_bin(1e12) == BINS - 1
+        assert math.isclose(bin_value(duration_bin(v)), v, rel_tol=1 / 16)
+    assert duration_bin(1e12) == BINS - 1
+
+
+def test_each_bin_begins_at_its_octave_and_eighth() -> None:
+    """Bin k >= 1 holds [2**octave x (1 + sub/8), the next such edge) milliseconds, k = 1 + 8 x octave + sub."""
+    for index in range(1, BINS):
+        octave, sub = divmod(index - 1, 8)
+        edge = 2.0**octave * (1.0 + sub / 8)
+        assert duration_bin(edge * 1e-3) == index
+        assert duration_bin(math.nextafter(edge, 0.0) * 1e-3) == index - 1
 
 
 def test_quantile_takes_the_bin_holding_the_rank() -> None:
     counts = [0] * BINS
-    counts[wait_bin(1.0)] = 9
-    counts[wait_bin(100.0)] = 1
-    assert quantile(counts, 10, 0.5) == bin_value(wait_bin(1.0))
-    assert quantile(counts, 10, 0.9) == bin_value(wait_bin(1.0))
-    assert quantile(counts, 10, 0.99) == bin_value(wait_bin(100.0))
+    counts[duration_bin(1.0)] = 9
+    counts[duration_bin(100.0)] = 1
+    assert quantile(counts, 10, 0.5) == bin_value(duration_bin(1.0))
+    assert quantile(counts, 10, 0.9) == bin_value(duration_bin(1.0))
+    assert quantile(counts, 10, 0.99) == bin_value(duration_bin(100.0))
     assert quantile(counts, 0, 0.5) == 0.0
 
 

@@ -681,3 +681,13 @@ async def _until(check: Callable[[], object], expected: object = True) -> None:
         if value == expected:
             return
         await asyncio.sleep(0)
+
+
+# ------------------------------------------------------------------------------------------ capacity
+
+
+async def test_an_autoscaled_pool_starting_below_min_has_min_capacity_once_started() -> None:
+    async with Scheduler([Pool("default", echo, min=1, max=1, initial=0)]) as scheduler:
+        pool = (await scheduler.snapshot()).pool("default")
+        assert pool is not None and (pool.capacity, pool.desired) == (1, 1)
+        assert await within(await scheduler.submit("ran")) == "ran"
