@@ -7,11 +7,11 @@ name unreachable shards, and workers it sent to their shard.
 
 from __future__ import annotations
 
+from cronoq.discovery import LeaderFinder
 from cronoq.forward import Peers, write_forwarding
 from cronoq.prometheus import Sample, Writer, labelled
 from cronoq.shards import ShardMap
 
-from .discovery import LeaderFinder
 from .service import RouterService
 
 

@@ -19,19 +19,18 @@ from cronoq.api.http_api import build_http_app
 from cronoq.api.limits import LimitsInterceptor, RequestLimits, grpc_server_options
 from cronoq.auth import Authenticator, Role
 from cronoq.config import Config
+from cronoq.discovery import forwarding
 from cronoq.errors import InvalidArgument, NotFound, PermissionDenied
-from cronoq.forward import Peers, WrongShard
+from cronoq.forward import WrongShard
 from cronoq.logs import get_logger
 from cronoq.shards import ShardMap
-from cronoq.tls import load_server_tls, peer_credentials
+from cronoq.tls import load_server_tls
 from cronoq.v1 import cronoq_pb2_grpc as pbg
 
 from . import metrics
-from .discovery import LeaderFinder
 from .service import RouterService
 
 DRAIN_S = 5.0
-RETRIES = 3  # forwarded calls tried again after UNAVAILABLE, when that cannot run them twice
 log = get_logger("cronoq.router")
 
 
@@ -70,18 +69,9 @@ class RouterServer:
         self.config = config
         limits = config.limits
         shards = ShardMap.from_config(config)
-        # Shards are reached over https:// with [server.peer_tls], as shards reach each other.
-        credentials = peer_credentials(config)
-        self.finder = LeaderFinder(shards, credentials=credentials)
-        self.peers = Peers(
-            shards,
-            insecure_peer_http=config.server.insecure_peer_http,
-            timeout=limits.request_timeout_s,
-            resolve=self.finder.endpoint,
-            suspect=self.finder.suspect,
-            retries=RETRIES,
-            credentials=credentials,
-        )
+        # Shards are reached as shards reach each other: at their leaders, over https:// with
+        # [server.peer_tls].
+        self.finder, self.peers = forwarding(shards, config)
         self.auth = Authenticator(config.auth.token_entries(), config.auth.cert_entries())
         self.service = RouterService(
             [p.name for p in config.pools],
@@ -134,7 +124,7 @@ class RouterServer:
         app = build_http_app(
             self.service,
             max_body_bytes=limits.max_http_body_bytes,
-            loopback_only_guard=not self.auth.enabled,
+            loopback_only_guard=cfg.host_guard(cfg.router.http_addr),
             metrics=self.render_metrics,
             require_client_cert=tls is not None and tls.client_certs_required,
             limits=self.request_limits,

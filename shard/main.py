@@ -69,11 +69,13 @@ def read_config(args: argparse.Namespace) -> Config:
     return validate_config(default_config().with_overrides(args.shard, args.insecure_no_auth))
 
 
-async def serve(config: Config) -> None:
+async def serve(config: Config) -> str | None:
+    """Serve until signalled; why the server ended on its own, if it did."""
     from .server import ShardServer
 
     server = ShardServer(config)
-    await serve_until_signalled(server.start, server.shutdown)
+    await serve_until_signalled(server.start, server.shutdown, server.ended)
+    return server.failure
 
 
 def _refuse(header: str, problems: Iterable[object]) -> int:
@@ -105,10 +107,13 @@ def main(argv: list[str] | None = None) -> int:
         print(f"configuration ok: {len(config.pools)} pool(s): {', '.join(p.name for p in config.pools)}")
         return 0
     try:
-        asyncio.run(serve(config))
+        failure = asyncio.run(serve(config))
     except OSError as err:
         log.error("startup_failed", error=str(err))
         print(f"cronoq-server: cannot start: {err}", file=sys.stderr)
+        return 1
+    if failure is not None:
+        print(f"cronoq-server: stopped: {failure}", file=sys.stderr)
         return 1
     return 0
 

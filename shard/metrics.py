@@ -50,9 +50,11 @@ def render(
     shard: str,
     watch_streams: int,
     commits: CommitStats | None = None,
+    recurring_missed: int = 0,
 ) -> str:
     """The whole exposition. ``outcomes`` counts terminal statuses per (pool, status) since start;
-    ``commits`` is given with a durable store."""
+    ``commits`` is given with a durable store; ``recurring_missed`` sums the schedules' starts skipped
+    since this leader began (``Recurring.missed_starts``)."""
     w = _Writer()
     pools = snap.pools
 
@@ -139,6 +141,11 @@ def render(
             "cronoq_recurring_invalid_total",
             t.recurring_invalid,
             "Recurring occurrences or schedules that could not be created or restored.",
+        ),
+        (
+            "cronoq_recurring_missed_starts_total",
+            recurring_missed,
+            "Recurring starts that passed while no leader ran the schedule (or it stalled): not replayed.",
         ),
     ):
         w.family(name, "counter", help_text, [({}, float(value))])

@@ -21,7 +21,7 @@ import asyncio
 import contextlib
 import time
 from collections import deque
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -59,7 +59,7 @@ class WorkerSink(Protocol):
 class Watcher:
     """One Watch subscription: a filter and a bounded buffer; overflow ends it with DATA_LOSS."""
 
-    pools: frozenset[str]
+    pools: frozenset[str] | None  # None: every pool; empty: none (a credential scoped to no pools)
     ids: frozenset[int]
     keys: frozenset[str]
     all_transitions: bool
@@ -71,7 +71,7 @@ class Watcher:
     def wants(self, event: StatusEvent) -> bool:
         if not self.all_transitions and not event.status.terminal:
             return False
-        if self.pools and event.pool not in self.pools:
+        if self.pools is not None and event.pool not in self.pools:
             return False
         if self.ids or self.keys:
             return event.id in self.ids or (bool(event.key) and event.key in self.keys)
@@ -133,6 +133,7 @@ class Runtime:
         # Held for the next commit (durable store only): tasks by id, outputs, schedule changes and
         # actions in order, and the callers of sync() to answer once it is done.
         self._changed: dict[int, Task] = {}
+        self._writing: dict[int, Task] = {}  # the tasks of the commit in flight
         self._schedules: list[tuple[str, Recurring | None]] = []
         self._new_outputs: list[tuple[int, bytes, str]] = []
         self._held: list[Action] = []
@@ -228,6 +229,16 @@ class Runtime:
             return
         await fut
 
+    async def settle(self, task_ids: Iterable[int]) -> None:
+        """Return once the state of these tasks, as the engine has it now, is committed: an answer built
+        from that state (Get, List, Wait) may then be sent. Without it a client could be told a task
+        succeeded, the leader crash before the commit, and the next leader run the task again."""
+        if self.store is None:
+            return
+        changed, writing = self._changed, self._writing
+        if any(i in changed or i in writing for i in task_ids):
+            await self.sync()
+
     def start_committer(self) -> None:
         if self.store is not None and self._committer is None:
             self._committer = asyncio.get_running_loop().create_task(self._commit_loop())
@@ -270,6 +281,7 @@ class Runtime:
             if not (self._held or self._changed or self._schedules or self._synced):
                 continue
             changed, self._changed = self._changed, {}
+            self._writing = changed
             outputs, self._new_outputs = self._new_outputs, []
             schedules, self._schedules = self._schedules, []
             held, self._held = self._held, []
@@ -291,6 +303,7 @@ class Runtime:
                 return
             finally:
                 self._committing = False
+                self._writing = {}
             self.commit_stats.add(time.perf_counter() - began, len(batch.tasks))
             self._deliver(held)
             for fut in synced:
@@ -393,6 +406,9 @@ class Runtime:
         await asyncio.wait_for(event.wait(), timeout)
 
     def wake_waiters_unavailable(self, message: str = "server is shutting down") -> None:
+        """Fail every pending wait and commit (shutdown, step-down). Those calls were admitted, so the
+        error is never marked as a refusal before admission (``cronoq.transport.unadmitted``): a
+        forwarder must not send them to the new leader, where a keyless Submit would run twice."""
         for waiters in self._waiters.values():
             for fut in waiters:
                 if not fut.done():
@@ -406,10 +422,20 @@ class Runtime:
     # ---------------------------------------------------------------------------------- watch
 
     def subscribe(
-        self, pools: Collection[str], ids: Collection[int], keys: Collection[str], all_transitions: bool
+        self,
+        pools: Collection[str] | None,
+        ids: Collection[int],
+        keys: Collection[str],
+        all_transitions: bool,
     ) -> Watcher:
+        """A subscription to the status events of ``pools`` (None: every pool) and, if given, only of
+        these ``ids`` or ``keys``."""
         watcher = Watcher(
-            frozenset(pools), frozenset(ids), frozenset(keys), all_transitions, self.watch_buffer
+            None if pools is None else frozenset(pools),
+            frozenset(ids),
+            frozenset(keys),
+            all_transitions,
+            self.watch_buffer,
         )
         self._watchers.append(watcher)
         return watcher

@@ -40,6 +40,7 @@ from cronoq.api.limits import LimitsInterceptor, RequestLimits, grpc_server_opti
 from cronoq.auth import Authenticator, Principal
 from cronoq.config import Config
 from cronoq.config.model import WebhookScaler
+from cronoq.discovery import LeaderFinder, forwarding
 from cronoq.engine import Engine
 from cronoq.errors import Unavailable
 from cronoq.forward import Peers, write_forwarding
@@ -47,7 +48,7 @@ from cronoq.limits import LimitHits
 from cronoq.logs import get_logger
 from cronoq.prometheus import Writer
 from cronoq.shards import ShardMap
-from cronoq.tls import ServerTls, load_server_tls, peer_credentials
+from cronoq.tls import ServerTls, load_server_tls
 from cronoq.v1 import cronoq_pb2_grpc as pbg
 
 from . import metrics
@@ -103,16 +104,12 @@ class ShardServer:
                 if isinstance(p.scaler, WebhookScaler) and p.name in local
             }
         )
-        self.peers = (
-            Peers(
-                self.shards,
-                insecure_peer_http=config.server.insecure_peer_http,
-                timeout=limits.request_timeout_s,
-                credentials=peer_credentials(config),
-            )
-            if self.shards.sharded
-            else None
-        )
+        # Sharded: calls for other shards go to their leaders, found among their members as a router
+        # finds them (a shard's endpoint may be a Service that hands a call to a standby).
+        self.finder: LeaderFinder | None = None
+        self.peers: Peers | None = None
+        if self.shards.sharded:
+            self.finder, self.peers = forwarding(self.shards, config)
         # The engine forgets finished tasks no later than the store prunes them, so that a pruned task is
         # gone everywhere (its key no longer dedups, Get says NOT_FOUND).
         engine_limits = limits.to_engine()
@@ -164,6 +161,8 @@ class ShardServer:
         self._stopping = False
         self._serving = asyncio.Event()  # set while leading
         self._leader_task: asyncio.Task[None] | None = None
+        self.ended = asyncio.Event()  # set on a fatal failure (or a signal): time to shut down
+        self.failure: str | None = None  # why the server ended on its own, for the exit status
         self._pruner: asyncio.Task[None] | None = None
 
     def _make_stream(self, context: Any, caller: Principal) -> WorkerStream:
@@ -211,6 +210,7 @@ class ShardServer:
             shard=shard,
             watch_streams=runtime.watch_count,
             commits=runtime.commit_stats if runtime.store is not None else None,
+            recurring_missed=sum(r.missed_starts for r in runtime.engine.list_recurring()),
         )
         return text + own
 
@@ -226,6 +226,8 @@ class ShardServer:
         except BaseException:
             await self.store.close()
             raise
+        if self.finder is not None:
+            await self.finder.start()
         self._leader_task = asyncio.get_running_loop().create_task(self._lead_forever())
         if not self.store.durable:
             await self._serving.wait()
@@ -233,7 +235,19 @@ class ShardServer:
             log.info("standing_by", store=self.config.store.KIND)
 
     async def _lead_forever(self) -> None:
-        """Stand by until leading, lead until leadership is lost, and again, until shutdown."""
+        """Stand by until leading, lead until leadership is lost, and again, until shutdown.
+
+        A failure nothing here can recover from (an unreadable or damaged store, a bug) ends the process
+        through :attr:`ended` with :attr:`failure` set: a server that can neither lead nor stand by must
+        not stay up looking healthy (``/healthz`` 200) while holding, or never taking, leadership."""
+        try:
+            await self._lead_loop()
+        except Exception as err:
+            self.failure = f"leadership failed: {type(err).__name__}: {err}"
+            log.error("leadership_failed", error=self.failure)
+            self.ended.set()
+
+    async def _lead_loop(self) -> None:
         while not self._stopping:
             leadership = await self.store.acquire()
             if self._stopping:
@@ -427,7 +441,7 @@ class ShardServer:
         app = build_http_app(
             self.service,
             max_body_bytes=limits.max_http_body_bytes,
-            loopback_only_guard=not self.auth.enabled,
+            loopback_only_guard=cfg.host_guard(cfg.server.http_addr),
             metrics=self.render_metrics,
             require_client_cert=tls is not None and tls.client_certs_required,
             limits=self.request_limits,
@@ -520,6 +534,8 @@ class ShardServer:
             log.warning("release_failed", error=str(err))
         await self.store.close()
         await self.scalers.close()
+        if self.finder is not None:
+            await self.finder.close()
         if self.peers is not None:
             await self.peers.close()
         async with self._grpc_lock:

@@ -30,6 +30,7 @@ from cronoq.forward import Peers
 from cronoq.limits import LimitHits
 from cronoq.routing import Routing, check_batch
 from cronoq.shards import Shard, ShardMap
+from cronoq.transport import unadmitted
 from cronoq.v1 import cronoq_pb2 as pb
 
 from .convert import (
@@ -52,6 +53,8 @@ POOL_BOUND = "(its max_pending; by default limits.max_pending_per_pool)"
 PARK_MARGIN_S = 1.0
 PARK_MARGIN_SHARE = 0.1
 DEFAULT_PAGE = 100  # ListTasks without a limit
+STANDBY = "this server is a standby, not the leader; retry against the leader"
+SHUTTING_DOWN = "server is shutting down; retry against the new leader"
 _NOT_FOUND_CODES = frozenset({"unknown_pool", "unknown_resource", "unknown_dependency"})
 _EXHAUSTED_CODES = frozenset({"full", "overloaded"})
 
@@ -124,10 +127,11 @@ class Service:
 
     @property
     def runtime(self) -> Runtime:
-        """The serving runtime; UNAVAILABLE while this server is a standby."""
+        """The serving runtime; UNAVAILABLE while this server is a standby. Not marked as refused before
+        admission (``authorize`` is): a step-down between a Submit's commit and its wait lands here too."""
         runtime = self._runtime
         if runtime is None:
-            raise Unavailable("this server is a standby, not the leader; retry against the leader")
+            raise Unavailable(STANDBY)
         return runtime
 
     @property
@@ -156,8 +160,10 @@ class Service:
         principal = self.auth.require(authorization, role, () if forwarded else cert_names)
         if self.routing is not None:
             principal = replace(principal, credential=authorization or "", forwarded=forwarded)
-        if role is not Role.METRICS and not self.runtime.accepting:
-            raise Unavailable("server is shutting down; retry against the new leader")
+        if role is not Role.METRICS:
+            runtime = self._runtime
+            if runtime is None or not runtime.accepting:  # refused before the engine saw anything
+                raise unadmitted(STANDBY if runtime is None else SHUTTING_DOWN)
         return principal
 
     def _check_pool(self, caller: Principal, field: str, pool: str) -> None:
@@ -247,8 +253,8 @@ class Service:
         park_s = self.request_timeout_s - min(PARK_MARGIN_S, PARK_MARGIN_SHARE * self.request_timeout_s)
         deadline = runtime.clock() + park_s
         while True:
-            if not runtime.accepting:
-                raise Unavailable("server is shutting down; retry against the new leader")
+            if not runtime.accepting:  # nothing admitted yet: "full" refuses the whole call
+                raise unadmitted(SHUTTING_DOWN)
             try:
                 submitted = runtime.engine.submit(specs, runtime.clock())
             except SubmitError as err:
@@ -361,7 +367,9 @@ class Service:
         found = await self._task(caller, "task", req.task)
         if isinstance(found, StoredTask):
             return task_info(found.task, found.output is not None)
-        return task_info(found, self.runtime.output_available(found))
+        info = task_info(found, self.runtime.output_available(found))
+        await self.runtime.settle((found.id,))
+        return info
 
     async def list_tasks(self, caller: Principal, req: pb.ListTasksRequest) -> pb.ListTasksResponse:
         """One page in id order; with [[shards]], every shard's page merged (the requested pools split by
@@ -370,8 +378,11 @@ class Service:
         if not caller.forwarded and (req.limit or DEFAULT_PAGE) > self.max_list:
             self.limit_hits.hit("max_list")
         if self.routing is None or caller.forwarded:
-            return self._list_local(caller, req)
-        return await self.routing.list_tasks(caller, req, self._list_local)
+            page = self._list_local(caller, req)
+        else:
+            page = await self.routing.list_tasks(caller, req, self._list_local)
+        await self.runtime.settle(t.id for t in page.tasks)  # other shards' ids are never ours
+        return page
 
     def _list_local(self, caller: Principal, req: pb.ListTasksRequest) -> pb.ListTasksResponse:
         engine = self.runtime.engine
@@ -423,7 +434,9 @@ class Service:
         task = self.runtime.engine.get(task_id)
         if task is None:
             raise NotFound(f"task {task_id} finished and is no longer retained")
-        return await self.result(task)
+        result = await self.result(task)
+        await self.runtime.settle((task_id,))  # it may have finished in a commit still to come
+        return result
 
     async def wait(self, caller: Principal, req: pb.WaitRequest) -> pb.TaskResult:
         remote = await self._ref_owner(caller, "task", req.task)
@@ -448,9 +461,8 @@ class Service:
             if not engine.has_pool(pool):
                 raise NotFound(f"pools: unknown pool '{pool}'")
             self._check_pool(caller, "pools", pool)
-        pools = set(req.pools)
-        if not pools and caller.pools is not None:
-            pools = set(caller.pools)
+        # No pools asked: every pool the caller may see (None: all; an empty scope sees none).
+        pools = frozenset(req.pools) if req.pools else caller.pools
         watcher = self.runtime.subscribe(pools, req.ids, req.keys, req.all_transitions)
         try:
             while True:
@@ -537,7 +549,7 @@ class Service:
                 f"name: schedule '{spec.name}' exists in a pool this credential may not use"
             )
         if not runtime.accepting:
-            raise Unavailable("server is shutting down; retry against the new leader")
+            raise unadmitted(SHUTTING_DOWN)
         try:
             runtime.engine.add_recurring(spec, runtime.clock())
         except RecurringError as err:  # the engine names the field: "cron: ...", "template.resources: ..."

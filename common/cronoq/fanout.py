@@ -1,17 +1,35 @@
 """Fan-out calls across shards (ListTasks, Snapshot, ListWorkers, ListRecurring, RemoveRecurring): splitting the request, merging the
-answers. Pure functions over wire messages, shared by shard servers and the router; a shard that failed
-to answer (its ApiError in place of an answer) is named in ``unavailable_shards`` (SPEC §9)."""
+answers. Pure functions over wire messages, shared by shard servers and the router; a shard that could
+not answer (UNAVAILABLE or DEADLINE_EXCEEDED in place of an answer) is named in ``unavailable_shards``
+(SPEC §9), and any other error a shard answered is the caller's, raised as a single server would."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from typing import Any
 
-from .errors import ApiError, NotFound, Unavailable
+from .errors import ApiError, DeadlineExceeded, NotFound, Unavailable
 from .shards import Shard, ShardMap
 from .v1 import cronoq_pb2 as pb
 
 Answers = Sequence[tuple[Shard, Any]]  # each shard and its answer, or the ApiError it failed with
+
+
+def unreachable(answer: Any) -> bool:
+    """Whether a shard's ``answer`` is the error of a shard that could not answer at all (down, between
+    leaders, too slow), rather than an answer or a refusal."""
+    return isinstance(answer, Unavailable | DeadlineExceeded)
+
+
+def unanswered(answer: Any) -> bool:
+    """Whether a shard's ``answer`` is :func:`unreachable`, to be named in ``unavailable_shards``. Any
+    other error is raised: a refusal (PERMISSION_DENIED for a pool the credential may not use,
+    UNAUTHENTICATED) is what a single server would answer, not an outage."""
+    if unreachable(answer):
+        return True
+    if isinstance(answer, ApiError):
+        raise answer
+    return False
 
 
 def split_list(shards: ShardMap, req: pb.ListTasksRequest) -> list[tuple[Shard, pb.ListTasksRequest]]:
@@ -41,7 +59,7 @@ def merge_pages(answers: Answers, limit: int) -> pb.ListTasksResponse:
     more = False
     unavailable: list[str] = []
     for shard, answer in answers:
-        if isinstance(answer, ApiError):
+        if unanswered(answer):
             unavailable.append(shard.name)
             continue
         merged.extend(answer.tasks)
@@ -58,7 +76,7 @@ def merge_snapshots(answers: Answers) -> pb.SnapshotResponse:
     """Every shard's pools side by side; counts and totals added up."""
     merged = pb.SnapshotResponse()
     for shard, answer in answers:
-        if isinstance(answer, ApiError):
+        if unanswered(answer):
             merged.unavailable_shards.append(shard.name)
             continue
         merged.pools.extend(answer.pools)
@@ -75,7 +93,7 @@ def merge_snapshots(answers: Answers) -> pb.SnapshotResponse:
 def merge_workers(answers: Answers) -> pb.ListWorkersResponse:
     merged = pb.ListWorkersResponse()
     for shard, answer in answers:
-        if isinstance(answer, ApiError):
+        if unanswered(answer):
             merged.unavailable_shards.append(shard.name)
         else:
             merged.workers.extend(answer.workers)
@@ -86,7 +104,7 @@ def merge_recurring(answers: Answers) -> pb.ListRecurringResponse:
     """Every shard's schedules, in shard order (each shard lists its own in the order they were added)."""
     merged = pb.ListRecurringResponse()
     for shard, answer in answers:
-        if isinstance(answer, ApiError):
+        if unanswered(answer):
             merged.unavailable_shards.append(shard.name)
         else:
             merged.schedules.extend(answer.schedules)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import Counter
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -19,15 +19,17 @@ import grpc
 
 from cronoq.auth import Principal
 from cronoq.client._connect import Endpoint, api_error, open_channel
-from cronoq.errors import ApiError, FailedPrecondition, Unavailable
+from cronoq.errors import ApiError, DeadlineExceeded, FailedPrecondition, Unavailable
 from cronoq.hosts import is_loopback_name
 from cronoq.prometheus import Writer, labelled
 from cronoq.shards import Shard, ShardMap
 from cronoq.transport import (
     FORWARDED_KEY,
+    NOT_RECEIVED_KEY,
     OUTPUT_TYPE_KEY,
     SHARD_ENDPOINT_KEY,
     SHARD_KEY,
+    UNAVAILABLE_SHARDS_KEY,
     metadata_value,
 )
 from cronoq.v1 import cronoq_pb2_grpc as pbg
@@ -74,27 +76,39 @@ PEER_CHANNEL_OPTIONS = (
 # Retried after UNAVAILABLE (the leader moved, or is between leaders) when a retry cannot run a call
 # twice: the call changes nothing, names its tasks by key, or provably never reached a leader.
 RETRY_DELAYS_S = (0.1, 0.25, 0.5, 1.0)
+RETRIES = 3  # how many of them a router or a sharded server uses
 _READ_ONLY = frozenset({"Get", "Wait", "ListTasks", "Snapshot", "ListWorkers", "ListRecurring", "Cancel"})
-_NOT_RECEIVED = ("standby", "failed to connect", "connection refused", "shutting down")
+# How gRPC itself (not a server) fails a call it never sent: the channel could not connect.
+_NOT_CONNECTED = ("failed to connect", "connection refused")
 
 
-def retry_safe(method: str, request: Any, err: ApiError) -> bool:
-    """Whether a call that failed with ``err`` (UNAVAILABLE) may be sent again without running twice."""
-    if method in _READ_ONLY:
+def never_received(err: grpc.aio.AioRpcError) -> bool:
+    """Whether a call that failed UNAVAILABLE provably never reached the target's engine: the target
+    refused it before admission and said so (``NOT_RECEIVED_KEY``), or gRPC could not connect to send it.
+    Never judged by words a server wrote: "shutting down" also ends a committed Submit(wait)'s wait, and
+    a store failure's message may quote "connection refused"; gRPC's own message begins with its words."""
+    if metadata_value(err.trailing_metadata(), NOT_RECEIVED_KEY) is not None:
         return True
-    if method == "Submit" and request.task.key:
+    return (err.details() or "").lower().startswith(_NOT_CONNECTED)
+
+
+def retry_safe(method: str, request: Any, received: bool) -> bool:
+    """Whether a call that failed UNAVAILABLE may be sent again without running twice: one that was
+    never ``received`` always, else only one that changes nothing or names every task it adds by key."""
+    if not received or method in _READ_ONLY:
         return True
-    if method == "SubmitBatch" and all(task.key for task in request.tasks):
-        return True
-    message = err.message.lower()
-    return any(sign in message for sign in _NOT_RECEIVED)
+    if method == "Submit":
+        return bool(request.task.key)
+    if method == "SubmitBatch":
+        return all(task.key for task in request.tasks)
+    return False
 
 
 class Peers:
     """Channels to the other shards, opened on first use and kept (one per endpoint URL).
 
-    ``resolve`` gives the URL to use for a shard now (the router's leader discovery; default: its
-    configured endpoint); ``suspect(shard, url)`` hears of a call there that failed UNAVAILABLE, and
+    ``resolve`` gives the URL to use for a shard now (leader discovery, :mod:`cronoq.discovery`;
+    default: its configured endpoint); ``suspect(shard, url)`` hears of a call there that failed UNAVAILABLE, and
     ``retries`` bounds how often such a call is tried again (only when that cannot run it twice).
     ``credentials`` (from ``[server.peer_tls]``) are used for ``https://`` endpoints; without them the
     system trust store verifies peers and no client certificate is presented.
@@ -193,16 +207,23 @@ class Peers:
                     return response, None
                 return response, metadata_value(await call.trailing_metadata(), OUTPUT_TYPE_KEY)
             except grpc.aio.AioRpcError as err:
-                error = _error(err, shard, url)
+                error, received = _error(err, shard, url), not never_received(err)
             if not isinstance(error, Unavailable):
                 raise error
-            if self._suspect is not None:
-                self._suspect(shard, url)
-            if attempt >= self.retries or not retry_safe(method, request, error):
+            if not await self._again(shard, method, url, attempt, retry_safe(method, request, received)):
                 raise error
-            await asyncio.sleep(RETRY_DELAYS_S[attempt])
             attempt += 1
-            self.retried[(shard.name, method)] += 1
+
+    async def _again(self, shard: Shard, method: str, url: str, attempt: int, safe: bool) -> bool:
+        """After a call to ``url`` failed UNAVAILABLE: tell the leader search (``suspect``), then whether
+        to send it again, after a pause: only when ``safe`` and fewer than ``retries`` retries were made."""
+        if self._suspect is not None:
+            self._suspect(shard, url)
+        if attempt >= self.retries or not safe:
+            return False
+        await asyncio.sleep(RETRY_DELAYS_S[attempt])
+        self.retried[(shard.name, method)] += 1
+        return True
 
     async def fan_out(
         self, shards: Sequence[Shard], service: str, method: str, requests: Sequence[Any], caller: Principal
@@ -217,31 +238,108 @@ class Peers:
 
         return list(await asyncio.gather(*(one(s, r) for s, r in zip(shards, requests, strict=True))))
 
-    async def stream(self, shard: Shard, method: str, request: Any, caller: Principal) -> AsyncIterator[Any]:
-        """Forward a server-streaming Tasks call (Watch); counted in ``calls`` when it ends."""
-        outcome = "ok"
-        try:
-            url = self.url(shard)
-            self.check(shard, caller, url)
-            _, tasks, _ = self._stub(url)
-            call = getattr(tasks, method)(request, metadata=self._metadata(caller))
-            try:
-                async for message in call:
-                    yield message
-            except grpc.aio.AioRpcError as err:
-                raise _error(err, shard, url) from None
-            finally:
-                call.cancel()
-        except ApiError as err:
-            outcome = err.code
-            raise
-        finally:
-            self.calls[(shard.name, method, outcome)] += 1
+    def stream(self, shard: Shard, method: str, request: Any, caller: Principal) -> PeerStream:
+        """A server-streaming Tasks call (Watch) to ``shard``, started by :meth:`PeerStream.open`."""
+        return PeerStream(self, shard, method, request, caller)
 
     async def close(self) -> None:
         channels = [stubs[0] for stubs in self._stubs.values()]
         self._stubs.clear()
         await asyncio.gather(*(channel.close() for channel in channels), return_exceptions=True)
+
+
+class PeerStream:
+    """A server-streaming call (Watch) forwarded to a shard; counted in ``Peers.calls`` when it ends.
+
+    :meth:`open` returns once the shard said the stream is open: its Watch sends its initial metadata
+    (``UNAVAILABLE_SHARDS_KEY``) as soon as it is subscribed, so a healthy shard with nothing to report
+    is told from one that is stuck, and a refusal, which comes as a status alone, is raised from here.
+    Then ``anext()`` gives its messages; :meth:`aclose` cancels the call.
+    """
+
+    def __init__(self, peers: Peers, shard: Shard, method: str, request: Any, caller: Principal) -> None:
+        self._peers = peers
+        self._shard = shard
+        self._method = method
+        self._request = request
+        self._caller = caller
+        self._call: Any = None  # the grpc.aio call, once started
+        self._url = ""
+        self._ended = False
+
+    async def open(self) -> None:
+        """Start the call and wait, at most the forwarding timeout, for the shard to open it. UNAVAILABLE
+        (a standby, a leader that just moved) is tried again like a read, at the leader found meanwhile."""
+        peers, shard = self._peers, self._shard
+        try:
+            async with asyncio.timeout(peers.timeout):
+                attempt = 0
+                while not await self._start():
+                    error = await self._refusal()
+                    if not isinstance(error, Unavailable):
+                        raise error
+                    if not await peers._again(shard, self._method, self._url, attempt, True):
+                        raise error
+                    attempt += 1
+        except TimeoutError:
+            self._end("deadline_exceeded")
+            raise DeadlineExceeded(
+                f"shard '{shard.name}' did not open the {self._method} stream within {peers.timeout:g} s"
+            ) from None
+        except ApiError as err:
+            self._end(err.code)
+            raise
+        except BaseException:  # cancelled: the caller went away while it opened
+            self._end("cancelled")
+            raise
+
+    async def _start(self) -> bool:
+        """Send the call to the shard's current URL; whether the shard opened it (else it ended)."""
+        peers = self._peers
+        self._url = peers.url(self._shard)
+        peers.check(self._shard, self._caller, self._url)
+        _, tasks, _ = peers._stub(self._url)
+        self._call = getattr(tasks, self._method)(self._request, metadata=peers._metadata(self._caller))
+        opened = await self._call.initial_metadata()
+        return metadata_value(opened, UNAVAILABLE_SHARDS_KEY) is not None
+
+    async def _refusal(self) -> ApiError:
+        """The error of a call that ended without opening (its status, naming the shard)."""
+        call = self._call
+        code, details = await call.code(), await call.details()
+        if code == grpc.StatusCode.OK:  # ended without a word: neither opened nor refused
+            return Unavailable(
+                f"shard '{self._shard.name}' ended the {self._method} stream without opening it"
+            )
+        err = grpc.aio.AioRpcError(
+            code, await call.initial_metadata(), await call.trailing_metadata(), details
+        )
+        return _error(err, self._shard, self._url)
+
+    async def __anext__(self) -> Any:
+        try:
+            message = await self._call.read()
+        except grpc.aio.AioRpcError as err:
+            error = _error(err, self._shard, self._url)
+            self._end(error.code)
+            raise error from None
+        if message is grpc.aio.EOF:
+            self._end("ok")
+            raise StopAsyncIteration
+        return message
+
+    async def aclose(self) -> None:
+        if self._call is not None:
+            self._call.cancel()
+        self._end("ok")
+
+    def _end(self, outcome: str) -> None:
+        if self._ended:
+            return
+        self._ended = True
+        if self._call is not None and outcome != "ok":
+            self._call.cancel()
+        self._peers.calls[(self._shard.name, self._method, outcome)] += 1
 
 
 def write_forwarding(w: Writer, peers: Peers, prefix: str) -> None:

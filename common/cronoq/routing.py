@@ -9,13 +9,12 @@ out to every shard with :mod:`cronoq.fanout`.
 from __future__ import annotations
 
 import asyncio
-import contextlib
-from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Any
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Sequence
+from typing import Any, Protocol
 
 from . import fanout
 from .auth import Principal
-from .errors import ApiError, InvalidArgument, NotFound, Unavailable
+from .errors import ApiError, InvalidArgument, NotFound, Unavailable, error_for
 from .forward import Peers
 from .limits import exceeded
 from .shards import SHARD_SHIFT, Shard, ShardMap
@@ -25,6 +24,161 @@ Local = Callable[[Principal, Any], Any]  # answers one fan-out part on this proc
 LocalRemove = Callable[[Principal, pb.RemoveRecurringRequest], Awaitable[pb.RemoveRecurringResponse]]
 LocalWatch = Callable[[Principal, pb.WatchRequest], AsyncIterator[pb.StatusEvent]]
 WATCH_QUEUE = 1024  # events in flight from all shards to one watcher
+
+
+class Watch(Protocol):
+    """A Watch stream as the transports serve it: :meth:`open` returns once it is subscribed wherever it
+    watches, raising a refusal as one server would; then :attr:`unavailable_shards` names the shards it
+    could not reach, and iterating gives the events. :meth:`aclose` unsubscribes."""
+
+    unavailable_shards: tuple[str, ...]
+
+    async def open(self) -> None: ...
+
+    def __aiter__(self) -> AsyncIterator[pb.StatusEvent]: ...
+
+    def __anext__(self) -> Awaitable[pb.StatusEvent]: ...
+
+    async def aclose(self) -> None: ...
+
+
+class _Part(Protocol):
+    """One shard's stream inside a :class:`MergedWatch` (an :class:`OwnWatch`, or a forwarded
+    :class:`~cronoq.forward.PeerStream`)."""
+
+    async def open(self) -> None: ...
+
+    def __anext__(self) -> Awaitable[Any]: ...
+
+    async def aclose(self) -> None: ...
+
+
+class OwnWatch(AsyncIterator[pb.StatusEvent]):
+    """One shard's own events, from its request handler's generator, which checks the request and
+    subscribes before its first suspension (it never awaits before that). So :meth:`open` starts it and
+    lets the loop run once: by then it is subscribed or has raised, with no event needed (a quiet shard
+    must not look stuck). An event it already has is kept for the first :meth:`__anext__`."""
+
+    unavailable_shards: tuple[str, ...] = ()
+
+    def __init__(self, events: AsyncIterator[pb.StatusEvent]) -> None:
+        self._events = events
+        self._first: asyncio.Future[pb.StatusEvent] | None = None
+        self._started = False
+
+    async def open(self) -> None:
+        if self._started:
+            return
+        self._started = True
+        self._first = first = asyncio.ensure_future(anext(self._events))
+        await asyncio.sleep(0)
+        if first.done() and isinstance(first.exception(), ApiError):
+            self._first = None
+            first.result()
+
+    async def __anext__(self) -> pb.StatusEvent:
+        await self.open()
+        first, self._first = self._first, None
+        return await (first if first is not None else anext(self._events))
+
+    async def aclose(self) -> None:
+        first, self._first = self._first, None
+        if first is not None and not first.done():
+            first.cancel()
+            await asyncio.wait({first})
+        elif first is not None and not first.cancelled():
+            first.exception()  # retrieved, so that asyncio does not log it as lost
+        if isinstance(self._events, AsyncGenerator):
+            await self._events.aclose()
+
+
+def serving(events: AsyncIterator[pb.StatusEvent]) -> Watch:
+    """What a request handler's ``watch`` returned, as a :class:`Watch`: a fan-out already is one; a
+    single shard's own generator is wrapped in :class:`OwnWatch`."""
+    return events if isinstance(events, MergedWatch) else OwnWatch(events)
+
+
+class MergedWatch(AsyncIterator[pb.StatusEvent]):
+    """Several shards' Watch streams as one, events interleaved as they come.
+
+    :meth:`open` opens every shard's stream at once (a remote one within the forwarding timeout) and
+    names those that could not be reached (UNAVAILABLE, DEADLINE_EXCEEDED) in
+    :attr:`unavailable_shards`, as the unary fan-outs do (SPEC §9); any other error (a refusal) is
+    raised, and so is UNAVAILABLE when no shard could be reached (there would be nothing to watch). A
+    shard whose stream fails or ends after it opened ends the whole watch with an error naming it:
+    silently missing that shard's events would be worse, and the client watches again."""
+
+    def __init__(self, parts: Sequence[tuple[Shard, _Part]]) -> None:
+        self.unavailable_shards: tuple[str, ...] = ()
+        self._parts = parts
+        self._queue: asyncio.Queue[pb.StatusEvent | ApiError] = asyncio.Queue(maxsize=WATCH_QUEUE)
+        self._pumps: list[asyncio.Task[None]] = []
+        self._started = False
+
+    async def open(self) -> None:
+        if self._started:
+            return
+        self._started = True
+        try:
+            failures = await asyncio.gather(*(_opened(part) for _, part in self._parts))
+        except BaseException:  # cancelled while opening: let go of the shards already opened
+            await self.aclose()
+            raise
+        down = [
+            (shard, err) for (shard, _), err in zip(self._parts, failures, strict=True) if err is not None
+        ]
+        refusal = next((err for _, err in down if not fanout.unreachable(err)), None)
+        if refusal is not None or len(down) == len(self._parts):
+            await self.aclose()
+            if refusal is not None:
+                raise refusal
+            names = ", ".join(f"'{shard.name}'" for shard, _ in down)
+            raise Unavailable(
+                f"no shard could be watched: shard(s) {names} unreachable ({down[0][1].message})"
+            )
+        self.unavailable_shards = tuple(shard.name for shard, _ in down)
+        loop = asyncio.get_running_loop()
+        self._pumps = [
+            loop.create_task(self._pump(shard, part))
+            for (shard, part), err in zip(self._parts, failures, strict=True)
+            if err is None
+        ]
+
+    async def _pump(self, shard: Shard, part: _Part) -> None:
+        try:
+            while True:
+                await self._queue.put(await anext(part))
+        except StopAsyncIteration:
+            error: ApiError = Unavailable(f"shard '{shard.name}' ended its watch stream; watch again")
+        except ApiError as err:
+            error = err
+            if f"shard '{shard.name}'" not in err.message:
+                error = error_for(err.code, f"shard '{shard.name}': {err.message}")
+                error.metadata = err.metadata
+        await self._queue.put(error)
+
+    async def __anext__(self) -> pb.StatusEvent:
+        await self.open()
+        item = await self._queue.get()
+        if isinstance(item, ApiError):
+            raise item
+        return item
+
+    async def aclose(self) -> None:
+        for task in self._pumps:
+            task.cancel()
+        if self._pumps:
+            await asyncio.wait(self._pumps)
+        await asyncio.gather(*(part.aclose() for _, part in self._parts))
+
+
+async def _opened(part: _Part) -> ApiError | None:
+    """Open one shard's stream: None when it opened, else the error it failed with."""
+    try:
+        await part.open()
+    except ApiError as err:
+        return err
+    return None
 
 
 def check_batch(req: pb.SubmitBatchRequest, max_tasks_per_batch: int) -> None:
@@ -84,7 +238,12 @@ class Routing:
         self, caller: Principal, field: str, ref: pb.TaskRef, known_here: Callable[[str], bool]
     ) -> Shard | None:
         """The other shard holding the task ``ref`` names, or None when it is (or would be) here: by the
-        shard number in an id, or, for a key not ``known_here``, by asking the other shards."""
+        shard number in an id, or, for a key not ``known_here``, by asking the other shards.
+
+        A key that no shard answering holds, while some shard could not be asked, is UNAVAILABLE naming
+        those shards: one of them may hold it, so "here" (and then NOT_FOUND) could be false. That
+        includes a key only this shard's store still has (a finished task): a task of another shard
+        is preferred to it when that shard answers, so it cannot be the answer either."""
         if ref.WhichOneof("target") == "id":
             shard = self.shards.by_id(ref.id)
             if shard is None:
@@ -96,9 +255,18 @@ class Routing:
         answers = await self.peers.fan_out(
             others, "tasks", "Get", [pb.GetRequest(task=ref)] * len(others), caller
         )
+        down: list[tuple[Shard, ApiError]] = []
         for shard, answer in zip(others, answers, strict=True):
             if isinstance(answer, pb.TaskInfo):
                 return shard
+            if fanout.unreachable(answer):
+                down.append((shard, answer))
+        if down:
+            names = ", ".join(f"'{shard.name}'" for shard, _ in down)
+            raise Unavailable(
+                f"{field}.key: no shard that answered holds task {ref.key!r}, and shard(s) {names} could "
+                f"not be asked ({down[0][1].message}); retry"
+            )
         return None
 
     async def forward(
@@ -177,18 +345,16 @@ class Routing:
         answers = [*zip(mine, local_answers, strict=True), *zip(others, remote, strict=True)]
         return fanout.merge_removed(answers)
 
-    async def watch(
-        self, caller: Principal, req: pb.WatchRequest, local: LocalWatch | None
-    ) -> AsyncIterator[pb.StatusEvent]:
-        """Every relevant shard's events, interleaved as they come (this process's own from ``local``);
-        the first shard to fail ends the watch with its error, and the client watches again."""
+    def watch(self, caller: Principal, req: pb.WatchRequest, local: LocalWatch | None) -> MergedWatch:
+        """Every relevant shard's events as one stream (:class:`MergedWatch`), this process's own shard's
+        from ``local``; nothing is sent until the transport opens it."""
         for pool in req.pools:
             if self.shards.by_pool(pool) is None:
                 raise NotFound(f"pools: unknown pool '{pool}'")
-        shards = [s for s in self.shards if not req.pools or any(p in s.pools for p in req.pools)]
-        queue: asyncio.Queue[pb.StatusEvent | ApiError] = asyncio.Queue(maxsize=WATCH_QUEUE)
-
-        async def pump(shard: Shard) -> None:
+        parts: list[tuple[Shard, _Part]] = []
+        for shard in self.shards:
+            if req.pools and not any(p in shard.pools for p in req.pools):
+                continue
             part = pb.WatchRequest()
             part.CopyFrom(req)
             if req.pools:
@@ -196,24 +362,7 @@ class Routing:
                 part.pools.extend(p for p in req.pools if p in shard.pools)
             if self.shards.is_local(shard):
                 assert local is not None
-                events = local(caller, part)
+                parts.append((shard, OwnWatch(local(caller, part))))
             else:
-                events = self.peers.stream(shard, "Watch", part, caller)
-            try:
-                async for event in events:
-                    await queue.put(event)
-            except ApiError as err:
-                await queue.put(err)
-
-        pumps = [asyncio.get_running_loop().create_task(pump(shard)) for shard in shards]
-        try:
-            while True:
-                item = await queue.get()
-                if isinstance(item, ApiError):
-                    raise item
-                yield item
-        finally:
-            for task in pumps:
-                task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await asyncio.gather(*pumps, return_exceptions=True)
+                parts.append((shard, self.peers.stream(shard, "Watch", part, caller)))
+        return MergedWatch(parts)

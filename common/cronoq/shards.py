@@ -19,7 +19,7 @@ EPOCH_SHIFT = 48  # ... and the leader epoch below it (the whole top 16 bits whe
 @dataclass(frozen=True, slots=True)
 class Shard:
     """One leader group: its name, the number in its task ids, its gRPC endpoint (an http(s) URL) and
-    the members a router may probe to find its leader."""
+    the members a router or another shard's server may probe to find its leader."""
 
     name: str
     number: int

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import grpc
 
-from cronoq.errors import ApiError
+from cronoq.errors import ApiError, Unavailable
 
 _STATUS_BY_CODE: dict[str, grpc.StatusCode] = {s.name.lower(): s for s in grpc.StatusCode}
 
@@ -19,10 +19,28 @@ SHARD_ENDPOINT_KEY = "cronoq-shard-endpoint"
 # Trailing metadata of Submit(wait)/Wait answers that carry an output: its content type, which the wire
 # TaskResult has no field for, so that a forwarding server's HTTP gateway can render it.
 OUTPUT_TYPE_KEY = "cronoq-output-content-type"
+# Trailing metadata of an UNAVAILABLE refusal made before the call reached the engine (a standby, a server
+# that stopped admitting): nothing of it ran, so a forwarder may send it to the new leader even when
+# running it twice would not be safe (a keyless Submit). A message cannot say this: "server is shutting
+# down" also ends the wait of a Submit(wait) that was committed before it waited.
+NOT_RECEIVED_KEY = "cronoq-not-received"
+# Initial metadata of every Watch (and HTTP header of /v1/watch), sent as soon as the stream is subscribed
+# on every shard it covers and before any event: the shards it could not reach, comma-separated ("" when
+# none), which a StatusEvent stream has no ``unavailable_shards`` field for. Its presence is also how a
+# forwarding server tells "open" from a shard whose Watch is quiet: a refusal comes as a status alone.
+UNAVAILABLE_SHARDS_KEY = "cronoq-unavailable-shards"
 
 
 def grpc_status(err: ApiError) -> grpc.StatusCode:
     return _STATUS_BY_CODE.get(err.code, grpc.StatusCode.UNKNOWN)
+
+
+def unadmitted(message: str) -> Unavailable:
+    """An UNAVAILABLE refusal of a call the engine never saw, marked with :data:`NOT_RECEIVED_KEY`. Only
+    for refusals before admission: a failure after it must stay unmarked, or a forwarder runs it twice."""
+    err = Unavailable(message)
+    err.metadata = ((NOT_RECEIVED_KEY, "1"),)
+    return err
 
 
 def bearer(metadata: object) -> str | None:

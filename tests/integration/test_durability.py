@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import signal
+import sqlite3
 import time
 import urllib.error
 import urllib.request
@@ -198,3 +199,17 @@ async def test_finished_tasks_are_pruned_after_keep_finished_s(tmp_path: Path) -
             assert (await client.get(live.id)).status == "ready"
     finally:
         server.stop()
+
+
+async def test_a_store_that_breaks_under_the_servers_ends_both_with_a_failure_status(tmp_path: Path) -> None:
+    """Leadership that fails for good (here the lease table is gone) must end the process with a non-zero
+    status naming the failure, not leave it up, unready for ever, with ``/healthz`` still 200."""
+    db = tmp_path / "cronoq.db"
+    with leader_and_standby(tmp_path, sqlite_config(db)) as (leader, standby):
+        with sqlite3.connect(db) as conn:
+            conn.execute("DROP TABLE cronoq_leader")
+        for server in (leader, standby):  # the leader's renewal and the standby's poll both hit it
+            assert server.wait(timeout=30) == 1, server.logs()
+            assert "leadership_failed" in server.logs() and "cronoq-server: stopped: leadership failed" in (
+                server.logs()
+            )

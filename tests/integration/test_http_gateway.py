@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 import aiohttp
 import pytest
@@ -16,7 +17,7 @@ import pytest
 from cronoq.client import Lease
 
 from .helpers import worker
-from .serverproc import ServerProcess
+from .serverproc import ServerProcess, new_server
 
 pytestmark = pytest.mark.asyncio
 
@@ -86,6 +87,23 @@ async def test_without_credentials_only_loopback_hosts_are_answered(http: aiohtt
         assert resp.status == 200
     async with http.get("/readyz", headers={"Host": "rebound.example"}) as resp:
         assert resp.status == 200
+
+
+async def test_a_listener_opened_with_insecure_no_auth_answers_any_host(tmp_path: Path) -> None:
+    """On a network listener without credentials (``insecure_no_auth``) callers name the server by its
+    network name: the loopback Host guard, which would refuse them all, applies to loopback listeners."""
+    server = new_server(tmp_path, "[server]\ninsecure_no_auth = true\n")
+    text = server.config_path.read_text()
+    server.config_path.write_text(text.replace('http_addr = "127.0.0.1:', 'http_addr = "0.0.0.0:'))
+    server.start()
+    try:
+        async with (
+            aiohttp.ClientSession(f"http://127.0.0.1:{server.http_port}") as http,
+            http.get("/v1/tasks", headers={"Host": "cronoq.lan:7071"}) as resp,
+        ):
+            assert resp.status == 200, await resp.text()
+    finally:
+        server.stop()
 
 
 async def test_an_announced_oversized_body_is_refused_unread(server: ServerProcess) -> None:

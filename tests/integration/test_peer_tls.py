@@ -57,7 +57,7 @@ def peer_pki(tmp_path_factory: pytest.TempPathFactory) -> PeerPki:
     ca, ca_key = certs["ca"], certs["ca-key"]
     server_cert, server_key = _issue(d, "server", "/CN=127.0.0.1", "IP:127.0.0.1,DNS:localhost", ca, ca_key)
     client_cert, client_key = _issue(d, "client", "/CN=worker-1", "DNS:worker-1.internal", ca, ca_key)
-    return PeerPki(Pki(ca, server_cert, server_key, client_cert, client_key), certs["other-ca"])
+    return PeerPki(Pki(ca, server_cert, server_key, client_cert, client_key, ca_key), certs["other-ca"])
 
 
 def _peer_tls(pki: PeerPki, ca: Path) -> str:

@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import signal
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
+from typing import TypeVar
 
 import aiohttp
 import pytest
@@ -22,6 +24,7 @@ from .serverproc import ServerProcess, free_ports, write_config
 from .shardproc import ShardSpec, cluster_tables, router_process
 
 pytestmark = pytest.mark.asyncio
+T = TypeVar("T")
 
 SHARDS = {"a": (1, "a1"), "b": (2, "b1")}  # name -> (number, its one pool)
 
@@ -128,6 +131,14 @@ async def test_producers_and_workers_use_only_the_router(
             assert resp.status == 200 and int(body["id"]) >> SHARD_SHIFT == 1, body
 
 
+async def until(probe: Callable[[], Awaitable[T]], done: Callable[[T], bool]) -> T:
+    """What ``probe()`` gives once ``done`` says so (state that lives in the servers), within 10 s."""
+    async with asyncio.timeout(10):
+        while not done(value := await probe()):  # noqa: ASYNC110 - the condition lives in the servers
+            await asyncio.sleep(0.02)
+    return value
+
+
 async def until_routed(client: Client, key: str) -> float:
     """Seconds until a Get through the router succeeds again (a producer retrying, as producers do)."""
     began = time.monotonic()
@@ -171,6 +182,8 @@ async def test_the_router_follows_a_failover_and_names_a_shard_that_is_down(
             assert snapshot.unavailable_shards == ["b"] and [p.name for p in snapshot.pools] == ["a1"]
             with pytest.raises(Unavailable):
                 await client.submit(b"z", pool="b1")
+            with pytest.raises(Unavailable, match=r"shard\(s\) 'b' could not be asked"):
+                await client.get("on-no-shard")  # b may hold it: not NOT_FOUND while b is down
 
         m = await scrape_metrics(router)
         # Shard a's leader moved twice and is known; shard b has none (both members killed).
@@ -185,6 +198,28 @@ async def test_the_router_follows_a_failover_and_names_a_shard_that_is_down(
         assert m("cronoq_router_forwarded_total", shard="b", method="Submit", outcome="unavailable") == 1
         assert m("cronoq_router_forwarded_total", shard="a", method="Submit", outcome="ok") == 3
         assert m.total("cronoq_router_retries_total") >= 1  # calls that met the failover went again
+
+
+async def test_a_committed_keyless_submit_is_not_sent_again_when_its_leader_shuts_down(
+    tmp_path: Path, postgres_url: str, pg_schema: str
+) -> None:
+    """A clean shutdown ends the wait of a Submit(wait) it had committed with "server is shutting
+    down"; the router must not take that for a refusal and send the keyless Submit to the new leader."""
+    with cluster(tmp_path, postgres_url, pg_schema) as (router, shards):
+        leader, standby = shards["a"]
+        async with Client(router.target) as client:
+            waiting = asyncio.ensure_future(client.submit(b"once", pool="a1", wait=True, wait_timeout=5))
+            # Committed, and waiting: nothing serves the pool.
+            await until(lambda: client.list_tasks(pools=["a1"]), lambda page: bool(page.tasks))
+            leader.signal(signal.SIGTERM)
+            outcome = (await asyncio.gather(waiting, return_exceptions=True))[0]
+            standby.wait_probe("/readyz", 200, timeout=30)
+            # Once the router reaches the new leader:
+            page = await until(
+                lambda: client.list_tasks(pools=["a1"]), lambda page: not page.unavailable_shards
+            )
+            assert len(page.tasks) == 1, f"the Submit ran twice ({outcome!r})"
+            assert isinstance(outcome, Unavailable) and "shutting down" in outcome.message, outcome
 
 
 async def test_a_watch_through_the_router_sees_every_shard(

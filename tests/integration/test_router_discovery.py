@@ -1,6 +1,6 @@
-"""The router's leader discovery against real server processes: it finds a shard's leader among its
-members, follows a handover within 2 s, skips members that are down, and re-checks at once when the
-router reports a failed call."""
+"""Leader discovery (``cronoq.discovery``, used by the router and by sharded servers) against real
+server processes: it finds a shard's leader among its members, follows a handover within 2 s, skips
+members that are down, and re-checks at once when a forwarded call failed."""
 
 from __future__ import annotations
 
@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from cronoq.discovery import LeaderFinder
 from cronoq.shards import Shard, ShardMap
-from router.discovery import LeaderFinder
 
 from .serverproc import ServerProcess, free_port, leader_and_standby, new_server
 

@@ -36,8 +36,8 @@ from cronoq.v1 import cronoq_pb2 as pb
 from cronoq.v1 import cronoq_pb2_grpc as pbg
 
 from .helpers import Metrics, scrape_metrics, watch_while, worker
-from .serverproc import ServerProcess
-from .shardproc import ShardSpec, running_cluster
+from .serverproc import ServerProcess, free_ports, write_config
+from .shardproc import ShardSpec, cluster_tables, router_process, running_cluster
 
 pytestmark = pytest.mark.asyncio
 
@@ -501,8 +501,91 @@ async def test_a_down_shard_is_named_and_the_rest_still_answers(cluster: dict[st
             with pytest.raises(Unavailable):
                 await asyncio.wait_for(via_a.cancel(on_b), 10)
             assert (await asyncio.wait_for(via_a.get("a-a1"), 10)).id == on_a[0]  # found on a
+            for key in ("b-b1", "on-no-shard"):  # b may hold it: not NOT_FOUND while b cannot be asked
+                with pytest.raises(Unavailable, match=r"shard\(s\) 'b' could not be asked"):
+                    await asyncio.wait_for(via_a.get(key), 10)
             done = await via_a.submit(b"still", pool="a2", wait=True, wait_timeout=10)
             assert done.result is not None and done.result.text() == "a2:still"
+
+
+async def test_a_watch_with_a_shard_down_names_it_and_serves_the_rest(
+    cluster: dict[str, ServerProcess], tmp_path: Path
+) -> None:
+    """Watch fans out like the listings: through a sharded server and through a router, a shard that is
+    down is named (gRPC initial metadata, HTTP header ``Cronoq-Unavailable-Shards``) and the reachable
+    shards' events still come, rather than the whole watch failing."""
+    a, b = cluster["a"], cluster["b"]
+    router = router_process(
+        tmp_path / "router", cluster_tables(SHARDS, {name: endpoint(proc) for name, proc in cluster.items()})
+    )
+    router.start()
+    try:
+        b.kill()
+        for via in (a, router):
+            async with grpc.aio.insecure_channel(via.target) as channel, Client(via.target) as client:
+                call = pbg.TasksStub(channel).Watch(pb.WatchRequest(all_transitions=True), timeout=30)
+                opened = dict(await asyncio.wait_for(call.initial_metadata(), 10))
+                assert opened.get("cronoq-unavailable-shards") == "b", (via.target, opened)
+                task_id = (await client.submit(b"", pool="a1")).id
+                event = await asyncio.wait_for(call.read(), 10)
+                assert (event.id, event.pool) == (task_id, "a1")
+                call.cancel()
+
+                async with (
+                    aiohttp.ClientSession(base_url=via.http) as http,
+                    http.get("/v1/watch", params={"all": "true"}) as resp,
+                ):
+                    assert (resp.status, resp.headers["Cronoq-Unavailable-Shards"]) == (200, "b")
+                    task_id = (await client.submit(b"", pool="a1")).id
+                    line = b""
+                    while not line.startswith(b"data:"):
+                        line = await asyncio.wait_for(resp.content.readline(), 10)
+                    assert f'"id":"{task_id}"'.encode() in line, line
+    except BaseException:
+        print(f"----- log of the router -----\n{router.logs()}")
+        raise
+    finally:
+        router.stop()
+
+
+async def test_a_forwarded_call_reaches_the_other_shards_leader_past_its_standby(tmp_path: Path) -> None:
+    """A shard's endpoint may be a Service in front of its leader and standbys, which can hand a call to
+    a standby: a server finds the other shard's leader among its ``members``, as the router does, and
+    forwards there."""
+    ports = iter(free_ports(6))
+    a, b_leader, b_standby = ((next(ports), next(ports)) for _ in range(3))
+    leader_url, standby_url, a_url = (f"http://127.0.0.1:{grpc}" for grpc, _ in (b_leader, b_standby, a))
+    # Everyone reaches shard b at its standby, as a balancer in front of both may.
+    tables = cluster_tables(SHARDS, {"a": a_url, "b": standby_url}, {"b": [standby_url, leader_url]})
+    b_body = f'[server]\nshard = "b"\n\n[store]\nkind = "sqlite"\npath = "{tmp_path / "b.db"}"\n\n{tables}'
+    procs: dict[str, ServerProcess] = {}
+    for name, body, (grpc_port, http_port) in (
+        ("b-leader", b_body, b_leader),
+        ("b-standby", b_body, b_standby),
+        ("a", f'[server]\nshard = "a"\n\n{tables}', a),
+    ):
+        folder = tmp_path / name
+        folder.mkdir()
+        config = write_config(folder, body, grpc_port, http_port)
+        procs[name] = ServerProcess(config, folder / "server.log", grpc_port=grpc_port, http_port=http_port)
+    try:
+        procs["b-leader"].start()
+        procs["b-standby"].start(ready=False)
+        procs["a"].start()
+        assert procs["b-standby"].probe("/readyz") == 503  # the endpoint really is a standby
+        async with Client(procs["a"].target) as via_a:
+            submitted = await via_a.submit(b"", pool="b1", key="past-the-standby", call_timeout=10)
+            assert shard_number(submitted.id) == 2
+            assert (await via_a.get(submitted.id)).key == "past-the-standby"
+        async with Client(procs["b-leader"].target) as on_b:
+            assert (await on_b.get("past-the-standby")).id == submitted.id
+    except BaseException:
+        for name, proc in procs.items():
+            print(f"----- log of {name} ({proc.target}) -----\n{proc.logs()}")
+        raise
+    finally:
+        for proc in procs.values():
+            proc.stop()
 
 
 # ------------------------------------------------------------------------------------------ auth
@@ -534,6 +617,8 @@ async def test_the_owning_shard_authenticates_a_forwarded_call_again(tmp_path: P
                 await wider.submit(b"", pool="b1")
             with pytest.raises(NotFound):  # as on one server: a pool not allowed hides its tasks
                 await wider.get(on_b.id)
+            with pytest.raises(PermissionDenied, match=r"pools: .*'b1'"):  # b's refusal, not "b is down"
+                await wider.list_tasks(pools=["b1"])
             assert shard_number((await wider.submit(b"", pool="a1")).id) == 1
         async with Client(a.target, token=UNKNOWN_TO_B) as stranger:
             with pytest.raises(Unauthenticated):  # b has never heard of it

@@ -13,7 +13,7 @@ import grpc
 import pytest
 
 from cronoq.client import Client, ClientError
-from cronoq.errors import PermissionDenied
+from cronoq.errors import PermissionDenied, Unauthenticated
 
 from .serverproc import ServerProcess, free_ports, running_server, write_config
 
@@ -27,6 +27,7 @@ class Pki:
     server_key: Path
     client_cert: Path
     client_key: Path
+    ca_key: Path  # to issue a certificate a test needs of its own
 
 
 def _openssl(*args: str) -> None:
@@ -54,7 +55,7 @@ def pki(tmp_path_factory: pytest.TempPathFactory) -> Pki:
     )  # fmt: skip
     server_cert, server_key = _issue(d, "server", "/CN=127.0.0.1", "IP:127.0.0.1,DNS:localhost", ca, ca_key)
     client_cert, client_key = _issue(d, "client", "/CN=worker-1", "DNS:worker-1.internal", ca, ca_key)
-    return Pki(ca, server_cert, server_key, client_cert, client_key)
+    return Pki(ca, server_cert, server_key, client_cert, client_key, ca_key)
 
 
 def _tls_config(pki: Pki, mtls: bool) -> str:
@@ -144,6 +145,20 @@ async def test_a_client_certificate_is_an_identity_from_auth_certs(tmp_path: Pat
             assert (await admin.snapshot()).totals.submitted == 1  # the token decides
         assert _status(f"{server.http}/v1/tasks/{sub.id}", _https(pki, True)) == 200
         assert _status(f"{server.http}/v1/snapshot", _https(pki, True)) == 403
+        # The configured name as a URI (and email) SAN, not a DNS one: it must not pass for the dns_name.
+        uri_cert, uri_key = _issue(
+            tmp_path, "uri", "/CN=worker-1.internal", "URI:worker-1.internal,email:worker-1.internal",
+            pki.ca, pki.ca_key,
+        )  # fmt: skip
+        uri_only = grpc.ssl_channel_credentials(
+            pki.ca.read_bytes(), uri_key.read_bytes(), uri_cert.read_bytes()
+        )
+        async with Client(target, credentials=uri_only) as stranger:
+            with pytest.raises(Unauthenticated):  # verified, but names worker-1.internal as no DNS SAN
+                await stranger.submit(b"by a URI SAN")
+        uri_https = ssl.create_default_context(cafile=str(pki.ca))
+        uri_https.load_cert_chain(str(uri_cert), str(uri_key))
+        assert _status(f"{server.http}/v1/tasks/{sub.id}", uri_https) == 401
 
 
 async def test_unreadable_certificate_is_a_startup_error(tmp_path: Path, pki: Pki) -> None:

@@ -54,6 +54,7 @@ from cronoq.engine.model import (
     AutoscaleConfig,
     EngineLimits,
     PoolConfig,
+    Priority,
     RetryPolicy,
     Semaphore,
     TokenBucket,
@@ -441,6 +442,14 @@ def test_full_file_reads_every_table() -> None:
     assert config.router == RouterSection("0.0.0.0:8070", "0.0.0.0:8071")
 
 
+def test_a_pools_wait_time_objectives_reach_its_autoscaler() -> None:
+    config = parse_config(pool("slo = { normal = 5, critical = 0.5 }"), env={})
+    section = config.pool("p")
+    assert section is not None
+    autoscale = section.to_engine(config.limits).autoscale
+    assert autoscale is not None and dict(autoscale.slo) == {Priority.NORMAL: 5.0, Priority.CRITICAL: 0.5}
+
+
 def test_pool_lookup() -> None:
     config = Config()
     assert config.pool("default") is config.pools[0]
@@ -571,6 +580,8 @@ BAD: list[tuple[str, str, str]] = [
     (pool("tenant_weights = { acme = 0 }"), "pools[0].tenant_weights.acme", "> 0"),
     (pool("tenant_weights = { acme = -2 }"), "pools[0].tenant_weights.acme", "> 0"),
     (pool("tenant_weights = { 'a b' = inf }"), 'pools[0].tenant_weights."a b"', "finite"),
+    (pool("slo = { urgent = 1 }"), "pools[0].slo.urgent", "not a priority class (one of critical, high"),
+    (pool("slo = { normal = 0 }"), "pools[0].slo.normal", "> 0"),
     (pool("retry = { max_attempts = 0 }"), "pools[0].retry.max_attempts", "at least 1"),
     (pool("retry = { multiplier = 0.5 }"), "pools[0].retry.multiplier", "at least 1"),
     (pool("retry = { max_backoff_s = -1 }"), "pools[0].retry.max_backoff_s", "at least 0"),

@@ -1,15 +1,22 @@
-"""Merging fan-out answers (pure functions): paging across shards, snapshots, and which forwarded calls
-may be retried after UNAVAILABLE."""
+"""Merging fan-out answers (pure functions): paging across shards, snapshots, schedules."""
 
 from __future__ import annotations
+
+from typing import Any
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from cronoq.errors import PermissionDenied, Unavailable
-from cronoq.fanout import merge_pages, merge_recurring, merge_removed, merge_snapshots, split_list
-from cronoq.forward import retry_safe
+from cronoq.errors import DeadlineExceeded, PermissionDenied, Unauthenticated, Unavailable
+from cronoq.fanout import (
+    merge_pages,
+    merge_recurring,
+    merge_removed,
+    merge_snapshots,
+    merge_workers,
+    split_list,
+)
 from cronoq.shards import Shard, ShardMap
 from cronoq.v1 import cronoq_pb2 as pb
 
@@ -69,18 +76,6 @@ def test_a_listing_asks_only_the_shards_of_the_pools_named() -> None:
     assert [s.name for s, _ in split_list(SHARDS, pb.ListTasksRequest())] == ["a", "b"]
 
 
-def test_only_calls_that_cannot_run_twice_are_retried() -> None:
-    lost = Unavailable("connection reset mid-call")
-    keyed = pb.SubmitRequest(task=pb.TaskSpec(key="k"))
-    assert retry_safe("Get", pb.GetRequest(), lost) and retry_safe("Cancel", pb.CancelRequest(), lost)
-    assert retry_safe("Submit", keyed, lost)  # the key makes a second run a duplicate
-    assert not retry_safe("Submit", pb.SubmitRequest(), lost)
-    batch = pb.SubmitBatchRequest(tasks=[pb.TaskSpec(key="k"), pb.TaskSpec()])
-    assert not retry_safe("SubmitBatch", batch, lost)
-    standby = Unavailable("this server is a standby, not the leader; retry against the leader")
-    assert retry_safe("Submit", pb.SubmitRequest(), standby)  # refused before anything ran
-
-
 def test_recurring_listings_merge_and_name_the_shards_that_did_not_answer() -> None:
     answers = [
         (A, pb.ListRecurringResponse(schedules=[pb.RecurringInfo(name="x", pool="a1")])),
@@ -102,7 +97,20 @@ def test_a_removal_is_removed_if_any_shard_removed_it_and_never_a_false_no() -> 
         merge_removed([(A, no), (B, PermissionDenied("no"))])
 
 
-def test_recurring_calls_that_may_be_retried() -> None:
-    err = Unavailable("boom")
-    assert retry_safe("ListRecurring", pb.Empty(), err)
-    assert not retry_safe("AddRecurring", pb.RecurringRequest(name="n"), err)
+@pytest.mark.parametrize(
+    ("merge", "answer"),
+    [
+        (lambda answers: merge_pages(answers, 10), pb.ListTasksResponse()),
+        (merge_snapshots, pb.SnapshotResponse()),
+        (merge_workers, pb.ListWorkersResponse()),
+        (merge_recurring, pb.ListRecurringResponse()),
+    ],
+)
+def test_only_a_shard_that_could_not_answer_is_named_a_refusal_is_raised(merge: Any, answer: Any) -> None:
+    for down in (Unavailable("shard 'b' is unavailable"), DeadlineExceeded("too slow")):
+        assert list(merge([(A, answer), (B, down)]).unavailable_shards) == ["b"]
+    # What a single server answers a pool-scoped token asking for a pool it may not use.
+    with pytest.raises(PermissionDenied, match="pools: this credential may not use pool 'b1'"):
+        merge([(A, answer), (B, PermissionDenied("pools: this credential may not use pool 'b1'"))])
+    with pytest.raises(Unauthenticated):
+        merge([(A, Unavailable("down")), (B, Unauthenticated("unknown token"))])

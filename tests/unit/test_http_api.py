@@ -41,15 +41,16 @@ from cronoq.engine.model import (
     TokenBucket,
 )
 from cronoq.errors import Unavailable
-from shard.convert import SpecLimits
 from shard.outputs import OutputCache
 from shard.runtime import Runtime
 from shard.service import Service
+from tests.shardkit import service_over
 
 CLIENT = "client-token-0123456789"
 METRICS = "metrics-token-0123456789"
 ADMIN = "admin-token-0123456789"
 OTHER_ONLY = "other-pool-client-token"
+NO_POOLS = "no-pool-client-token-0123"
 MAX_BODY = 4096
 Client = TestClient[web.Request, web.Application]
 
@@ -139,19 +140,11 @@ async def serve(*, auth: bool = True, metrics: Callable[[], str] | None = None) 
         TokenEntry(METRICS, Role.METRICS),
         TokenEntry(ADMIN, Role.ADMIN),
         TokenEntry(OTHER_ONLY, Role.CLIENT, pools=frozenset({"other"})),
+        TokenEntry(NO_POOLS, Role.CLIENT, pools=frozenset()),
     ]
-    service = Service(
-        pools,
-        Authenticator(tokens if auth else []),
-        spec_limits=SpecLimits(
-            max_key_len=128, max_kind_len=64, max_tags=8, max_tag_len=64, max_deps=2, max_resources=2
-        ),
-        max_tasks_per_batch=8,
-        max_wait_s=1.0,
-        request_timeout_s=0.2,
-        max_list=50,
+    service = service_over(
+        runtime, pools, Authenticator(tokens if auth else []), max_wait_s=1.0, request_timeout_s=0.2
     )
-    service.serve(runtime)
     app = build_http_app(
         service, max_body_bytes=MAX_BODY, loopback_only_guard=not auth, metrics=metrics, sse_keepalive_s=0.05
     )
@@ -821,6 +814,25 @@ async def test_watch_streams_status_events(api: Api) -> None:
         while "running" not in statuses:  # non-terminal transitions too; a timeout fails the test
             statuses.append(json.loads((await next_frame(resp)).removeprefix("data: "))["status"])
         assert statuses[0] == "blocked"
+
+
+async def test_an_unfiltered_watch_by_a_credential_scoped_to_no_pools_sees_nothing(api: Api) -> None:
+    """``pools = []`` scopes a credential to no pool: its Watch without a filter must not fall back to
+    every pool (an empty filter once meant "all")."""
+    sink = api.worker()
+    scoped = {"Authorization": f"Bearer {NO_POOLS}"}
+    everything = {"Authorization": f"Bearer {CLIENT}"}
+    async with (
+        api.client.get("/v1/watch", headers=scoped) as none,
+        api.client.get("/v1/watch", headers=everything) as every,
+    ):
+        assert await frame(none) == ": watching\n\n" and await frame(every) == ": watching\n\n"
+        watchers = {w.pools: w for w in api.runtime._watchers}
+        assert set(watchers) == {frozenset(), None}
+        await api.submit(key="unseen")
+        api.complete(sink)  # delivers the events to every watcher before the handlers run again
+        assert watchers[None].buffer and not watchers[frozenset()].buffer
+        assert json.loads((await next_frame(every)).removeprefix("data: "))["key"] == "unseen"
 
 
 async def test_watch_ends_with_an_error_event_on_shutdown(api: Api) -> None:

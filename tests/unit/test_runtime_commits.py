@@ -1,22 +1,32 @@
-"""The runtime's handling of the engine's ScheduleChanged and Scale actions (no sockets, a recording
-store): schedule changes ride in the same group commit as the tasks they created, callers are answered
-only after it, and autoscaler targets go to ``on_scale`` without costing a commit."""
+"""The runtime and the group commit (no sockets, a recording store): schedule changes ride in the same
+group commit as the tasks they created, callers are answered only after it, autoscaler targets go to
+``on_scale`` without costing a commit, and answers about a task (Get, Wait, List) wait for the commit of
+the state they report."""
 
 from __future__ import annotations
 
 import asyncio
 
+import pytest
+
+from cronoq.auth import Role
 from cronoq.engine import Engine
 from cronoq.engine.model import (
+    Abort,
     AutoscaleConfig,
+    Dispatch,
     PoolConfig,
     Recurring,
     RecurringSpec,
+    Status,
     TaskSpec,
 )
+from cronoq.errors import Unavailable
+from cronoq.v1 import cronoq_pb2 as pb
 from shard.outputs import OutputCache
 from shard.runtime import Runtime
-from shard.store import Batch, Leadership, Recovered, StoredTask
+from shard.store import Batch, Fenced, Leadership, Recovered, StoredTask, StoreUnavailable
+from tests.shardkit import service_over
 
 NOW = 1_900_000_000.0
 
@@ -161,3 +171,133 @@ async def test_without_a_durable_store_scale_goes_out_at_once_and_schedules_are_
         assert scaled and scaled[-1][1] > 1
     finally:
         runtime.cancel_timer()
+
+
+class Sink:
+    def __init__(self) -> None:
+        self.leases: list[Dispatch] = []
+
+    def send_lease(self, action: Dispatch) -> None:
+        self.leases.append(action)
+
+    def send_abort(self, action: Abort) -> None:
+        pass
+
+
+async def yield_to_loop(turns: int = 20) -> None:
+    """Let every runnable task run until it blocks (no time passes; nothing here waits on a clock)."""
+    for _ in range(turns):
+        await asyncio.sleep(0)
+
+
+async def test_submit_and_cancel_answer_only_after_their_commit() -> None:
+    pools = [PoolConfig("default")]
+    store = RecordingStore()
+    runtime = runtime_with(store, Engine(pools))
+    service = service_over(runtime, pools)
+    caller = service.authorize(None, Role.ADMIN)
+    store.gate.clear()
+    submit = asyncio.create_task(service.submit(caller, pb.SubmitRequest(task=pb.TaskSpec(pool="default"))))
+    await yield_to_loop()
+    assert not submit.done(), "accepted before the task was committed"
+    store.gate.set()
+    task_id = (await asyncio.wait_for(submit, 5)).id
+    assert [t.id for t in store.batches[-1].tasks] == [task_id]
+
+    store.gate.clear()
+    cancel = asyncio.create_task(service.cancel(caller, pb.CancelRequest(task=pb.TaskRef(id=task_id))))
+    await yield_to_loop()
+    assert not cancel.done(), "cancelled before the cancellation was committed"
+    store.gate.set()
+    assert (await asyncio.wait_for(cancel, 5)).cancelled
+    assert [(t.id, t.status) for t in store.batches[-1].tasks] == [(task_id, Status.CANCELLED)]
+    runtime.cancel_timer()
+
+
+async def test_get_wait_and_list_report_a_finish_only_after_its_commit() -> None:
+    pools = [PoolConfig("default")]
+    store = RecordingStore()
+    runtime = runtime_with(store, Engine(pools))
+    service = service_over(runtime, pools)
+    caller = service.authorize(None, Role.ADMIN)
+    sink = Sink()
+    runtime.attach(1, sink, "default", 1, {})
+    task_id = (await service.submit(caller, pb.SubmitRequest(task=pb.TaskSpec(pool="default")))).id
+    await runtime.sync()  # the lease is delivered with the commit that made the task running
+    [lease] = sink.leases
+
+    store.gate.clear()  # the next commit, which records the success, is held
+    assert runtime.engine.complete(1, lease.lease, NOW)
+    runtime.flush()
+    ref = pb.TaskRef(id=task_id)
+    answers = [
+        asyncio.create_task(service.get(caller, pb.GetRequest(task=ref))),
+        asyncio.create_task(service.wait(caller, pb.WaitRequest(task=ref, timeout_s=1.0))),
+        asyncio.create_task(service.list_tasks(caller, pb.ListTasksRequest())),
+    ]
+    await yield_to_loop()
+    assert not any(a.done() for a in answers), "answered before the success was committed"
+    known = runtime.engine.get(task_id)
+    assert known is not None and known.status is Status.SUCCEEDED  # the engine already knows
+
+    store.gate.set()
+    info, result, page = await asyncio.wait_for(asyncio.gather(*answers), 5)
+    assert info.status == result.status == page.tasks[0].status == pb.TASK_STATUS_SUCCEEDED
+    assert any(t.id == task_id and t.status is Status.SUCCEEDED for b in store.batches for t in b.tasks)
+
+    # Once committed, answers come at once.
+    assert (await service.get(caller, pb.GetRequest(task=ref))).status == pb.TASK_STATUS_SUCCEEDED
+    runtime.cancel_timer()
+
+
+class FailingStore(RecordingStore):
+    """Refuses its next commits with the errors in ``failures``, in order, then records as usual."""
+
+    def __init__(self, *failures: Exception) -> None:
+        super().__init__()
+        self.failures = list(failures)
+        self.attempts = 0
+
+    async def commit(self, batch: Batch) -> None:
+        self.attempts += 1
+        if self.failures:
+            raise self.failures.pop(0)
+        await super().commit(batch)
+
+
+async def test_a_transient_store_failure_is_retried_and_the_caller_answered_after_success() -> None:
+    pools = [PoolConfig("default")]
+    store = FailingStore(StoreUnavailable("connection lost"), StoreUnavailable("connection lost"))
+    runtime = runtime_with(store, Engine(pools))
+    service = service_over(runtime, pools)
+    caller = service.authorize(None, Role.ADMIN)
+    answer = await asyncio.wait_for(
+        service.submit(caller, pb.SubmitRequest(task=pb.TaskSpec(pool="default"))), 5
+    )
+    assert store.attempts == 3 and [t.id for t in store.batches[0].tasks] == [answer.id]
+    runtime.cancel_timer()
+
+
+async def test_a_fenced_commit_answers_unavailable_delivers_nothing_and_reports_the_failure() -> None:
+    pools = [PoolConfig("default")]
+    store = FailingStore(Fenced("a newer leader holds epoch 2"))
+    failures: list[str] = []
+    runtime = Runtime(
+        Engine(pools),
+        OutputCache(10, 1 << 20),
+        clock=lambda: NOW,
+        store=store,
+        on_store_failure=failures.append,
+    )
+    runtime.start_committer()
+    service = service_over(runtime, pools)
+    caller = service.authorize(None, Role.ADMIN)
+    sink = Sink()
+    runtime.attach(1, sink, "default", 1, {})
+    with pytest.raises(Unavailable, match="stepped down"):
+        await asyncio.wait_for(service.submit(caller, pb.SubmitRequest(task=pb.TaskSpec(pool="default"))), 5)
+    assert failures and "epoch 2" in failures[0]
+    assert sink.leases == [] and store.batches == []  # the lease held for that commit never left
+    with pytest.raises(Unavailable, match="stepped down"):  # nothing later is acknowledged either
+        await service.submit(caller, pb.SubmitRequest(task=pb.TaskSpec(pool="default")))
+    runtime.cancel_timer()

@@ -12,7 +12,8 @@ from typing import Any, TypeVar
 from cronoq.auth import Principal, Role
 from cronoq.errors import ApiError
 from cronoq.logs import get_logger
-from cronoq.transport import OUTPUT_TYPE_KEY, bearer, forwarded, grpc_status
+from cronoq.routing import Watch, serving
+from cronoq.transport import OUTPUT_TYPE_KEY, UNAVAILABLE_SHARDS_KEY, bearer, forwarded, grpc_status
 from cronoq.v1 import cronoq_pb2 as pb
 from cronoq.v1 import cronoq_pb2_grpc as pbg
 
@@ -30,8 +31,10 @@ def authorize(service: RequestHandler, context: Ctx, role: Role) -> Principal:
 
 def cert_dns_names(context: Ctx) -> list[str]:
     """The DNS names of the caller's client certificate. gRPC reports a peer certificate only after
-    verifying it against ``client_ca_path`` (mTLS), so these names can be trusted."""
-    names = context.auth_context().get("x509_subject_alternative_name", [])
+    verifying it against ``client_ca_path`` (mTLS), so these names can be trusted. Only DNS SANs
+    (``peer_dns``): ``x509_subject_alternative_name`` mixes in URI, email and IP SANs, and a URI SAN
+    spelled like a configured ``dns_name`` must not pass for it (HTTP reads DNS SANs only too)."""
+    names = context.auth_context().get("peer_dns", [])
     return [n.decode() if isinstance(n, bytes) else str(n) for n in names]
 
 
@@ -98,11 +101,24 @@ class TasksServicer(pbg.TasksServicer):  # type: ignore[misc]
         return await call(context, run)
 
     async def Watch(self, request: pb.WatchRequest, context: Ctx) -> AsyncIterator[pb.StatusEvent]:
+        """The initial metadata goes out as soon as the stream is subscribed (on every shard it covers),
+        before any event: it names the shards that could not be reached (``UNAVAILABLE_SHARDS_KEY``), and
+        it tells a forwarding server that this stream is open even while no event comes. A refusal comes
+        before it, as a status alone."""
+        watch: Watch | None = None
         try:
-            async for event in self.service.watch(self._caller(context), request):
+            watch = serving(self.service.watch(self._caller(context), request))
+            await watch.open()
+            await context.send_initial_metadata(
+                ((UNAVAILABLE_SHARDS_KEY, ",".join(watch.unavailable_shards)),)
+            )
+            async for event in watch:
                 yield event
         except ApiError as err:
-            await context.abort(grpc_status(err), err.message)
+            await context.abort(grpc_status(err), err.message, err.metadata)
+        finally:
+            if watch is not None:
+                await watch.aclose()
 
 
 class AdminServicer(pbg.AdminServicer):  # type: ignore[misc]

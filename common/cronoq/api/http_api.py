@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 
 from aiohttp import hdrs, web
 from aiohttp.typedefs import Middleware
@@ -31,7 +31,8 @@ from cronoq.hosts import is_loopback_host_header
 from cronoq.limits import LimitHits
 from cronoq.logs import get_logger
 from cronoq.prometheus import CONTENT_TYPE as PROMETHEUS_CONTENT_TYPE
-from cronoq.transport import FORWARDED_KEY
+from cronoq.routing import Watch, serving
+from cronoq.transport import FORWARDED_KEY, UNAVAILABLE_SHARDS_KEY
 from cronoq.v1 import cronoq_pb2 as pb
 
 from . import http_codec as codec
@@ -230,15 +231,20 @@ class _Gateway:
     async def watch(self, caller: Principal, request: web.Request) -> web.StreamResponse:
         """Server-Sent Events: one ``data:`` line of StatusEvent JSON per event, a comment every
         ``sse_keepalive_s`` (keeps proxies from timing out and finds vanished clients), and
-        ``event: error`` before closing when the stream fails (shutdown, consumer too slow)."""
-        reader = _EventReader(self.service.watch(caller, codec.watch_request(codec.Query(request.query))))
+        ``event: error`` before closing when the stream fails (shutdown, consumer too slow). The response
+        starts once the stream is subscribed on every shard it covers; its ``Cronoq-Unavailable-Shards``
+        header names those that could not be reached, as gRPC's initial metadata does."""
+        reader = _EventReader(
+            serving(self.service.watch(caller, codec.watch_request(codec.Query(request.query))))
+        )
         try:
-            await reader.started()
+            unavailable = await reader.open()
             response = web.StreamResponse(
                 headers={
                     hdrs.CONTENT_TYPE: "text/event-stream",
                     hdrs.CACHE_CONTROL: "no-cache",
                     "X-Accel-Buffering": "no",
+                    UNAVAILABLE_SHARDS_KEY: ",".join(unavailable),
                 }
             )
             await response.prepare(request)
@@ -339,37 +345,37 @@ class _Gateway:
 
 
 class _EventReader:
-    """Reads a Watch stream one event ahead in a task, so the SSE loop can wait with a timeout (for
-    keepalives) and can always close the stream, which is what unsubscribes it from the runtime."""
+    """Reads a Watch one event ahead in a task, so the SSE loop can wait with a timeout (for
+    keepalives) and can always close the stream, which is what unsubscribes it."""
 
-    def __init__(self, events: AsyncIterator[pb.StatusEvent]) -> None:
-        self._events = events
-        self._pending = asyncio.ensure_future(anext(events))
+    def __init__(self, watch: Watch) -> None:
+        self._watch = watch
+        self._pending: asyncio.Future[pb.StatusEvent] | None = None
 
-    async def started(self) -> None:
-        """Raise the request's own errors (unknown or forbidden pool) before any byte of the stream: the
-        service checks them before its first suspension, so one turn of the loop is enough."""
-        await asyncio.sleep(0)
-        if self._pending.done() and self._pending.exception() is not None:
-            self._pending.result()
+    async def open(self) -> tuple[str, ...]:
+        """Open the stream, raising the request's own errors (unknown or forbidden pool) before any byte
+        of the response; the shards that could not be reached."""
+        await self._watch.open()
+        self._pending = asyncio.ensure_future(anext(self._watch))
+        return self._watch.unavailable_shards
 
     async def next(self, within_s: float) -> pb.StatusEvent | None:
         """The next event, or None when ``within_s`` passed first; the stream's end or error is raised."""
+        assert self._pending is not None
         done, _ = await asyncio.wait({self._pending}, timeout=within_s)
         if not done:
             return None
-        finished, self._pending = self._pending, asyncio.ensure_future(anext(self._events))
+        finished, self._pending = self._pending, asyncio.ensure_future(anext(self._watch))
         return finished.result()
 
     async def close(self) -> None:
         pending = self._pending
-        if not pending.done():
+        if pending is not None and not pending.done():
             pending.cancel()
             await asyncio.wait({pending})
-        elif not pending.cancelled():
+        elif pending is not None and not pending.cancelled():
             pending.exception()  # consumed; keeps asyncio from logging "exception never retrieved"
-        if isinstance(self._events, AsyncGenerator):
-            await self._events.aclose()
+        await self._watch.aclose()
 
 
 def build_http_app(

@@ -5,6 +5,11 @@ gRPC status; ``.code`` is the lower-case status name and ``.retryable`` is true 
 ``resource_exhausted``. Statuses and priorities are lower-case names, times are Unix seconds.
 """
 
+# ruff: noqa: E402 - grpc must be loaded with cronoq's settings before the modules below import it
+from cronoq.grpc_settings import load_grpc
+
+load_grpc()  # before the SDK's modules import grpc
+
 from cronoq.client._client import Client
 from cronoq.client._models import (
     Event,

@@ -22,6 +22,7 @@ from cronoq.engine.model import (
     EngineLimits,
     Overflow,
     PoolConfig,
+    Priority,
     ResourceConfig,
     RetryPolicy,
     Semaphore,
@@ -51,6 +52,7 @@ from .rules import (
     U32_MAX,
     above,
     between,
+    is_loopback,
 )
 
 DEFAULT_POOL = "default"
@@ -310,6 +312,9 @@ class RetrySection:
         )
 
 
+PRIORITY_NAMES = tuple(p.name.lower() for p in Priority)  # the keys of a pool's ``slo``
+
+
 @dataclass(frozen=True, slots=True)
 class PoolSection:
     """One ``[[pools]]`` entry: a queue and the workers that serve it."""
@@ -333,13 +338,14 @@ class PoolSection:
     max_slots_per_worker: int | None = field(default=None, metadata=between(1, U32_MAX))  # None: limits'
     fair_share: bool = False
     tenant_weights: Mapping[str, float] = field(default_factory=dict, metadata=above(0, 1_000_000))
+    slo: Mapping[str, float] = field(default_factory=dict, metadata=DURATION)  # class name -> seconds
 
     def to_engine(self, limits: Limits) -> PoolConfig:
         """The engine's view; unset per-pool bounds fall back to ``[limits]``, which also caps them.
 
-        ``autoscale = true`` gives the pool an autoscaler from ``target_utilization``, ``drain_time_s``
-        and ``cooldown_s`` (the rest at the engine's defaults); without it the desired capacity is the
-        connected capacity. ``cost_per_worker_second`` prices the snapshot's ``cost``, autoscaled or not. ``await_unknown_dependencies_s`` unset rejects
+        ``autoscale = true`` gives the pool an autoscaler from ``target_utilization``, ``drain_time_s``,
+        ``cooldown_s`` and the wait-time objectives ``slo`` (the rest at the engine's defaults); without
+        it the desired capacity is the connected capacity. ``cost_per_worker_second`` prices the snapshot's ``cost``, autoscaled or not. ``await_unknown_dependencies_s`` unset rejects
         a dependency on an unknown key, set waits that long for a task with that key to arrive.
         """
         slots = limits.max_slots_per_worker
@@ -350,6 +356,7 @@ class PoolSection:
                 target_utilization=self.target_utilization,
                 drain_time=self.drain_time_s,
                 cooldown=self.cooldown_s,
+                slo={Priority[name.upper()]: seconds for name, seconds in self.slo.items()},
             )
             if self.autoscale
             else None
@@ -428,7 +435,9 @@ class ShardSection:
     number: int = field(metadata=between(0, 255))
     endpoint: str = field(metadata=HTTP_URL)
     pools: tuple[str, ...] = field(default=(), metadata=NAME)
-    members: tuple[str, ...] = field(default=(), metadata=HTTP_URL)  # for the router's leader search
+    members: tuple[str, ...] = field(
+        default=(), metadata=HTTP_URL
+    )  # for the leader search (router, other shards)
 
 
 @dataclass(frozen=True, slots=True)
@@ -471,6 +480,13 @@ class Config:
     @property
     def auth_enabled(self) -> bool:
         return bool(self.auth.tokens or self.auth.certs)
+
+    def host_guard(self, http_addr: str) -> bool:
+        """Whether HTTP requests to the listener at ``http_addr`` must name this machine in their Host
+        header (the DNS-rebinding guard): without credentials, on a loopback listener. A listener opened
+        to the network with ``insecure_no_auth`` serves other names by design: there the guard would
+        refuse every legitimate caller and protect nothing, as anyone who reaches it may call it."""
+        return not self.auth_enabled and is_loopback(http_addr)
 
     def pool(self, name: str) -> PoolSection | None:
         return next((p for p in self.pools if p.name == name), None)

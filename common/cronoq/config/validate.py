@@ -20,6 +20,7 @@ from cronoq.hosts import is_loopback_name
 
 from .model import (
     DEFAULT_URL_ENV,
+    PRIORITY_NAMES,
     AuthSection,
     Config,
     PoolSection,
@@ -169,6 +170,11 @@ def _check_pools(config: Config, problems: Problems) -> None:
         path = f"pools[{i}]"
         if not problems.failed(f"{path}.min", f"{path}.max") and pool.min > pool.max:
             problems.add(f"{path}.min", f"must not exceed max ({pool.min} > {pool.max})")
+        for name in pool.slo:
+            if name not in PRIORITY_NAMES:
+                problems.add(
+                    f"{path}.slo.{name}", f"not a priority class (one of {', '.join(PRIORITY_NAMES)})"
+                )
 
 
 def _check_shards(config: Config, problems: Problems) -> None:

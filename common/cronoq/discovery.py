@@ -1,11 +1,13 @@
-"""Which member of each shard leads it now, so that the router forwards straight to the leader.
+"""Which member of each shard leads it now, so that a router or a sharded server forwards straight to
+the leader.
 
 A shard's ``endpoint`` is usually a load-balanced Service address, and a balancer may hand a call to a
-standby, which answers UNAVAILABLE. When the shard map names a shard's ``members``, the router finds the
-leader itself: a member's gRPC health service answers SERVING only while that process is the serving
+standby, which answers UNAVAILABLE. When the shard map names a shard's ``members``, the forwarder finds
+the leader itself: a member's gRPC health service answers SERVING only while that process is the serving
 leader, so asking every member every ``interval`` follows failovers without a restart. A forwarded call
 that fails UNAVAILABLE need not wait for the next round: :meth:`LeaderFinder.suspect` stops using that
-member at once and checks again now.
+member at once and checks again now. :func:`forwarding` wires a finder into :class:`~cronoq.forward.Peers`
+the same way for both kinds of process.
 """
 
 from __future__ import annotations
@@ -18,12 +20,14 @@ from typing import Any
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from cronoq.client._connect import Endpoint, open_channel
-from cronoq.forward import PEER_CHANNEL_OPTIONS
-from cronoq.logs import get_logger
-from cronoq.shards import Shard, ShardMap
+from .client._connect import Endpoint, open_channel
+from .config import Config
+from .forward import PEER_CHANNEL_OPTIONS, RETRIES, Peers
+from .logs import get_logger
+from .shards import Shard, ShardMap
+from .tls import peer_credentials
 
-log = get_logger("cronoq.router")
+log = get_logger("cronoq.discovery")
 
 
 SERVING = health_pb2.HealthCheckResponse.SERVING
@@ -40,10 +44,29 @@ class _Member:
     suspected_at: float | None = None  # a call to it failed then: checks begun earlier prove nothing
 
 
-class LeaderFinder:
-    """Tracks the serving leader of every shard that has ``members`` by polling their gRPC health.
+def forwarding(shards: ShardMap, config: Config) -> tuple[LeaderFinder, Peers]:
+    """The :class:`Peers` of a router or a sharded server, and the finder they send each shard's calls
+    through (start and close both): calls go to the leader found among a shard's ``members`` and are
+    retried (``RETRIES``) when they failed UNAVAILABLE and cannot run twice."""
+    credentials = peer_credentials(config)  # [server.peer_tls], for https:// endpoints and members
+    finder = LeaderFinder(shards, credentials=credentials)
+    peers = Peers(
+        shards,
+        insecure_peer_http=config.server.insecure_peer_http,
+        timeout=config.limits.request_timeout_s,
+        resolve=finder.endpoint,
+        suspect=finder.suspect,
+        retries=RETRIES,
+        credentials=credentials,
+    )
+    return finder, peers
 
-    Shards without members are never polled: their ``endpoint`` is all there is to know. Channels are
+
+class LeaderFinder:
+    """Tracks the serving leader of every other shard that has ``members`` by polling their gRPC health.
+
+    Shards without members are never polled: their ``endpoint`` is all there is to know; nor is the
+    process's own shard (``shards.local``), whose calls it answers itself. Channels are
     plain or TLS by each member URL's scheme; ``credentials`` (``grpc.ssl_channel_credentials``, for a
     private CA or mTLS) are used for the ``https://`` ones.
     """
@@ -51,7 +74,7 @@ class LeaderFinder:
     def __init__(
         self, shards: ShardMap, *, interval: float = 0.5, timeout: float = 1.0, credentials: Any = None
     ) -> None:
-        self._shards = {s.name: s for s in shards if s.members}
+        self._shards = {s.name: s for s in shards if s.members and not shards.is_local(s)}
         self._interval = interval
         self._timeout = timeout
         self._credentials = credentials

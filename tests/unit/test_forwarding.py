@@ -1,0 +1,196 @@
+"""Forwarding to a shard's leader (``cronoq.forward.Peers``) against a real shard Service served over
+gRPC on loopback: which failures a forwarder may send again, judged by what the shard marked rather than
+by the words of its message."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+
+import grpc
+import pytest
+
+from cronoq.api.grpc_api import TasksServicer
+from cronoq.auth import Principal, Role
+from cronoq.config import parse_config
+from cronoq.engine import Engine
+from cronoq.engine.model import PoolConfig
+from cronoq.errors import Unavailable
+from cronoq.forward import RETRIES, Peers, never_received, retry_safe
+from cronoq.shards import Shard, ShardMap
+from cronoq.transport import NOT_RECEIVED_KEY
+from cronoq.v1 import cronoq_pb2 as pb
+from cronoq.v1 import cronoq_pb2_grpc as pbg
+from shard.outputs import OutputCache
+from shard.runtime import Runtime
+from shard.server import ShardServer
+from shard.service import Service
+from tests.shardkit import service_over
+
+CALLER = Principal(Role.CLIENT)
+KEYLESS_WAIT = pb.SubmitRequest(task=pb.TaskSpec(pool="a1"), wait=True)
+
+
+@dataclass
+class Leader:
+    """A shard's leader as a forwarder sees it: its service and runtime, and Peers that reach it."""
+
+    service: Service
+    runtime: Runtime
+    peers: Peers
+    shard: Shard
+
+    def submitted(self) -> int:
+        return int(self.runtime.engine.snapshot(self.runtime.clock()).totals.submitted)
+
+    async def until_submitted(self, count: int) -> None:
+        """Until the forwarded call reached the engine (it went through a real socket)."""
+        async with asyncio.timeout(5):
+            while self.submitted() < count:  # noqa: ASYNC110 - the call travels through a real socket
+                await asyncio.sleep(0.005)
+
+
+@contextlib.asynccontextmanager
+async def leader(on_suspect: Callable[[Service, Runtime], None]) -> AsyncIterator[Leader]:
+    """A leader of shard 'a' and Peers forwarding to it with retries; ``on_suspect`` runs when a call
+    there failed UNAVAILABLE, before the retry (as a router learns of the new leader meanwhile)."""
+    runtime = Runtime(Engine([PoolConfig("a1", max=4)]), OutputCache(100, 1 << 20))
+    service = service_over(runtime, [PoolConfig("a1", max=4)], max_wait_s=0.5)
+    server = grpc.aio.server()
+    pbg.add_TasksServicer_to_server(TasksServicer(service), server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    shard = Shard("a", 1, f"http://127.0.0.1:{port}", frozenset({"a1"}))
+    peers = Peers(
+        ShardMap([shard]),
+        insecure_peer_http=False,
+        timeout=5.0,
+        suspect=lambda _shard, _url: on_suspect(service, runtime),
+        retries=3,
+    )
+    try:
+        yield Leader(service, runtime, peers, shard)
+    finally:
+        await peers.close()
+        await server.stop(None)
+        runtime.cancel_timer()
+
+
+def lead_again(service: Service, runtime: Runtime) -> None:
+    """The shard leads again at the same address by the time the forwarder retries."""
+    runtime.accepting = True
+    service.serve(runtime)
+
+
+async def test_a_committed_submit_whose_wait_a_shutdown_ends_is_not_sent_again() -> None:
+    async with leader(lead_again) as shard:
+        call = asyncio.ensure_future(shard.peers.call(shard.shard, "tasks", "Submit", KEYLESS_WAIT, CALLER))
+        await shard.until_submitted(1)
+        shard.runtime.accepting = False  # what a clean shutdown does to a waiting Submit
+        shard.runtime.wake_waiters_unavailable()
+        with pytest.raises(Unavailable, match="shutting down"):
+            await call
+        assert shard.submitted() == 1 and not shard.peers.retried
+
+
+async def test_a_step_down_between_commit_and_wait_is_not_sent_again() -> None:
+    async with leader(lead_again) as shard:
+        committed = shard.runtime.sync
+
+        async def step_down_after_commit() -> None:
+            await committed()
+            shard.service.serve(None)  # leadership lost before the Submit starts to wait
+
+        shard.runtime.sync = step_down_after_commit  # type: ignore[method-assign]
+        with pytest.raises(Unavailable, match="standby"):
+            await shard.peers.call(shard.shard, "tasks", "Submit", KEYLESS_WAIT, CALLER)
+        assert shard.submitted() == 1 and not shard.peers.retried
+
+
+async def test_a_refusal_before_admission_is_sent_again_even_without_a_key() -> None:
+    async with leader(lead_again) as shard:
+
+        def stand_by() -> None:
+            shard.service.serve(None)
+
+        def stop_admitting() -> None:
+            shard.runtime.accepting = False
+
+        for refuse in (stand_by, stop_admitting):  # a standby, then a leader that stopped admitting
+            refuse()
+            keyless = pb.SubmitRequest(task=pb.TaskSpec(pool="a1"))
+            await shard.peers.call(shard.shard, "tasks", "Submit", keyless, CALLER)
+        assert shard.submitted() == 2 and shard.peers.retried[("a", "Submit")] == 2
+
+
+async def test_a_sharded_server_retries_what_another_shards_standby_refused() -> None:
+    """A shard server forwards like a router: through the leader search over the other shards' members
+    (never its own), and sending again, a bounded number of times, a call that provably was not
+    received, even a keyless Submit."""
+    async with leader(lambda _service, _runtime: None) as other:
+        other.service.serve(None)  # shard a's endpoint reaches a standby, which stays one
+        config = parse_config(
+            f"""
+            [server]
+            shard = "home"
+            [[pools]]
+            name = "a1"
+            [[pools]]
+            name = "h1"
+            [[shards]]
+            name = "a"
+            number = 1
+            endpoint = "{other.shard.endpoint}"
+            members = ["{other.shard.endpoint}"]
+            pools = ["a1"]
+            [[shards]]
+            name = "home"
+            number = 2
+            endpoint = "http://127.0.0.1:1"
+            members = ["http://127.0.0.1:1"]
+            pools = ["h1"]
+            """
+        )
+        server = ShardServer(config)
+        a, home = server.shards.get("a"), server.shards.get("home")
+        assert server.peers is not None and a is not None and home is not None
+        try:
+            keyless = pb.SubmitRequest(task=pb.TaskSpec(pool="a1"))
+            with pytest.raises(Unavailable, match="standby"):
+                await server.peers.call(a, "tasks", "Submit", keyless, CALLER)
+            assert server.peers.retried[("a", "Submit")] == RETRIES and other.submitted() == 0
+        finally:
+            await server.peers.close()
+        assert server.finder is not None
+        assert server.finder.tracks(a) and not server.finder.tracks(home)
+
+
+def rpc_error(details: str, trailing: tuple[tuple[str, str], ...] = ()) -> grpc.aio.AioRpcError:
+    return grpc.aio.AioRpcError(
+        grpc.StatusCode.UNAVAILABLE, grpc.aio.Metadata(), grpc.aio.Metadata(*trailing), details
+    )
+
+
+def test_only_a_marked_refusal_or_a_failed_connection_counts_as_never_received() -> None:
+    marked = rpc_error("this server is a standby, not the leader", ((NOT_RECEIVED_KEY, "1"),))
+    assert never_received(marked)
+    refused = "failed to connect to all addresses; last error: UNKNOWN: ipv4:127.0.0.1:1: Connection refused"
+    assert never_received(rpc_error(refused))
+    # A server's words prove nothing: a committed Submit(wait) hears these too.
+    assert not never_received(rpc_error("server is shutting down; retry against the new leader"))
+    assert not never_received(rpc_error("this server is a standby, not the leader; retry against the leader"))
+    assert not never_received(rpc_error("store failure: connection refused; this server stepped down"))
+
+
+def test_only_calls_that_cannot_run_twice_are_retried() -> None:
+    keyed = pb.SubmitRequest(task=pb.TaskSpec(key="k"))
+    assert retry_safe("Get", pb.GetRequest(), True) and retry_safe("Cancel", pb.CancelRequest(), True)
+    assert retry_safe("Submit", keyed, True)  # the key makes a second run a duplicate
+    assert not retry_safe("Submit", pb.SubmitRequest(), True)
+    batch = pb.SubmitBatchRequest(tasks=[pb.TaskSpec(key="k"), pb.TaskSpec()])
+    assert not retry_safe("SubmitBatch", batch, True)
+    assert retry_safe("Submit", pb.SubmitRequest(), False)  # refused before anything ran
+    assert retry_safe("ListRecurring", pb.Empty(), True)
+    assert not retry_safe("AddRecurring", pb.RecurringRequest(name="n"), True)
