@@ -50,11 +50,9 @@ def render(
     shard: str,
     watch_streams: int,
     commits: CommitStats | None = None,
-    recurring_missed: int = 0,
 ) -> str:
     """The whole exposition. ``outcomes`` counts terminal statuses per (pool, status) since start;
-    ``commits`` is given with a durable store; ``recurring_missed`` sums the schedules' starts skipped
-    since this leader began (``Recurring.missed_starts``)."""
+    ``commits`` is given with a durable store."""
     w = _Writer()
     pools = snap.pools
 
@@ -143,9 +141,9 @@ def render(
             "Recurring occurrences or schedules that could not be created or restored.",
         ),
         (
-            "cronoq_recurring_missed_starts_total",
-            recurring_missed,
-            "Recurring starts that passed while no leader ran the schedule (or it stalled): not replayed.",
+            "cronoq_recurring_skipped_total",
+            t.recurring_skipped,
+            "Late recurring schedules that went on from the present, skipping starts that had passed.",
         ),
     ):
         w.family(name, "counter", help_text, [({}, float(value))])

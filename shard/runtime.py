@@ -235,6 +235,8 @@ class Runtime:
         succeeded, the leader crash before the commit, and the next leader run the task again."""
         if self.store is None:
             return
+        if self._failed is not None:  # the failed batch left _writing: what the engine says is unwritten
+            raise Unavailable(f"{self._failed}; this server stepped down")
         changed, writing = self._changed, self._writing
         if any(i in changed or i in writing for i in task_ids):
             await self.sync()

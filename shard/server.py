@@ -210,7 +210,6 @@ class ShardServer:
             shard=shard,
             watch_streams=runtime.watch_count,
             commits=runtime.commit_stats if runtime.store is not None else None,
-            recurring_missed=sum(r.missed_starts for r in runtime.engine.list_recurring()),
         )
         return text + own
 

@@ -14,7 +14,7 @@ from typing import Any, Protocol
 
 from . import fanout
 from .auth import Principal
-from .errors import ApiError, InvalidArgument, NotFound, Unavailable, error_for
+from .errors import ApiError, DataLoss, InvalidArgument, NotFound, Unavailable, error_for
 from .forward import Peers
 from .limits import exceeded
 from .shards import SHARD_SHIFT, Shard, ShardMap
@@ -23,7 +23,7 @@ from .v1 import cronoq_pb2 as pb
 Local = Callable[[Principal, Any], Any]  # answers one fan-out part on this process's own shard
 LocalRemove = Callable[[Principal, pb.RemoveRecurringRequest], Awaitable[pb.RemoveRecurringResponse]]
 LocalWatch = Callable[[Principal, pb.WatchRequest], AsyncIterator[pb.StatusEvent]]
-WATCH_QUEUE = 1024  # events in flight from all shards to one watcher
+WATCH_QUEUE = 10_000  # events from all shards not yet taken by the watcher (a shard buffers as many)
 
 
 class Watch(Protocol):
@@ -111,7 +111,7 @@ class MergedWatch(AsyncIterator[pb.StatusEvent]):
     def __init__(self, parts: Sequence[tuple[Shard, _Part]]) -> None:
         self.unavailable_shards: tuple[str, ...] = ()
         self._parts = parts
-        self._queue: asyncio.Queue[pb.StatusEvent | ApiError] = asyncio.Queue(maxsize=WATCH_QUEUE)
+        self._queue: asyncio.Queue[pb.StatusEvent | ApiError] = asyncio.Queue()  # bounded in _pump
         self._pumps: list[asyncio.Task[None]] = []
         self._started = False
 
@@ -120,7 +120,7 @@ class MergedWatch(AsyncIterator[pb.StatusEvent]):
             return
         self._started = True
         try:
-            failures = await asyncio.gather(*(_opened(part) for _, part in self._parts))
+            failures = await asyncio.gather(*(self._open_part(shard, part) for shard, part in self._parts))
         except BaseException:  # cancelled while opening: let go of the shards already opened
             await self.aclose()
             raise
@@ -137,25 +137,39 @@ class MergedWatch(AsyncIterator[pb.StatusEvent]):
                 f"no shard could be watched: shard(s) {names} unreachable ({down[0][1].message})"
             )
         self.unavailable_shards = tuple(shard.name for shard, _ in down)
-        loop = asyncio.get_running_loop()
-        self._pumps = [
-            loop.create_task(self._pump(shard, part))
-            for (shard, part), err in zip(self._parts, failures, strict=True)
-            if err is None
-        ]
+
+    async def _open_part(self, shard: Shard, part: _Part) -> ApiError | None:
+        """Open one shard's stream and start taking its events at once: the others may take up to the
+        forwarding timeout to open or fail, and meanwhile this shard's events must not pile up in its
+        own bounded buffer (it would end the watch with DATA_LOSS)."""
+        failure = await _opened(part)
+        if failure is None:
+            self._pumps.append(asyncio.get_running_loop().create_task(self._pump(shard, part)))
+        return failure
 
     async def _pump(self, shard: Shard, part: _Part) -> None:
+        """Move one shard's events to the merged queue until it fails or ends; then put the error that
+        ends the whole watch (a watcher that fell :data:`WATCH_QUEUE` events behind gets DATA_LOSS,
+        as from a single server)."""
         try:
             while True:
-                await self._queue.put(await anext(part))
+                event = await anext(part)
+                if self._queue.qsize() >= WATCH_QUEUE:
+                    error: ApiError = DataLoss(
+                        f"watch consumer fell behind by more than {WATCH_QUEUE} events"
+                    )
+                    break
+                self._queue.put_nowait(event)
         except StopAsyncIteration:
-            error: ApiError = Unavailable(f"shard '{shard.name}' ended its watch stream; watch again")
+            error = Unavailable(f"shard '{shard.name}' ended its watch stream; watch again")
         except ApiError as err:
             error = err
             if f"shard '{shard.name}'" not in err.message:
                 error = error_for(err.code, f"shard '{shard.name}': {err.message}")
                 error.metadata = err.metadata
-        await self._queue.put(error)
+        except Exception as err:  # anything else must still end the watch, never drop a shard silently
+            error = error_for("internal", f"shard '{shard.name}': its watch stream failed: {err!r}")
+        self._queue.put_nowait(error)
 
     async def __anext__(self) -> pb.StatusEvent:
         await self.open()
@@ -261,6 +275,8 @@ class Routing:
                 return shard
             if fanout.unreachable(answer):
                 down.append((shard, answer))
+            elif isinstance(answer, ApiError) and not isinstance(answer, NotFound):
+                raise answer  # a refusal (FAILED_PRECONDITION for a certificate caller, ...) is the answer
         if down:
             names = ", ".join(f"'{shard.name}'" for shard, _ in down)
             raise Unavailable(

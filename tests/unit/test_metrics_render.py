@@ -9,6 +9,7 @@ from shard import metrics
 
 def test_skipped_recurring_starts_are_exposed_as_a_counter() -> None:
     snap = Engine([PoolConfig("default")]).snapshot(1_000.0)
-    text = metrics.render(snap, {}, shard="", watch_streams=0, recurring_missed=7)
-    assert "# TYPE cronoq_recurring_missed_starts_total counter" in text
-    assert "\ncronoq_recurring_missed_starts_total 7\n" in text
+    snap.totals.recurring_skipped = 7
+    text = metrics.render(snap, {}, shard="", watch_streams=0)
+    assert "# TYPE cronoq_recurring_skipped_total counter" in text
+    assert "\ncronoq_recurring_skipped_total 7\n" in text

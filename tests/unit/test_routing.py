@@ -9,7 +9,14 @@ from typing import Any
 import pytest
 
 from cronoq.auth import Authenticator, Principal, Role
-from cronoq.errors import ApiError, DeadlineExceeded, NotFound, PermissionDenied, Unavailable
+from cronoq.errors import (
+    ApiError,
+    DeadlineExceeded,
+    FailedPrecondition,
+    NotFound,
+    PermissionDenied,
+    Unavailable,
+)
 from cronoq.forward import Peers
 from cronoq.routing import MergedWatch, Routing
 from cronoq.shards import Shard, ShardMap
@@ -97,6 +104,16 @@ async def test_a_key_no_reachable_shard_holds_is_unavailable_while_a_shard_is_do
         )
 
 
+async def test_a_shard_refusing_a_key_lookup_refuses_it_rather_than_say_not_found() -> None:
+    """A shard that will not answer this caller (a certificate caller a forwarder may not stand in for,
+    a token it does not know) is not a shard without the task: its refusal is the answer."""
+    by_key = pb.GetRequest(task=pb.TaskRef(key="k"))
+    refused = FailedPrecondition("shard 'b' must be called directly by a client-certificate caller")
+    answers = {("a", "Get"): NotFound("task: no task 'k'"), ("b", "Get"): refused, ("c", "Get"): DOWN}
+    with pytest.raises(FailedPrecondition, match="called directly"):
+        await router(answers).get(CALLER, by_key)
+
+
 class Part:
     """One shard's Watch stream in a fan-out: it opens or fails with ``fails``, then gives ``events``."""
 
@@ -134,4 +151,47 @@ async def test_a_shard_refusing_a_watch_refuses_it_and_one_that_is_down_is_named
     await watch.open()
     assert watch.unavailable_shards == ("c",)
     assert (await anext(watch)).id == 1
+    await watch.aclose()
+
+
+class SlowToOpen(Part):
+    """A shard whose stream opens only when the test says so."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.opened = asyncio.Event()
+
+    async def open(self) -> None:
+        await self.opened.wait()
+
+
+class Broken(Part):
+    """A shard stream that fails with something other than an ApiError after opening."""
+
+    async def __anext__(self) -> pb.StatusEvent:
+        raise RuntimeError("metadata could not be decoded")
+
+
+async def test_a_shard_that_opened_is_read_while_another_is_still_opening() -> None:
+    """Its events are taken at once, not left to pile up in its own bounded buffer until the slowest
+    shard opens (up to the forwarding timeout), which ended busy watches with DATA_LOSS."""
+    fast = Part(events=tuple(pb.StatusEvent(id=i) for i in range(1, 4)))
+    slow = SlowToOpen()
+    watch = MergedWatch([(A, fast), (B, slow)])
+    opening = asyncio.create_task(watch.open())
+    for _ in range(20):  # let every runnable task run until it blocks; no clock involved
+        await asyncio.sleep(0)
+    assert not opening.done() and fast.events == []  # all three taken while b still opens
+    slow.opened.set()
+    await opening
+    assert [(await anext(watch)).id for _ in range(3)] == [1, 2, 3]
+    await watch.aclose()
+
+
+async def test_a_shard_stream_failing_unexpectedly_ends_the_watch_naming_it() -> None:
+    watch = MergedWatch([(A, Part()), (B, Broken())])
+    await watch.open()
+    with pytest.raises(ApiError, match="shard 'b': its watch stream failed") as failed:
+        await anext(watch)
+    assert failed.value.code == "internal"
     await watch.aclose()

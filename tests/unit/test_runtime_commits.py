@@ -300,4 +300,6 @@ async def test_a_fenced_commit_answers_unavailable_delivers_nothing_and_reports_
     assert sink.leases == [] and store.batches == []  # the lease held for that commit never left
     with pytest.raises(Unavailable, match="stepped down"):  # nothing later is acknowledged either
         await service.submit(caller, pb.SubmitRequest(task=pb.TaskSpec(pool="default")))
+    with pytest.raises(Unavailable, match="stepped down"):  # nor reported from the unwritten state
+        await service.list_tasks(caller, pb.ListTasksRequest())
     runtime.cancel_timer()

@@ -78,7 +78,6 @@ _WAITING = frozenset({BLOCKED, SCHEDULED})  # pending but not yet eligible: not 
 
 _TIMER_SLACK = 1024  # dead timer entries tolerated before the heap is worth compacting
 _PARKED_SLACK = 256  # entries of a resource's parked heap tolerated before dead ones are worth dropping
-_MISSED_COUNTED = 1_000  # passed starts of a late recurring timer counted one by one (~0.25 s of cron)
 
 
 class Engine:
@@ -1399,26 +1398,25 @@ class Engine:
         create an occurrence per passed start in one tick (1,440 for a minutely schedule a day late),
         all running late at once. The occurrence of ``due``, created one ahead and judged by its own
         ``on_miss``, already stands for the gap; of the passed starts, only the latest gets an
-        occurrence, and only if it is still within the template's tolerance (so on time). The others
-        are counted in the schedule's ``missed_starts`` (at most ``_MISSED_COUNTED`` per catch-up: each
-        costs a cron search), and the schedule goes on with the first start after ``now``.
+        occurrence, and only if it is still within the template's tolerance (so on time). A schedule
+        that skips starts this way counts once in ``totals.recurring_skipped`` and goes on with the first
+        start after ``now``. The latest passed start is found by bisection (``CronSchedule.last_until``),
+        so a catch-up costs a few dozen cron searches however long the engine was away.
         """
         cron = schedule.cron
         start = cron.next_after(due)
         if start > now:
             return start
-        latest, passed = start, 1
-        while (following := cron.next_after(latest)) <= now:
-            if passed == _MISSED_COUNTED:
-                latest = cron.last_until(now, latest)
-                following = cron.next_after(latest)
-                break
-            latest, passed = following, passed + 1
-        recurring = schedule.recurring
-        if now <= latest + recurring.spec.template.tolerance:
+        following = cron.next_after(start)
+        latest = start
+        if following <= now:
+            latest = cron.last_until(now, start)
+            following = cron.next_after(latest)
+        if now <= latest + schedule.recurring.spec.template.tolerance:
             self._create_occurrence(schedule, latest, now)
-            passed -= 1
-        recurring.missed_starts += passed
+            if latest == start:  # only a little late: nothing was skipped
+                return following
+        self._totals.recurring_skipped += 1
         return following
 
     def _create_occurrence(self, schedule: _Schedule, start: float, now: float) -> None:

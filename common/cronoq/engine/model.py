@@ -253,17 +253,11 @@ class RecurringSpec:
 
 @dataclass(slots=True)
 class Recurring:
-    """A schedule as the engine runs it: its next occurrence's start and the last task it created.
-
-    ``missed_starts`` counts starts that got no occurrence because they passed while the engine was
-    down or its caller stalled: a late schedule goes on from the present instead of replaying them. It
-    is a statistic of this engine (not stored, not on the wire).
-    """
+    """A schedule as the engine runs it: its next occurrence's start and the last task it created."""
 
     spec: RecurringSpec
     next_start: float | None = None
     last_task_id: int = 0
-    missed_starts: int = 0
 
 
 @dataclass(slots=True)

@@ -72,6 +72,7 @@ class Totals:
     stale_completions: int = 0
     recurring_conflicts: int = 0  # occurrences not created: no reservation left for them
     recurring_invalid: int = 0  # occurrences or schedules that could not be created or restored
+    recurring_skipped: int = 0  # late schedules that went on from the present, skipping passed starts
 
 
 @dataclass(slots=True, frozen=True)
