@@ -631,6 +631,21 @@ async def test_the_owning_shard_authenticates_a_forwarded_call_again(tmp_path: P
             )
             assert err.code() == grpc.StatusCode.UNAUTHENTICATED, err.details()
 
+        # Through a router that knows the wider token too: the router checks no pool scope itself, and
+        # the owning shard's refusal reaches the caller.
+        router = router_process(
+            tmp_path / "router",
+            cluster_tables(SHARDS, {name: endpoint(proc) for name, proc in procs.items()}) + extra["a"],
+        )
+        router.start()
+        try:
+            async with Client(router.target, token=WIDER_ON_A) as wider:
+                with pytest.raises(PermissionDenied, match="b1"):
+                    await wider.submit(b"", pool="b1")
+                assert shard_number((await wider.submit(b"", pool="a1")).id) == 1
+        finally:
+            router.stop()
+
         # A worker's redirect to a loopback http endpoint may carry its token.
         async with (
             worker(a.target, echo, pool="b1", token=ADMIN),
