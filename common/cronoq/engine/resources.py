@@ -122,11 +122,11 @@ class Resources:
     def unavailable(self, amounts: Mapping[str, int]) -> str | None:
         """Why a request that passed ``check`` under an earlier configuration (a previous leader's) can
         never be granted under this one, or None if it can: ``take`` assumes every name exists."""
-        for name in amounts:
-            if name not in self._by_name:
-                return f"resource '{name}' is no longer configured"
         problem = self.check(amounts)
-        return None if problem is None else problem[1]
+        if problem is None:
+            return None
+        code, message = problem
+        return f"{message}: it is no longer configured" if code == "unknown_resource" else message
 
     def take(self, amounts: Mapping[str, int], now: float) -> str | None:
         """Take every requested unit if all are available at ``now`` and return None; otherwise take

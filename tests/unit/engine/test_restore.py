@@ -140,7 +140,10 @@ def test_a_task_whose_resource_is_no_longer_configured_fails_instead_of_breaking
     new.restore(left, 10.0)
     for key in ("running", "ready"):
         task = task_of(new, key)
-        assert (task.status, task.message) == (Status.FAILED, "resource 'gpu' is no longer configured")
+        assert (task.status, task.message) == (
+            Status.FAILED,
+            "unknown resource 'gpu': it is no longer configured",
+        )
     new.add_worker(2, "p", 2, {}, 10.0)  # dispatch goes on: the task that can still run does
     assert [d.task.spec.key for d in drain(new).dispatches] == ["db"]
     assert new.pending_count("p") == 0 and new.snapshot(10.0).totals.failed == 2
