@@ -38,7 +38,7 @@ def render(shards: ShardMap, finder: LeaderFinder, peers: Peers, service: Router
     w.family(
         "cronoq_router_fanout_partial_total",
         "counter",
-        "Fan-out answers that named unreachable shards in unavailable_shards.",
+        "Fan-out answers that named unreachable shards in unavailable_shards (Watch: streams opened without them).",
         [({"method": method}, float(n)) for method, n in sorted(service.partial.items())],
     )
     w.family(

@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections import Counter, OrderedDict
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import replace
+from functools import partial
 from typing import Any
 
 from cronoq.auth import Authenticator, Principal, Role
@@ -22,7 +23,8 @@ from cronoq.v1 import cronoq_pb2 as pb
 
 DEFAULT_PAGE = 100  # ListTasks without a limit
 OUTPUT_TYPES_KEPT = 10_000  # content types of recently forwarded outputs, for HTTP rendering
-FAN_OUTS = ("ListTasks", "Snapshot", "ListWorkers", "ListRecurring")  # answers naming unavailable_shards
+# Answers that name unreachable shards (Watch in its initial metadata).
+FAN_OUTS = ("ListTasks", "Snapshot", "ListWorkers", "ListRecurring", "Watch")
 
 
 def _never_local(caller: Principal, request: Any) -> Any:
@@ -140,7 +142,7 @@ class RouterService:
         return answer
 
     def watch(self, caller: Principal, req: pb.WatchRequest) -> AsyncIterator[pb.StatusEvent]:
-        return self.routing.watch(caller, req, None)
+        return self.routing.watch(caller, req, None, partial(self._count_partial, "Watch"))
 
     # ------------------------------------------------------------------------------------ admin
 

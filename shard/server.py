@@ -175,6 +175,7 @@ class ShardServer:
             max_message_bytes=limits.max_message_bytes,
             connected=self.connected,
             shards=self.shards,
+            locate=self.peers.url if self.peers is not None else None,
             limit_hits=self.limit_hits,
         )
 

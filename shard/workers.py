@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import math
 import time
+from collections.abc import Callable
 from typing import Any
 
 import grpc
@@ -21,7 +22,7 @@ from cronoq.errors import ApiError, FailedPrecondition, InvalidArgument, NotFoun
 from cronoq.forward import WrongShard
 from cronoq.limits import LimitHits
 from cronoq.logs import get_logger
-from cronoq.shards import ShardMap
+from cronoq.shards import Shard, ShardMap
 from cronoq.v1 import cronoq_pb2 as pb
 
 from .convert import MAX_WORKER_MESSAGE, NS, SpecLimits, check_map, check_text, priority_to_wire
@@ -63,10 +64,13 @@ class WorkerStream:
         max_message_bytes: int,
         connected: dict[int, tuple[str, int]],
         shards: ShardMap | None = None,
+        locate: Callable[[Shard], str] | None = None,
         limit_hits: LimitHits | None = None,
     ) -> None:
         self.limit_hits = limit_hits if limit_hits is not None else LimitHits()
         self.shards = shards if shards is not None else ShardMap([])
+        # Where another shard's leader serves, as last found (default: the shard's endpoint).
+        self.locate = locate
         self.runtime = runtime
         self.context = context
         self.caller = caller
@@ -168,7 +172,11 @@ class WorkerStream:
         owner = self.shards.by_pool(reg.pool)
         if not self.shards.is_local(owner):
             assert owner is not None
-            raise WrongShard(owner, f"register.pool: pool '{reg.pool}' is served by another shard")
+            raise WrongShard(
+                owner,
+                f"register.pool: pool '{reg.pool}' is served by another shard",
+                self.locate(owner) if self.locate is not None else None,
+            )
         if not self.runtime.engine.has_pool(reg.pool):
             raise NotFound(f"register.pool: unknown pool '{reg.pool}'")
         if not self.caller.may_use_pool(reg.pool):

@@ -205,9 +205,17 @@ async def run(args: argparse.Namespace) -> None:
                 )
             )
         elif cmd == "watch":
-            async for event in client.watch(
+            events = client.watch(
                 args.pool or None, ids=args.id or None, keys=args.key or None, all_transitions=args.all
-            ):
+            )
+            missing = await events.unavailable_shards()
+            if missing:
+                print(
+                    f"cronoq: not watching shards {', '.join(missing)}: they could not be reached",
+                    file=sys.stderr,
+                    flush=True,
+                )
+            async for event in events:
                 print(json.dumps(_jsonable(event)), flush=True)
         elif cmd == "workers":
             _print(await client.list_workers())

@@ -108,9 +108,14 @@ class MergedWatch(AsyncIterator[pb.StatusEvent]):
     shard whose stream fails or ends after it opened ends the whole watch with an error naming it:
     silently missing that shard's events would be worse, and the client watches again."""
 
-    def __init__(self, parts: Sequence[tuple[Shard, _Part]]) -> None:
+    def __init__(
+        self,
+        parts: Sequence[tuple[Shard, _Part]],
+        on_open: Callable[[tuple[str, ...]], None] | None = None,
+    ) -> None:
         self.unavailable_shards: tuple[str, ...] = ()
         self._parts = parts
+        self._on_open = on_open  # told the unreachable shards once open (a router's metrics)
         self._queue: asyncio.Queue[pb.StatusEvent | ApiError] = asyncio.Queue()  # bounded in _pump
         self._pumps: list[asyncio.Task[None]] = []
         self._started = False
@@ -137,6 +142,8 @@ class MergedWatch(AsyncIterator[pb.StatusEvent]):
                 f"no shard could be watched: shard(s) {names} unreachable ({down[0][1].message})"
             )
         self.unavailable_shards = tuple(shard.name for shard, _ in down)
+        if self._on_open is not None:
+            self._on_open(self.unavailable_shards)
 
     async def _open_part(self, shard: Shard, part: _Part) -> ApiError | None:
         """Open one shard's stream and start taking its events at once: the others may take up to the
@@ -361,9 +368,16 @@ class Routing:
         answers = [*zip(mine, local_answers, strict=True), *zip(others, remote, strict=True)]
         return fanout.merge_removed(answers)
 
-    def watch(self, caller: Principal, req: pb.WatchRequest, local: LocalWatch | None) -> MergedWatch:
+    def watch(
+        self,
+        caller: Principal,
+        req: pb.WatchRequest,
+        local: LocalWatch | None,
+        on_open: Callable[[tuple[str, ...]], None] | None = None,
+    ) -> MergedWatch:
         """Every relevant shard's events as one stream (:class:`MergedWatch`), this process's own shard's
-        from ``local``; nothing is sent until the transport opens it."""
+        from ``local``; nothing is sent until the transport opens it, and then ``on_open`` learns the
+        shards it could not reach."""
         for pool in req.pools:
             if self.shards.by_pool(pool) is None:
                 raise NotFound(f"pools: unknown pool '{pool}'")
@@ -381,4 +395,4 @@ class Routing:
                 parts.append((shard, OwnWatch(local(caller, part))))
             else:
                 parts.append((shard, self.peers.stream(shard, "Watch", part, caller)))
-        return MergedWatch(parts)
+        return MergedWatch(parts, on_open)

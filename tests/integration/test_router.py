@@ -180,6 +180,9 @@ async def test_the_router_follows_a_failover_and_names_a_shard_that_is_down(
             assert page.unavailable_shards == ["b"] and len(page.tasks) == 3 and page.tasks[0].id == before.id
             snapshot = await client.snapshot()
             assert snapshot.unavailable_shards == ["b"] and [p.name for p in snapshot.pools] == ["a1"]
+            events = client.watch()
+            assert await events.unavailable_shards() == ["b"]
+            await events.aclose()
             with pytest.raises(Unavailable):
                 await client.submit(b"z", pool="b1")
             with pytest.raises(Unavailable, match=r"shard\(s\) 'b' could not be asked"):
@@ -191,7 +194,7 @@ async def test_the_router_follows_a_failover_and_names_a_shard_that_is_down(
         assert m("cronoq_router_shard_leader", shard="b", endpoint="") == 0
         assert m("cronoq_router_leader_changes_total", shard="a") >= 2
         assert m("cronoq_router_leader_changes_total", shard="b") >= 1
-        for method in ("ListTasks", "Snapshot"):
+        for method in ("ListTasks", "Snapshot", "Watch"):
             assert m("cronoq_router_fanout_partial_total", method=method) == 1
             assert m("cronoq_router_fanout_unavailable_total", shard="b", method=method) == 1
             assert m("cronoq_router_fanout_unavailable_total", shard="a", method=method) == 0

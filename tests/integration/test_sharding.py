@@ -14,6 +14,7 @@ import contextlib
 import ipaddress
 import re
 import socket
+import sys
 import time
 from collections.abc import AsyncIterator, Awaitable, Iterator
 from pathlib import Path
@@ -541,6 +542,26 @@ async def test_a_watch_with_a_shard_down_names_it_and_serves_the_rest(
                     while not line.startswith(b"data:"):
                         line = await asyncio.wait_for(resp.content.readline(), 10)
                     assert f'"id":"{task_id}"'.encode() in line, line
+
+        # The command-line client says which shards it is not watching before it streams events.
+        cli = await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-m",
+            "cronoq.cli",
+            "--target",
+            a.target,
+            "watch",
+            "--all",
+            stdout=asyncio.subprocess.DEVNULL,
+            stderr=asyncio.subprocess.PIPE,
+        )
+        try:
+            assert cli.stderr is not None
+            warning = await asyncio.wait_for(cli.stderr.readline(), 30)
+            assert warning == b"cronoq: not watching shards b: they could not be reached\n"
+        finally:
+            cli.kill()
+            await cli.wait()
     except BaseException:
         print(f"----- log of the router -----\n{router.logs()}")
         raise
@@ -551,7 +572,7 @@ async def test_a_watch_with_a_shard_down_names_it_and_serves_the_rest(
 async def test_a_forwarded_call_reaches_the_other_shards_leader_past_its_standby(tmp_path: Path) -> None:
     """A shard's endpoint may be a Service in front of its leader and standbys, which can hand a call to
     a standby: a server finds the other shard's leader among its ``members``, as the router does, and
-    forwards there."""
+    forwards there, and sends workers there."""
     ports = iter(free_ports(6))
     a, b_leader, b_standby = ((next(ports), next(ports)) for _ in range(3))
     leader_url, standby_url, a_url = (f"http://127.0.0.1:{grpc}" for grpc, _ in (b_leader, b_standby, a))
@@ -577,6 +598,9 @@ async def test_a_forwarded_call_reaches_the_other_shards_leader_past_its_standby
             submitted = await via_a.submit(b"", pool="b1", key="past-the-standby", call_timeout=10)
             assert shard_number(submitted.id) == 2
             assert (await via_a.get(submitted.id)).key == "past-the-standby"
+        # Workers are sent to the leader found, not to the endpoint that reaches a standby.
+        async with grpc.aio.insecure_channel(procs["a"].target) as channel:
+            assert_redirect(await register_raw(channel, "b1"), "b", leader_url)
         async with Client(procs["b-leader"].target) as on_b:
             assert (await on_b.get("past-the-standby")).id == submitted.id
     except BaseException:

@@ -10,7 +10,7 @@ from cronoq.grpc_settings import load_grpc
 
 load_grpc()  # before the SDK's modules import grpc
 
-from cronoq.client._client import Client
+from cronoq.client._client import Client, EventStream
 from cronoq.client._models import (
     Event,
     PoolSnapshot,
@@ -35,6 +35,7 @@ __all__ = [
     "Client",
     "ClientError",
     "Event",
+    "EventStream",
     "Lease",
     "PoolSnapshot",
     "RecurringInfo",

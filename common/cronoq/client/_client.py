@@ -23,6 +23,7 @@ from cronoq.client._models import (
 )
 from cronoq.client._spec import Ref, TaskOptions, task
 from cronoq.client._wire import duration, overlap_value, status_value, task_ref
+from cronoq.transport import UNAVAILABLE_SHARDS_KEY
 from cronoq.v1 import cronoq_pb2 as pb
 from cronoq.v1 import cronoq_pb2_grpc as pb_grpc
 
@@ -184,18 +185,20 @@ class Client:
                 return
             after = page.next_after
 
-    async def watch(
+    def watch(
         self,
         pools: Iterable[str] | None = None,
         *,
         ids: Iterable[int] | None = None,
         keys: Iterable[str] | None = None,
         all_transitions: bool = False,
-    ) -> AsyncIterator[Event]:
+    ) -> EventStream:
         """Status changes as they happen: terminal ones only unless ``all_transitions``.
 
-        The stream ends with ``Unavailable`` when the server shuts down or loses leadership, and with
-        ``DataLoss`` when this consumer falls too far behind.
+        Iterate the returned :class:`EventStream` with ``async for``. The stream ends with
+        ``Unavailable`` when the server shuts down or loses leadership, and with ``DataLoss`` when this
+        consumer falls too far behind. Through a sharded cluster, ``await stream.unavailable_shards()``
+        names the shards that could not be reached, whose events the stream does not carry.
         """
         request = pb.WatchRequest(
             pools=_names(pools or ()),
@@ -203,14 +206,7 @@ class Client:
             keys=_names(keys or ()),
             all_transitions=all_transitions,
         )
-        call = self._stubs().tasks.Watch(request, metadata=self._metadata)
-        try:
-            async for message in call:
-                yield Event.from_proto(message)
-        except grpc.aio.AioRpcError as err:
-            raise api_error(err) from err
-        finally:
-            call.cancel()
+        return EventStream(self._stubs().tasks.Watch(request, metadata=self._metadata))
 
     # ------------------------------------------------------------------------------------ admin
 
@@ -265,6 +261,51 @@ def _spec(payload: object, options: TaskOptions) -> Any:
             raise ValueError("task options cannot be combined with a prebuilt TaskSpec")
         return payload
     return task(payload, **options)
+
+
+class EventStream:
+    """The events of one ``Watch`` call, in order; an async iterator of :class:`Event`.
+
+    A server that serves a sharded cluster answers before any event with the shards it could not reach
+    (they can be named only then, since a quiet shard sends nothing); :meth:`unavailable_shards` reads
+    them. :meth:`aclose` cancels the call, and so does dropping the stream."""
+
+    def __init__(self, call: Any) -> None:
+        self._call = call
+        self._messages: AsyncIterator[Any] = call.__aiter__()
+        self._closed = False
+
+    def __aiter__(self) -> EventStream:
+        return self
+
+    async def __anext__(self) -> Event:
+        if self._closed:
+            raise StopAsyncIteration
+        try:
+            return Event.from_proto(await self._messages.__anext__())
+        except grpc.aio.AioRpcError as err:
+            raise api_error(err) from err
+        except asyncio.CancelledError:
+            if self._closed:  # aclose() while this read waited
+                raise StopAsyncIteration from None
+            self._call.cancel()
+            raise
+
+    async def unavailable_shards(self) -> list[str]:
+        """Names of the shards whose events this stream does not carry because they could not be
+        reached when it opened; empty when every shard answered (and always from a single server).
+        Waits for the server to accept the call."""
+        try:
+            metadata = await self._call.initial_metadata()
+        except grpc.aio.AioRpcError as err:
+            raise api_error(err) from err
+        value = dict(metadata or ()).get(UNAVAILABLE_SHARDS_KEY, "")
+        return [name for name in str(value).split(",") if name]
+
+    async def aclose(self) -> None:
+        """Cancel the call; iterating afterwards ends at once."""
+        self._closed = True
+        self._call.cancel()
 
 
 def _names(names: str | Iterable[str]) -> Sequence[str]:

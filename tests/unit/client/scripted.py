@@ -159,12 +159,13 @@ class Call:
 class ApiServer:
     """Tasks and Admin: records each call; answers with ``responses[method]`` (a message, a
     ``Refusal``, or a callable of the request returning one). ``Watch`` streams ``events`` and then
-    ends with ``watch_end``."""
+    ends with ``watch_end``, after sending ``watch_metadata`` as its initial metadata."""
 
     responses: dict[str, Any] = field(default_factory=dict)
     calls: list[Call] = field(default_factory=list)
     events: list[Any] = field(default_factory=list)
     watch_end: Refusal | None = None
+    watch_metadata: tuple[tuple[str, str], ...] = ()
     target: str = ""
 
     def last(self, method: str) -> Call:
@@ -194,6 +195,7 @@ class ApiServer:
 
     async def Watch(self, request: Any, context: Any) -> AsyncIterator[Any]:
         self.calls.append(Call("Watch", request, dict(context.invocation_metadata()), None))
+        await context.send_initial_metadata(self.watch_metadata)
         for event in self.events:
             yield event
         if self.watch_end is not None:

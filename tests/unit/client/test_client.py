@@ -304,6 +304,26 @@ async def test_watch_ends_when_the_stream_ends(api: ApiServer, client: Client) -
     assert not api.last("Watch").request.all_transitions
 
 
+async def test_a_watch_names_the_shards_it_could_not_reach(api: ApiServer, client: Client) -> None:
+    api.watch_metadata = (("cronoq-unavailable-shards", "b,c"),)
+    api.events = [pb.StatusEvent(id=1, status=pb.TASK_STATUS_SUCCEEDED)]
+    events = client.watch()
+    assert await events.unavailable_shards() == ["b", "c"]
+    assert [e.id async for e in events] == [1]
+
+
+async def test_a_watch_of_every_shard_names_none_and_can_be_closed_early(
+    api: ApiServer, client: Client
+) -> None:
+    api.watch_metadata = (("cronoq-unavailable-shards", ""),)
+    api.events = [pb.StatusEvent(id=n, status=pb.TASK_STATUS_SUCCEEDED) for n in (1, 2)]
+    events = client.watch()
+    assert await events.unavailable_shards() == []
+    assert (await anext(events)).id == 1
+    await events.aclose()
+    assert [e.id async for e in events] == []
+
+
 async def test_snapshot_converts_pools_groups_and_totals(api: ApiServer, client: Client) -> None:
     api.responses["Snapshot"] = pb.SnapshotResponse(
         pools=[
