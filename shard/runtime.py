@@ -401,6 +401,14 @@ class Runtime:
                 if not waiters:
                     del self._waiters[task_id]
 
+    def stop_accepting(self) -> None:
+        """Admit nothing more (shutdown, step-down). Submissions parked for room in a full pool are woken
+        to see it and refuse (UNAVAILABLE, never admitted, so safe to send elsewhere); left parked, they
+        would end CANCELLED when the listener closes under them, which no client can safely retry."""
+        self.accepting = False
+        for space in self._space.values():
+            space.set()
+
     async def wait_for_space(self, pool: str, timeout: float) -> None:
         """Park a submission to a full ``overflow = wait`` pool until some pending task leaves."""
         event = self._space.setdefault(pool, asyncio.Event())

@@ -322,7 +322,7 @@ class ShardServer:
             self._pruner = None
         if runtime is None:
             return
-        runtime.accepting = False
+        runtime.stop_accepting()
         runtime.cancel_timer()
         await runtime.abandon()
         message = "this server is no longer the leader; retry against the new leader"
@@ -508,7 +508,7 @@ class ShardServer:
         for name in GRPC_SERVICES:
             await self.health.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
         if runtime is not None:
-            runtime.accepting = False
+            runtime.stop_accepting()
             grace = self.config.server.shutdown_grace_s
             log.info("shutting_down", reason=reason, running=runtime.busy(), grace_s=grace)
             await runtime.wait_idle(grace)
