@@ -693,6 +693,24 @@ BAD: list[tuple[str, str, str]] = [
     ),
     ("[[auth.certs]]\ndns_name = 'w.internal'\nrole = 'worker'", "auth.certs", "server.tls.client_ca_path"),
     ("[[auth.certs]]\ndns_name = 'not a name'\nrole = 'worker'", "auth.certs[0].dns_name", "DNS name"),
+    (
+        "[server.tls]\ncert_path = 'c.pem'\nkey_path = 'k.pem'\nclient_ca_path = 'ca.pem'\n"
+        "[[auth.certs]]\ndns_name = 'w.internal'\nrole = 'metrics'\n"
+        "[[auth.certs]]\ndns_name = 'W.Internal'\nrole = 'admin'",
+        "auth.certs[1].dns_name",
+        "duplicate dns_name 'w.internal' (also at auth.certs[0].dns_name)",
+    ),
+    (
+        "[[auth.tokens]]\ntoken_env = 'WORKER_TOKEN'\nrole = 'client'\npools = ['default', 'nope']",
+        "auth.tokens[0].pools[1]",
+        "no [[pools]] entry is named 'nope'",
+    ),
+    (
+        "[server.tls]\ncert_path = 'c.pem'\nkey_path = 'k.pem'\nclient_ca_path = 'ca.pem'\n"
+        "[[auth.certs]]\ndns_name = 'w.internal'\nrole = 'worker'\npools = ['nope']",
+        "auth.certs[0].pools[0]",
+        "no [[pools]] entry is named 'nope'",
+    ),
     # listener safety
     ("[server]\ngrpc_addr = '0.0.0.0:7070'", "server.grpc_addr", "insecure_no_auth"),
     ("[server]\nhttp_addr = '[::]:7071'", "server.http_addr", "no credentials are configured"),

@@ -243,9 +243,19 @@ def _resolve_auth(config: Config, env: Mapping[str, str], problems: Problems) ->
     )
     secrets = ((_token_key(i, t), t.resolved_token) for i, t in enumerate(tokens) if t.resolved_token)
     _unique(secrets, "token", problems, secret=True)
+    # Certificate names match case-insensitively, so two spellings of one name would be one credential.
     _unique(
-        ((f"auth.certs[{i}].dns_name", c.dns_name) for i, c in enumerate(auth.certs)), "dns_name", problems
+        ((f"auth.certs[{i}].dns_name", c.dns_name.lower()) for i, c in enumerate(auth.certs)),
+        "dns_name",
+        problems,
     )
+    known = {pool.name for pool in config.pools}
+    scoped = [(f"auth.tokens[{i}]", t.pools) for i, t in enumerate(auth.tokens)]
+    scoped += [(f"auth.certs[{i}]", c.pools) for i, c in enumerate(auth.certs)]
+    for path, pools in scoped:
+        for j, pool in enumerate(pools or ()):
+            if pool not in known and not problems.failed(f"{path}.pools[{j}]"):
+                problems.add(f"{path}.pools[{j}]", f"no [[pools]] entry is named {show(pool)}")
     scopes = [(f"auth.tokens[{i}]", t.labels) for i, t in enumerate(auth.tokens)]
     scopes += [(f"auth.certs[{i}]", c.labels) for i, c in enumerate(auth.certs)]
     for path, labels in scopes:
