@@ -110,11 +110,18 @@ class ShardServer:
         self.peers: Peers | None = None
         if self.shards.sharded:
             self.finder, self.peers = forwarding(self.shards, config)
-        # The engine forgets finished tasks no later than the store prunes them, so that a pruned task is
-        # gone everywhere (its key no longer dedups, Get says NOT_FOUND).
+        # Finished tasks stay known for lookups for keep_finished_s, at most [outputs] info_entries of
+        # them (the memory store has nothing behind the engine; a durable store is asked beyond). Keys
+        # dedup within those bounds, so that a pruned task is gone everywhere (its key no longer
+        # dedups, Get says NOT_FOUND).
         engine_limits = limits.to_engine()
+        keep, records = config.store.keep_finished_s, config.outputs.info_entries
         self.engine_limits = dataclasses.replace(
-            engine_limits, key_retention=min(engine_limits.key_retention, config.store.keep_finished_s)
+            engine_limits,
+            key_retention=min(engine_limits.key_retention, keep),
+            key_retention_max=min(engine_limits.key_retention_max, records),
+            record_retention=keep,
+            record_max=records,
         )
         self.store = make_store(config)
         self.outputs = OutputCache(config.outputs.cache_entries, config.outputs.cache_bytes)

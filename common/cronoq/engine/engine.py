@@ -102,7 +102,13 @@ class Engine:
             if config.name in self._pools:
                 raise ValueError(f"pool '{config.name}' is configured twice")
             self._pools[config.name] = PoolState(config, limits.metrics_window)
-        self._table = TaskTable(first_id, limits.key_retention, limits.key_retention_max)
+        self._table = TaskTable(
+            first_id,
+            limits.key_retention,
+            limits.key_retention_max,
+            limits.record_retention,
+            limits.record_max,
+        )
         self._seq = 0
         self._pending_total = 0
         self._next_lease = first_lease

@@ -187,6 +187,10 @@ class EngineLimits:
     key_retention: float = 86_400.0
     key_retention_max: int = 100_000
     metrics_window: float = 60.0
+    # How long, and how many, finished tasks stay known for lookups (None: as long as their keys). At
+    # least the key bounds: a key never outlives its task's record.
+    record_retention: float | None = None
+    record_max: int | None = None
 
 
 class _NoResources(dict[str, int]):

@@ -97,6 +97,37 @@ def test_retention_keeps_at_most_key_retention_max_finished_tasks_oldest_out() -
     assert engine.submit([spec(key="k1")], 5.0)[0].duplicate is True
 
 
+def test_a_record_outlives_its_key_up_to_its_own_retention() -> None:
+    """``[outputs] info_entries`` and ``keep_finished_s`` keep finished tasks known for lookups after their
+    keys stop deduplicating (key_retention_s is shorter)."""
+    limits = EngineLimits(key_retention=100.0, record_retention=1000.0)
+    engine = make_engine(limits=limits)
+    [first] = engine.submit([spec(key="k")], 0.0)
+    engine.cancel("k", 10.0)
+    assert engine.next_wakeup() == 110.0  # the key goes first
+    engine.tick(110.0)
+    assert engine.get("k") is None and task_of(engine, first.id).status is Status.CANCELLED
+    [fresh] = engine.submit([spec(key="k")], 111.0)
+    assert fresh.duplicate is False and task_of(engine, "k").id == fresh.id
+    listed, _ = engine.list_tasks(pools=None, statuses=None, after=0, limit=10)
+    assert [t.id for t in listed] == [first.id, fresh.id]
+    assert engine.next_wakeup() == 1010.0
+    engine.tick(1010.0)
+    assert engine.get(first.id) is None and task_of(engine, "k").id == fresh.id
+
+
+def test_records_beyond_record_max_go_oldest_first_and_take_their_keys() -> None:
+    engine = make_engine(limits=EngineLimits(key_retention_max=1, record_max=2))
+    ids = [s.id for s in engine.submit([spec(key=f"k{i}") for i in range(3)], 0.0)]
+    for i, task_id in enumerate(ids):
+        engine.cancel(task_id, float(i))
+    assert engine.get(ids[0]) is None  # beyond record_max
+    assert engine.get(ids[1]) is not None and engine.get("k1") is None  # record kept, key gone
+    assert engine.get("k2") is not None
+    assert engine.submit([spec(key="k1")], 5.0)[0].duplicate is False
+    assert engine.submit([spec(key="k2")], 5.0)[0].duplicate is True
+
+
 def test_finished_tasks_drop_their_payload() -> None:
     engine = make_engine()
     [sub] = engine.submit([spec(payload=b"big" * 100)], 0.0)
