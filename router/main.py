@@ -9,7 +9,7 @@ import sys
 
 from cronoq import __version__
 from cronoq.config import Config, ConfigError, load_config
-from cronoq.hosts import is_loopback_name
+from cronoq.config.startup import preflight, refuse
 from cronoq.logs import configure, get_logger
 from cronoq.process import serve_until_signalled
 
@@ -32,24 +32,21 @@ def parser() -> argparse.ArgumentParser:
         help="the cluster's TOML configuration, with its [[shards]] (env CRONOQ_CONFIG); "
         "the router listens on [router] grpc_addr and http_addr",
     )
-    p.add_argument("--check", action="store_true", help="validate the configuration and exit")
+    p.add_argument(
+        "--check",
+        action="store_true",
+        help="validate the configuration and the files it names, print every problem, exit 0 if valid "
+        "and 1 if not",
+    )
     return p
 
 
 def problems(config: Config) -> list[str]:
-    """What a valid configuration still lacks to run a router."""
-    found: list[str] = []
+    """What a valid configuration still lacks to run a router. (Its listeners' safety is validation's:
+    a non-loopback ``[router]`` address needs credentials, tokens or mTLS certificates, as a server's.)"""
     if not config.shards:
-        found.append("shards: a router needs the [[shards]] it routes to")
-    if not config.auth.tokens and not config.server.insecure_no_auth:
-        for key, addr in (
-            ("router.grpc_addr", config.router.grpc_addr),
-            ("router.http_addr", config.router.http_addr),
-        ):
-            host = addr.rpartition(":")[0].strip("[]")
-            if not is_loopback_name(host):
-                found.append(f"{key}: {addr} is not loopback and no [[auth.tokens]] are configured")
-    return found
+        return ["shards: a router needs the [[shards]] it routes to"]
+    return []
 
 
 async def serve(config: Config) -> None:
@@ -68,16 +65,14 @@ def main(argv: list[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 1
+    invalid = f"cronoq-router: invalid configuration {args.config}:"
     try:
-        config = load_config(args.config, store=False)
-        missing = problems(config)
+        config = load_config(args.config, router=True)
     except ConfigError as err:
-        missing = [str(problem) for problem in err.problems]
-    if missing:
-        print(f"cronoq-router: invalid configuration {args.config}:", file=sys.stderr)
-        for problem in missing:
-            print(f"  - {problem}", file=sys.stderr)
-        return 1
+        return refuse(invalid, err.problems)
+    failed = preflight("cronoq-router", invalid, config, problems(config), router=True)
+    if failed is not None:
+        return failed
     if args.check:
         print(f"configuration ok: {len(config.shards)} shard(s): {', '.join(s.name for s in config.shards)}")
         return 0

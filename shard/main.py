@@ -6,15 +6,15 @@ import argparse
 import asyncio
 import os
 import sys
-from collections.abc import Iterable
 from importlib import resources
 
 from cronoq import __version__
 from cronoq.config import Config, ConfigError, default_config, load_config, validate_config
+from cronoq.config.startup import preflight, refuse
 from cronoq.logs import configure, get_logger
 from cronoq.process import serve_until_signalled
 
-from .support import server_problems, unsupported
+from .support import server_problems
 
 log = get_logger("cronoq.server")
 
@@ -41,7 +41,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--check",
         action="store_true",
-        help="validate the configuration, print every problem, exit 0 if valid and 1 if not",
+        help="validate the configuration and the files it names, print every problem, exit 0 if valid "
+        "and 1 if not",
     )
     p.add_argument(
         "--print-proto",
@@ -51,8 +52,10 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--shard",
         metavar="NAME",
-        default=os.environ.get("CRONOQ_SHARD"),
-        help="which [[shards]] entry this server serves (env CRONOQ_SHARD)",
+        # Empty counts as unset, as for CRONOQ_CONFIG: templates often export the variable blank.
+        default=os.environ.get("CRONOQ_SHARD") or None,
+        help="which [[shards]] entry this server serves (env CRONOQ_SHARD); "
+        "--check without it checks the file for every shard",
     )
     p.add_argument(
         "--insecure-no-auth",
@@ -78,12 +81,14 @@ async def serve(config: Config) -> str | None:
     return server.failure
 
 
-def _refuse(header: str, problems: Iterable[object]) -> int:
-    """Print why the configuration cannot run, one line per problem; the exit status."""
-    print(header, file=sys.stderr)
-    for problem in problems:
-        print(f"  - {problem}", file=sys.stderr)
-    return 1
+def _checked(config: Config) -> str:
+    """What ``--check`` found good: the pools, and which shard's view (or every shard's) it checked."""
+    pools = f"{len(config.pools)} pool(s): {', '.join(p.name for p in config.pools)}"
+    if not config.shards:
+        return f"configuration ok: {pools}"
+    if config.server.shard is not None:
+        return f"configuration ok for shard {config.server.shard}: {pools}"
+    return f"configuration ok for every shard ({', '.join(s.name for s in config.shards)}): {pools}"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -96,15 +101,14 @@ def main(argv: list[str] | None = None) -> int:
     try:
         config = read_config(args)
     except ConfigError as err:
-        return _refuse(invalid, err.problems)
-    missing = server_problems(config)
-    if missing:
-        return _refuse(invalid, missing)
-    refused = unsupported(config)
-    if refused:
-        return _refuse("cronoq-server: this configuration asks for what this version cannot do yet:", refused)
+        return refuse(invalid, err.problems)
+    # One file serves every shard and CI checks it once: --check without a shard checks it for all of
+    # them; only a server about to serve must know its shard.
+    failed = preflight("cronoq-server", invalid, config, [] if args.check else server_problems(config))
+    if failed is not None:
+        return failed
     if args.check:
-        print(f"configuration ok: {len(config.pools)} pool(s): {', '.join(p.name for p in config.pools)}")
+        print(_checked(config))
         return 0
     try:
         failure = asyncio.run(serve(config))

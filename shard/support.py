@@ -1,22 +1,12 @@
-"""What this server version cannot do yet, found in a configuration that asks for it.
+"""What a configuration must say for a *server* to run it, beyond what validation checks.
 
-The configuration layer accepts every key of the reference server so files stay portable, but a server
-must never *silently* ignore a setting a user relies on: gRPC-Web that quietly did nothing would be
-worse than a refusal. ``--check`` reports these and startup refuses them, each naming its key.
+Validation accepts a sharded file without ``server.shard``, because the router, and ``--check`` of the
+whole file, read it without one. Only a server about to serve must know which shard it is.
 """
 
 from __future__ import annotations
 
 from cronoq.config import Config
-
-
-def unsupported(config: Config) -> list[str]:
-    """One message per setting this version would otherwise ignore."""
-    problems: list[str] = []
-    server = config.server
-    if server.grpc_web is not None:
-        problems.append("server.grpc_web: not supported by this server version yet")
-    return problems
 
 
 def server_problems(config: Config) -> list[str]:

@@ -1,8 +1,11 @@
 """``cronoq``: the command-line client (submit, get, wait, cancel, list, watch, workers, recurring,
-snapshot).
+snapshot, top).
 
-Every command prints JSON (one document, or one line per event for ``watch``) so its output can be piped
-into ``jq``; errors go to stderr as ``cronoq: <code>: <message>`` with exit status 1 (2 for usage).
+Every command but ``top`` prints JSON (one document, or one line per event for ``watch``) so its output
+can be piped into ``jq``; ``top`` is for people, a table refreshed in place. Errors go to stderr as
+``cronoq: <code>: <message>`` with exit status 1. Usage errors exit 2, including option values that
+argparse cannot check (``--tag foo``, an unreadable ``--ca``): the whole command line is interpreted
+before connecting, so a typo never costs a round trip or half-runs a command.
 """
 
 from __future__ import annotations
@@ -12,16 +15,31 @@ import asyncio
 import dataclasses
 import json
 import os
+import ssl
 import sys
+import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from cronoq import __version__
-from cronoq.errors import ApiError
+from cronoq.errors import ApiError, Unavailable
+
+if TYPE_CHECKING:
+    from cronoq.client import Client, Snapshot
 
 PRIORITIES = ("critical", "high", "normal", "low")
 MISS_POLICIES = ("run_late", "skip", "fail")
 OVERLAPS = ("skip", "allow", "queue", "queue_on_success")
+CLEAR = "\x1b[H\x1b[2J"  # cursor home, clear screen: redraws ``top`` in place without curses
+
+
+class UsageError(Exception):
+    """An option whose value argparse accepted but the command cannot use; exits 2 like argparse's own."""
+
+
+def _env(name: str) -> str | None:
+    """An environment default; set but empty counts as unset (templates often export blanks)."""
+    return os.environ.get(name) or None
 
 
 def _ref(text: str) -> int | str:
@@ -64,6 +82,29 @@ def parser() -> argparse.ArgumentParser:
         help="bearer token (env CRONOQ_TOKEN; prefer the env var: flags show up in ps)",
     )
     p.add_argument("--tls", action="store_true", help="use TLS (implied by an https:// target)")
+    p.add_argument(
+        "--ca",
+        metavar="PATH",
+        dest="ca_path",
+        default=_env("CRONOQ_CA"),
+        help="PEM CA bundle the server's certificate must chain to, for a private CA (env CRONOQ_CA; "
+        "implies TLS; default: the system trust store)",
+    )
+    p.add_argument(
+        "--cert",
+        metavar="PATH",
+        dest="cert_path",
+        default=_env("CRONOQ_CERT"),
+        help="PEM client certificate for mTLS, with --cert-key (env CRONOQ_CERT; implies TLS)",
+    )
+    p.add_argument(
+        "--cert-key",
+        metavar="PATH",
+        # Not "--key": that is the task key of submit and recurring add.
+        dest="key_path",
+        default=_env("CRONOQ_CERT_KEY"),
+        help="PEM private key of --cert (env CRONOQ_CERT_KEY)",
+    )
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     s = sub.add_parser("submit", help="submit one task")
@@ -107,7 +148,23 @@ def parser() -> argparse.ArgumentParser:
     rr = rsub.add_parser("remove", help="remove a schedule (admin token)")
     rr.add_argument("name")
     sub.add_parser("snapshot", help="scheduler snapshot: pools, counters, totals")
+    top = sub.add_parser("top", help="live view of the pools, refreshed in place (metrics or admin token)")
+    top.add_argument(
+        "--interval", type=_positive, default=2.0, metavar="S", help="seconds between refreshes (default 2)"
+    )
+    top.add_argument("--once", action="store_true", help="print one view and exit (for scripts)")
     return p
+
+
+def _positive(text: str) -> float:
+    """argparse type of ``--interval``: a finite number of seconds above 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected seconds (got {text!r})") from None
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"must be > 0 seconds (got {text!r})")
+    return value
 
 
 def _task_options(p: argparse.ArgumentParser, *, fixed_start: bool) -> None:
@@ -135,7 +192,7 @@ def _pairs(items: list[str], flag: str) -> dict[str, str]:
     for item in items:
         k, sep, v = item.partition("=")
         if not sep or not k:
-            raise SystemExit(f"cronoq: {flag} expects K=V (got {item!r})")
+            raise UsageError(f"{flag} expects K=V (got {item!r})")
         out[k] = v
     return out
 
@@ -144,7 +201,7 @@ def _amounts(items: list[str]) -> dict[str, int]:
     out: dict[str, int] = {}
     for name, amount in _pairs(items, "--resource").items():
         if not amount.isdigit():
-            raise SystemExit(f"cronoq: --resource expects NAME=N with a whole number N (got {amount!r})")
+            raise UsageError(f"--resource expects NAME=N with a whole number N (got {amount!r})")
         out[name] = int(amount)
     return out
 
@@ -174,24 +231,75 @@ def _options(args: argparse.Namespace) -> dict[str, Any]:
 
 def _payload(args: argparse.Namespace) -> Any:
     if args.payload_json is not None:
-        return json.loads(args.payload_json)
+        try:
+            return json.loads(args.payload_json)
+        except ValueError as err:
+            raise UsageError(f"--json expects a JSON document ({err})") from None
     if args.data is not None:
         return args.data
     if args.file is not None:
-        return Path(args.file).read_bytes()
+        return _read(args.file, "--file")
     return None
+
+
+def _read(path: str, option: str) -> bytes:
+    """The bytes of a file named on the command line; unreadable is a usage error naming the option."""
+    try:
+        return Path(path).read_bytes()
+    except OSError as err:
+        raise UsageError(f"{option}: cannot read {path} ({err.strerror or err})") from None
+
+
+def _credentials(args: argparse.Namespace) -> Any:
+    """``grpc.ssl_channel_credentials`` from ``--ca``/``--cert``/``--cert-key``; None without them (then TLS,
+    if asked for, trusts the system store). The files are checked here because gRPC would only fail
+    the handshake, as an opaque UNAVAILABLE, on a certificate it cannot use."""
+    ca_path, cert_path, key_path = args.ca_path, args.cert_path, args.key_path
+    if (cert_path is None) != (key_path is None):
+        raise UsageError("--cert and --cert-key go together (a client certificate needs its private key)")
+    if ca_path is None and cert_path is None:
+        return None
+    ca = _read(ca_path, "--ca") if ca_path is not None else None
+    context = ssl.create_default_context()
+    if ca is not None:
+        try:
+            context.load_verify_locations(cadata=ca.decode("ascii", "replace"))
+        except (ssl.SSLError, ValueError) as err:
+            raise UsageError(f"--ca: {ca_path} is not a PEM CA certificate ({err})") from None
+    cert = key = None
+    if cert_path is not None:
+        cert, key = _read(cert_path, "--cert"), _read(key_path, "--cert-key")
+        try:
+            context.load_cert_chain(cert_path, key_path)
+        except ssl.SSLError as err:
+            raise UsageError(f"--cert/--cert-key: not a usable PEM certificate and key ({err})") from None
+    import grpc
+
+    return grpc.ssl_channel_credentials(root_certificates=ca, private_key=key, certificate_chain=cert)
+
+
+def _prepare(args: argparse.Namespace) -> None:
+    """Interpret every option before connecting, adding ``payload``, ``options`` and ``credentials``
+    to ``args``; raises :class:`UsageError`."""
+    args.credentials = _credentials(args)
+    if args.command == "submit" or getattr(args, "action", None) == "add":
+        if getattr(args, "wait_timeout", None) is not None and not args.wait:
+            raise UsageError("--wait-timeout needs --wait")
+        args.payload = _payload(args)
+        args.options = _options(args)
 
 
 async def run(args: argparse.Namespace) -> None:
     from cronoq.client import Client
 
-    async with Client(args.target, token=args.token, tls=args.tls) as client:
+    async with Client(args.target, token=args.token, tls=args.tls, credentials=args.credentials) as client:
         cmd = args.command
         if cmd == "submit":
-            opts = _options(args)
-            if args.wait_timeout is not None and not args.wait:
-                raise ValueError("--wait-timeout needs --wait")
-            _print(await client.submit(args.payload, wait=args.wait, wait_timeout=args.wait_timeout, **opts))
+            _print(
+                await client.submit(
+                    args.payload, wait=args.wait, wait_timeout=args.wait_timeout, **args.options
+                )
+            )
         elif cmd == "get":
             _print(await client.get(_ref(args.ref)))
         elif cmd == "cancel":
@@ -224,29 +332,140 @@ async def run(args: argparse.Namespace) -> None:
                 _print(await client.list_recurring())
             elif args.action == "add":
                 await client.add_recurring(
-                    args.name, args.cron, args.payload, tz=args.tz, overlap=args.overlap, **_options(args)
+                    args.name, args.cron, args.payload, tz=args.tz, overlap=args.overlap, **args.options
                 )
                 _print({"name": args.name})
             else:
                 _print({"removed": await client.remove_recurring(args.name)})
         elif cmd == "snapshot":
             _print(await client.snapshot())
+        elif cmd == "top":
+            await _top(client, args.target, args.interval, once=args.once)
+
+
+# ------------------------------------------------------------------------------------------------ top
+
+
+async def _top(client: Client, target: str, interval: float, *, once: bool) -> None:
+    """Poll ``Admin.Snapshot`` and draw it: one frame with ``once``, else until interrupted, redrawn in
+    place on a terminal and appended otherwise (a log keeps every frame). While live, an unreachable
+    server (a failover, a restart) is shown and polled again rather than ending the view."""
+    redraw = not once and sys.stdout.isatty()
+    while True:
+        stamp = time.strftime("%H:%M:%S")
+        header = f"cronoq top  {target}  {stamp}" + (
+            "" if once else f"  (every {interval:g} s, Ctrl-C quits)"
+        )
+        try:
+            body = render_top(await client.snapshot())
+        except Unavailable as err:
+            if once:
+                raise
+            body = f"cronoq: {err.code}: {err.message}\n(trying again)"
+        if redraw:
+            sys.stdout.write(CLEAR)
+        # Appended frames (not a terminal) are kept apart by a blank line.
+        print(f"{header}\n\n{body}", end="\n" if once or redraw else "\n\n", flush=True)
+        if once:
+            return
+        await asyncio.sleep(interval)
+
+
+TOP_COLUMNS = (
+    "POOL",
+    "CAP",
+    "BUSY",
+    "HELD",
+    "DESIRED",
+    "PENDING",
+    "CRIT/HIGH/NORM/LOW",
+    "WAIT P50",
+    "WAIT P99",
+    "UTIL",
+    "OK",
+    "FAILED",
+    "WORKERS",
+)
+
+
+def render_top(snapshot: Snapshot) -> str:
+    """One ``top`` frame: a row per pool, a totals line, and the shards that could not be reached.
+
+    Wait times, utilization and the ok/failed counts cover the server's metrics window; the totals
+    line counts since the serving leader started.
+    """
+    rows = [
+        (
+            p.name,
+            str(p.capacity),
+            str(p.busy),
+            str(p.held),
+            str(p.desired),
+            str(p.pending),
+            "/".join(str(p.pending_by_class.get(c, 0)) for c in PRIORITIES),
+            _duration(p.wait_p50),
+            _duration(p.wait_p99),
+            f"{p.utilization:.0%}",
+            str(p.succeeded),
+            str(p.failed),
+            str(p.workers_connected),
+        )
+        for p in snapshot.pools
+    ]
+    widths = [max(len(row[i]) for row in (TOP_COLUMNS, *rows)) for i in range(len(TOP_COLUMNS))]
+    lines = [
+        "  ".join(
+            cell.ljust(w) if i == 0 else cell.rjust(w)
+            for i, (cell, w) in enumerate(zip(row, widths, strict=True))
+        )
+        for row in (TOP_COLUMNS, *rows)
+    ]
+    if not rows:
+        lines.append("(no pools visible to this credential)")
+    t = snapshot.totals
+    lines += [
+        "",
+        f"total: {len(rows)} pool(s), capacity {sum(p.capacity for p in snapshot.pools)}, "
+        f"running {snapshot.running}, pending {snapshot.pending}, workers {snapshot.workers_connected}, "
+        f"live tasks {snapshot.live_tasks}",
+        f"since start: submitted {t.submitted}, succeeded {t.succeeded}, failed {t.failed}, "
+        f"dead-lettered {t.dead_lettered}, cancelled {t.cancelled}, retries {t.retries}",
+    ]
+    if snapshot.unavailable_shards:
+        lines.append(
+            f"unavailable shards: {', '.join(snapshot.unavailable_shards)} (their pools are not shown)"
+        )
+    return "\n".join(line.rstrip() for line in lines)
+
+
+def _duration(seconds: float) -> str:
+    """A wait as a person reads it: ``0``, ``12ms``, ``3.4s``, ``2.5m``."""
+    if seconds <= 0:
+        return "0"
+    if seconds < 1:
+        return f"{seconds * 1000:.0f}ms"
+    if seconds < 60:
+        return f"{seconds:.1f}s"
+    return f"{seconds / 60:.1f}m"
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parser().parse_args(argv)
+    p = parser()
+    args = p.parse_args(argv)
     try:
-        if args.command == "submit" or getattr(args, "action", None) == "add":
-            args.payload = _payload(args)
+        _prepare(args)
+    except UsageError as err:
+        p.error(str(err))  # exits 2, after the usage line, as argparse's own errors do
+    try:
         asyncio.run(run(args))
     except ApiError as err:
         print(f"cronoq: {err.code}: {err.message}", file=sys.stderr)
         return 1
-    except (TimeoutError, json.JSONDecodeError, OSError, ValueError) as err:
+    except (TimeoutError, OSError, ValueError) as err:
         print(f"cronoq: {type(err).__name__}: {err}", file=sys.stderr)
         return 1
-    except KeyboardInterrupt:
-        return 130
+    except KeyboardInterrupt:  # Ctrl-C is how one leaves top; any other command was cut short
+        return 0 if args.command == "top" else 130
     return 0
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import re
 import signal
 import subprocess
@@ -19,23 +20,35 @@ from grpc_tools import protoc
 
 from cronoq.client import Client, Lease
 
+from . import test_tls
 from .helpers import worker
 from .serverproc import ServerProcess, free_port, running_server
 from .test_auth import CLIENT, METRICS, WORKER
 from .test_auth import CONFIG as AUTH_CONFIG
+from .test_tls import Pki, _tls_config
 
 ROOT = Path(__file__).resolve().parents[2]
 AUTH_ENV = {"T_CLIENT": CLIENT, "T_WORKER": WORKER, "T_METRICS": METRICS}
+tls_pki = test_tls.pki  # the fixture (a throwaway CA and its certificates), under this module's name
 
 
-def run_server_cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+def run_server_cli(
+    *args: str, env: dict[str, str] | None = None, module: str = "cronoq.shard.main"
+) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "cronoq.shard.main", *args],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        env=env,
+        [sys.executable, "-m", module, *args], capture_output=True, text=True, timeout=60, env=env
     )
+
+
+def run_router_cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return run_server_cli(*args, module="cronoq.router.main")
+
+
+def environment(**changes: str | None) -> dict[str, str]:
+    """This process's environment with ``changes`` applied (None removes a variable)."""
+    env = {k: v for k, v in os.environ.items() if k not in changes}
+    env.update({k: v for k, v in changes.items() if v is not None})
+    return env
 
 
 def test_print_proto_is_the_contract_and_needs_no_config(tmp_path: Path) -> None:
@@ -235,15 +248,92 @@ def test_resources_fair_share_and_the_webhook_scaler_are_accepted(tmp_path: Path
     assert out.returncode == 1 and "  - pools[0].scaler.url: plain http to 'scaler.example.com'" in out.stderr
 
 
-def test_a_sharded_server_must_know_its_shard(tmp_path: Path) -> None:
+SHARDED = (
+    '[[pools]]\nname = "a1"\n'
+    'scaler = { kind = "webhook", url = "https://scaler.example.com/hook", token_env = "HOOK_TOKEN" }\n'
+    '[[pools]]\nname = "b1"\n'
+    '[[shards]]\nname = "a"\nnumber = 1\nendpoint = "http://127.0.0.1:7070"\npools = ["a1"]\n'
+    '[[shards]]\nname = "b"\nnumber = 2\nendpoint = "http://127.0.0.1:7080"\npools = ["b1"]\n'
+)
+
+
+def test_check_without_a_shard_checks_the_file_for_every_shard(tmp_path: Path) -> None:
+    """One file serves every shard and CI checks it once: without a shard ``--check`` passes a good
+    sharded file, needing every shard's secrets; only serving needs the shard (an empty CRONOQ_SHARD
+    counts as none, like an empty CRONOQ_CONFIG)."""
     cfg = tmp_path / "sharded.toml"
+    cfg.write_text(SHARDED)
+    unset = environment(CRONOQ_SHARD="", HOOK_TOKEN=None)
+    out = run_server_cli("--config", str(cfg), "--check", env=unset)
+    assert out.returncode == 1
+    assert "  - pools[0].scaler.token_env: environment variable HOOK_TOKEN is not set" in out.stderr
+    out = run_server_cli("--config", str(cfg), "--check", env=environment(CRONOQ_SHARD="", HOOK_TOKEN="t"))
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.startswith("configuration ok for every shard (a, b)")
+    # Shard b never sends a1's webhook, so it runs without that secret.
+    out = run_server_cli("--config", str(cfg), "--check", "--shard", "b", env=unset)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.startswith("configuration ok for shard b")
+    serving = run_server_cli("--config", str(cfg), env=environment(CRONOQ_SHARD="", HOOK_TOKEN="t"))
+    assert serving.returncode == 1
+    assert "  - server.shard: required with [[shards]]" in serving.stderr
+    assert "1 to 64 characters" not in serving.stderr
+
+
+def test_check_reads_the_files_the_config_names(tmp_path: Path, tls_pki: Pki) -> None:
+    """What startup would fail to open fails ``--check`` too, naming the key: TLS files and the
+    directory of a SQLite store."""
+    missing = tmp_path / "missing"
+    cfg = tmp_path / "files.toml"
     cfg.write_text(
-        '[[pools]]\nname = "a1"\n'
-        '[[shards]]\nname = "a"\nnumber = 1\nendpoint = "http://127.0.0.1:7070"\npools = ["a1"]\n'
+        f'[server.tls]\ncert_path = "{missing / "server.pem"}"\nkey_path = "{tls_pki.server_key}"\n'
+        f'[store]\nkind = "sqlite"\npath = "{missing / "state.db"}"\n'
     )
     out = run_server_cli("--config", str(cfg), "--check")
-    assert out.returncode == 1 and "  - server.shard: required with [[shards]]" in out.stderr
-    assert run_server_cli("--config", str(cfg), "--check", "--shard", "a").returncode == 0
+    assert out.returncode == 1
+    assert f"  - server.tls.cert_path: cannot read {missing / 'server.pem'}" in out.stderr
+    assert f"  - store.path: directory {missing} does not exist" in out.stderr
+    cfg.write_text(
+        _tls_config(tls_pki, mtls=True) + f'[store]\nkind = "sqlite"\npath = "{tmp_path / "state.db"}"\n'
+    )
+    out = run_server_cli("--config", str(cfg), "--check")
+    assert out.returncode == 0, out.stderr
+
+
+def test_the_router_checks_the_file_by_the_servers_rules(tmp_path: Path, tls_pki: Pki) -> None:
+    """The router reads the server's file and applies its rules: mTLS certificates are credentials
+    for a non-loopback listener, [server.grpc_web] is refused, its two listeners need two addresses,
+    and its TLS files must be readable."""
+    cluster = (
+        '[[pools]]\nname = "a1"\n'
+        '[[shards]]\nname = "a"\nnumber = 1\nendpoint = "http://127.0.0.1:7070"\npools = ["a1"]\n'
+        '[router]\ngrpc_addr = "0.0.0.0:8070"\nhttp_addr = "0.0.0.0:8071"\n'
+    )
+    mtls_only = (
+        _tls_config(tls_pki, mtls=True) + '[[auth.certs]]\ndns_name = "worker-1.internal"\nrole = "admin"\n'
+    )
+    cfg = tmp_path / "router.toml"
+    cfg.write_text(mtls_only + cluster)
+    out = run_router_cli("--config", str(cfg), "--check")
+    assert out.returncode == 0, out.stderr
+    cfg.write_text(mtls_only + cluster + "[server.grpc_web]\n")
+    for checked in (
+        run_router_cli("--config", str(cfg), "--check"),
+        run_server_cli("--config", str(cfg), "--check", "--shard", "a"),
+    ):
+        assert checked.returncode == 1, checked.stdout
+        assert "  - server.grpc_web: not supported by this server version yet" in checked.stderr
+    cfg.write_text(mtls_only + cluster.replace("8071", "8070"))
+    out = run_router_cli("--config", str(cfg), "--check")
+    assert out.returncode == 1
+    assert (
+        "  - router.http_addr: duplicate listener address '0.0.0.0:8070' (also at router.grpc_addr)"
+        in out.stderr
+    )
+    cfg.write_text(mtls_only.replace(str(tls_pki.ca), str(tmp_path / "no-ca.pem")) + cluster)
+    out = run_router_cli("--config", str(cfg), "--check")
+    assert out.returncode == 1
+    assert f"  - server.tls.client_ca_path: cannot read {tmp_path / 'no-ca.pem'}" in out.stderr
 
 
 def test_non_loopback_without_credentials_is_refused(tmp_path: Path) -> None:

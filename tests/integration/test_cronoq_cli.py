@@ -2,20 +2,37 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
+import os
 import subprocess
 import sys
+from pathlib import Path
 
-from .serverproc import ServerProcess
+import pytest
+
+from cronoq.client import Client, Lease
+
+from . import test_tls
+from .helpers import worker
+from .serverproc import ServerProcess, running_server
+from .test_tls import Pki, _https, _tls_config
+
+tls_pki = test_tls.pki  # the fixture (a throwaway CA and its certificates), under this module's name
 
 
-def cronoq(server: ServerProcess, *args: str) -> subprocess.CompletedProcess[str]:
+def run_cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "cronoq.cli", "--target", server.target, *args],
+        [sys.executable, "-m", "cronoq.cli", *args],
         capture_output=True,
         text=True,
         timeout=60,
+        env=None if env is None else {**os.environ, **env},
     )
+
+
+def cronoq(server: ServerProcess, *args: str) -> subprocess.CompletedProcess[str]:
+    return run_cli("--target", server.target, *args)
 
 
 def test_submit_get_cancel_list_snapshot(server: ServerProcess) -> None:
@@ -101,3 +118,92 @@ def test_recurring_add_list_remove_and_task_options(server: ServerProcess) -> No
         and "cronoq: not_found: task.resources: unknown resource 'gpu'" in unknown.stderr
     )
     assert first["duplicate"] is False
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (("submit", "--wait-timeout", "3", "--data", "x"), "--wait-timeout needs --wait"),
+        (("submit", "--tag", "foo"), "--tag expects K=V (got 'foo')"),
+        (("submit", "--resource", "a=x"), "--resource expects NAME=N with a whole number N (got 'x')"),
+        (("submit", "--json", "{"), "--json expects a JSON document"),
+        (("recurring", "add", "n", "* * * * *", "--label", "gpu"), "--label expects K=V (got 'gpu')"),
+        (("--ca", "/nonexistent/ca.pem", "get", "1"), "--ca: cannot read /nonexistent/ca.pem"),
+        (("--cert", "c.pem", "get", "1"), "--cert and --cert-key go together"),
+        (("top", "--interval", "0"), "argument --interval: must be > 0 seconds"),
+    ],
+)
+def test_usage_errors_exit_2_naming_the_option(args: tuple[str, ...], message: str) -> None:
+    """Caught before anything is sent (nothing listens on the default target here)."""
+    out = run_cli("--target", "127.0.0.1:1", *args)
+    assert out.returncode == 2, out.stderr
+    assert message in out.stderr and "usage: cronoq" in out.stderr
+
+
+async def test_a_private_ca_and_a_client_certificate(tmp_path: Path, tls_pki: Pki) -> None:
+    """``--ca`` trusts a private CA and ``--cert``/``--cert-key`` present a client certificate (mTLS), as
+    options or as CRONOQ_CA/CRONOQ_CERT/CRONOQ_CERT_KEY; a certificate that cannot be used is a usage
+    error naming the option."""
+    pki = tls_pki
+    with running_server(tmp_path, _tls_config(pki, mtls=True), ssl_context=_https(pki, False)) as server:
+        target = f"https://{server.target}"
+        identity = ("--cert", str(pki.client_cert), "--cert-key", str(pki.client_key))
+        out = await asyncio.to_thread(run_cli, "--target", target, "--ca", str(pki.ca), *identity, "submit")
+        assert out.returncode == 0, out.stderr
+        task = json.loads(out.stdout)["id"]
+        env = {
+            "CRONOQ_CA": str(pki.ca),
+            "CRONOQ_CERT": str(pki.client_cert),
+            "CRONOQ_CERT_KEY": str(pki.client_key),
+        }
+        out = await asyncio.to_thread(run_cli, "--target", target, "get", str(task), env=env)
+        assert out.returncode == 0, out.stderr
+        assert json.loads(out.stdout)["status"] == "ready"
+        # Without a client certificate the mTLS handshake is refused.
+        out = await asyncio.to_thread(run_cli, "--target", target, "--ca", str(pki.ca), "get", str(task))
+        assert out.returncode == 1 and out.stderr.startswith("cronoq: unavailable:")
+        out = run_cli(
+            "--target",
+            target,
+            "--ca",
+            str(pki.ca),
+            "--cert",
+            str(pki.client_key),
+            "--cert-key",
+            str(pki.client_key),
+            "get",
+            "1",
+        )
+        assert out.returncode == 2 and "--cert/--cert-key: not a usable PEM certificate and key" in out.stderr
+
+
+async def test_top_once_shows_every_pool(server: ServerProcess) -> None:
+    async def handler(lease: Lease) -> str:
+        return "done"
+
+    async with worker(server.target, handler, slots=2), Client(server.target) as client:
+        for _ in range(3):
+            done = await client.submit(b"x", wait=True, wait_timeout=10)
+            assert done.result is not None and done.result.status == "succeeded"
+        for _ in range(2):
+            await client.submit(b"y", pool="other", priority="high")
+        out = await asyncio.to_thread(cronoq, server, "top", "--once")
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    assert lines[0].startswith(f"cronoq top  {server.target}")
+    header = lines[2].split()
+    assert header[:6] == ["POOL", "CAP", "BUSY", "HELD", "DESIRED", "PENDING"]
+    rows = {line.split()[0]: line.split() for line in lines[3:5]}
+    # POOL CAP BUSY HELD DESIRED PENDING CRIT/HIGH/NORM/LOW P50 P99 UTIL OK FAILED WORKERS
+    default, other = rows["default"], rows["other"]
+    assert (default[1], default[2], default[5], default[10], default[11], default[12]) == (
+        "2",
+        "0",
+        "0",
+        "3",
+        "0",
+        "1",
+    )
+    assert (other[1], other[5], other[6], other[10], other[12]) == ("0", "2", "0/2/0/0", "0", "0")
+    assert "since start: submitted 5, succeeded 3, failed 0" in out.stdout
+    assert "unavailable shards" not in out.stdout

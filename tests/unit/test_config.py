@@ -50,6 +50,7 @@ from cronoq.config import (
     validate_config,
 )
 from cronoq.config.rules import RESOLVED_KEY
+from cronoq.config.startup import file_problems
 from cronoq.engine.model import (
     AutoscaleConfig,
     EngineLimits,
@@ -398,7 +399,8 @@ def test_full_file_reads_every_table() -> None:
 
     llm = config.pool("llm")
     assert llm is not None
-    assert llm.scaler == WebhookScaler("https://scaler.internal/hook", "SCALER_TOKEN", ENV["SCALER_TOKEN"])
+    # Read as shard cpu's file, and llm is gpu's: its webhook's secret is left for gpu's servers.
+    assert llm.scaler == WebhookScaler("https://scaler.internal/hook", "SCALER_TOKEN")
     assert llm.overflow is Overflow.SHED_OLDEST
     assert dict(llm.tenant_weights) == {"research": 1.0, "prod team": 2.5}
     assert (llm.autoscale, llm.fair_share, llm.await_unknown_dependencies_s) == (False, True, 60)
@@ -484,6 +486,66 @@ def test_a_sharded_server_must_be_told_its_shard() -> None:
         config.own_shard()
     assert caught.value.problems[0].path == "server.shard"
     assert "--shard" in caught.value.problems[0].message
+
+
+SHARDED_WEBHOOK = """
+[[pools]]
+name = "a1"
+scaler = { kind = "webhook", url = "https://scaler.internal/hook", token_env = "HOOK_TOKEN" }
+[[pools]]
+name = "b1"
+[[shards]]
+name = "a"
+number = 1
+endpoint = "http://a.internal:7070"
+pools = ["a1"]
+[[shards]]
+name = "b"
+number = 2
+endpoint = "http://b.internal:7070"
+pools = ["b1"]
+"""
+
+
+def test_a_webhook_secret_is_needed_only_where_the_webhook_is_sent() -> None:
+    """Only servers of the shard owning the pool post its webhook: the router and the other shards run
+    without the secret. Checked without a shard (one file for every shard), the file needs it."""
+    elsewhere: list[dict[str, Any]] = [{"shard": "b"}, {"router": True}]
+    for reader in elsewhere:
+        scaler = parse_config(SHARDED_WEBHOOK, env={}, **reader).pools[0].scaler
+        assert scaler == WebhookScaler("https://scaler.internal/hook", "HOOK_TOKEN"), reader
+    missing = ["pools[0].scaler.token_env: environment variable HOOK_TOKEN is not set"]
+    assert [str(p) for p in problems(SHARDED_WEBHOOK, env={}, shard="a")] == missing
+    assert [str(p) for p in problems(SHARDED_WEBHOOK, env={})] == missing
+    sent = parse_config(SHARDED_WEBHOOK, env={"HOOK_TOKEN": "hook-secret"}, shard="a").pools[0].scaler
+    assert isinstance(sent, WebhookScaler) and sent.resolved_token == "hook-secret"
+    # The URL is the file's own mistake: every reader reports it.
+    plain = SHARDED_WEBHOOK.replace("https://scaler.internal", "http://scaler.internal")
+    for reader in elsewhere:
+        assert [p.path for p in problems(plain, env={}, **reader)] == ["pools[0].scaler.url"], reader
+
+
+def test_file_checks_name_the_key_and_stay_out_of_parsing(tmp_path: Path) -> None:
+    """Parsing never opens the files a config names (so fake paths parse); what ``--check`` and startup
+    add does, and names the key of each file that cannot be used."""
+    garbage = tmp_path / "garbage.pem"
+    garbage.write_text("not a certificate\n")
+    text = (
+        f'[server]\nshard = "a"\n'
+        f'[server.tls]\ncert_path = "{garbage}"\nkey_path = "{garbage}"\n'
+        f'[server.peer_tls]\nca_path = "{tmp_path / "missing-ca.pem"}"\n'
+        f'[store]\nkind = "sqlite"\npath = "{tmp_path / "missing" / "state.db"}"\n'
+        '[[pools]]\nname = "a1"\n'
+        '[[shards]]\nname = "a"\nnumber = 1\nendpoint = "https://a.internal:7070"\npools = ["a1"]\n'
+    )
+    config = parse_config(text, env={})
+    tls, peer, store = file_problems(config)
+    assert tls.startswith("server.tls.cert_path/key_path: not a usable certificate and key")
+    assert peer.startswith(f"server.peer_tls.ca_path: cannot read {tmp_path / 'missing-ca.pem'}")
+    assert store.startswith(f"store.path: directory {tmp_path / 'missing'} does not exist")
+    assert file_problems(config, router=True) == [tls, peer]  # the router has no store
+    (tmp_path / "missing").mkdir()
+    assert file_problems(config, router=True) == file_problems(config)
 
 
 def test_sharded_postgres_defaults_to_a_schema_per_shard() -> None:
@@ -617,6 +679,11 @@ BAD: list[tuple[str, str, str]] = [
     ("[server]\nmetrics_addr = '[nothost]:1'", "server.metrics_addr", "expected host:port"),
     ("[router]\ngrpc_addr = 'localhost'", "router.grpc_addr", "expected host:port"),
     ("[server]\nhttp_addr = '127.0.0.1:7070'", "server.http_addr", "duplicate listener address"),
+    (
+        "[router]\ngrpc_addr = '127.0.0.1:8070'\nhttp_addr = '127.0.0.1:8070'",
+        "router.http_addr",
+        "duplicate listener address '127.0.0.1:8070' (also at router.grpc_addr)",
+    ),
     (pool("scaler = { kind = 'webhook', url = 'ftp://a/b' }"), "pools[0].scaler.url", "http:// or https://"),
     (pool("scaler = { kind = 'webhook', url = 'http://[::1' }"), "pools[0].scaler.url", "http://"),
     (pool("scaler = { kind = 'webhook' }"), "pools[0].scaler.url", "required"),

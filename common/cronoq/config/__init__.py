@@ -104,20 +104,21 @@ def parse_config(
     env: Mapping[str, str] | None = None,
     shard: str | None = None,
     insecure_no_auth: bool = False,
-    store: bool = True,
+    router: bool = False,
 ) -> Config:
     """Read, override and validate in one go, reporting the problems of every stage together.
 
     ``source`` names the text in the error; ``env`` is where ``token_env``/``url_env`` are looked up
     (default: the process environment); ``shard`` and ``insecure_no_auth`` are the command-line flags;
-    ``store=False`` is for the router, which ignores ``[store]``.
+    ``router=True`` is for ``cronoq-router``, which ignores ``[store]`` and sends no webhook, so it
+    needs neither's secrets.
     """
     problems = Problems()
     config = read_toml(text, problems)
     if config is None:
         raise problems.error(source)
     overridden = config.with_overrides(shard, insecure_no_auth)
-    checked = check_config(overridden, os.environ if env is None else env, problems, store=store)
+    checked = check_config(overridden, os.environ if env is None else env, problems, router=router)
     if problems:
         raise problems.error(source)
     return checked
@@ -129,7 +130,7 @@ def load_config(
     env: Mapping[str, str] | None = None,
     shard: str | None = None,
     insecure_no_auth: bool = False,
-    store: bool = True,
+    router: bool = False,
 ) -> Config:
     """:func:`parse_config` on a file (UTF-8; a byte-order mark left by some editors is ignored)."""
     try:
@@ -138,5 +139,5 @@ def load_config(
     except (OSError, UnicodeDecodeError) as exc:
         raise ConfigError([Problem("", f"cannot read the configuration: {exc}")], os.fspath(path)) from exc
     return parse_config(
-        text, source=os.fspath(path), env=env, shard=shard, insecure_no_auth=insecure_no_auth, store=store
+        text, source=os.fspath(path), env=env, shard=shard, insecure_no_auth=insecure_no_auth, router=router
     )

@@ -5,7 +5,9 @@
 :func:`validate_config` is the stand-alone form that raises. Secrets named by ``token_env``,
 ``url_env`` and a webhook's ``token_env`` are looked up here, in the mapping given (the process
 environment by default), so a missing variable is a config error at ``--check`` time, not a surprise
-at the first request.
+at the first request. Only the secrets the reading process sends are looked up: the router keeps no
+store and sends no webhook, and a shard sends only its own pools' webhooks, so a secret need not be
+shipped to a process that never uses it.
 """
 
 from __future__ import annotations
@@ -60,20 +62,38 @@ def validate_config(
     return checked
 
 
-def check_config(config: Config, env: Mapping[str, str], problems: Problems, *, store: bool = True) -> Config:
-    """Add every problem of ``config`` to ``problems``; return it with secrets resolved. ``store=False``
-    (the router, which keeps nothing) leaves ``[store]`` and its URL alone."""
+def check_config(
+    config: Config, env: Mapping[str, str], problems: Problems, *, router: bool = False
+) -> Config:
+    """Add every problem of ``config`` to ``problems``; return it with secrets resolved.
+
+    ``router=True`` checks the file as ``cronoq-router`` uses it: it keeps nothing and schedules no
+    pool, so ``[store]`` and the webhook scalers' secrets are left alone.
+    """
     _check_rules(config, "", problems)
     _check_listeners(config, problems)
     _check_pools(config, problems)
     _check_shards(config, problems)
     _check_resources(config, problems)
+    sending = set() if router else _scheduled_pools(config)
     return replace(
         config,
         auth=_resolve_auth(config, env, problems),
-        store=_resolve_store(config, env, problems) if store else config.store,
-        pools=tuple(_resolve_scaler(i, pool, env, problems) for i, pool in enumerate(config.pools)),
+        store=config.store if router else _resolve_store(config, env, problems),
+        pools=tuple(
+            _resolve_scaler(i, pool, env, problems, sends=pool.name in sending)
+            for i, pool in enumerate(config.pools)
+        ),
     )
+
+
+def _scheduled_pools(config: Config) -> set[str]:
+    """The pools a server of this config schedules, whose webhooks it sends: its own shard's, or all of
+    them when unsharded. A sharded file checked without a shard (``--check`` in CI, where one file
+    serves every shard) stands for every shard, so it needs what any of them would send."""
+    if not config.shards or config.server.shard is None:
+        return {pool.name for pool in config.pools}
+    return {pool for shard in config.shards if shard.name == config.server.shard for pool in shard.pools}
 
 
 # ------------------------------------------------------------------------------ per-value rules
@@ -132,8 +152,10 @@ def _check_listeners(config: Config, problems: Problems) -> None:
     own = [("server.grpc_addr", server.grpc_addr), ("server.http_addr", server.http_addr)]
     if server.metrics_addr is not None:
         own.append(("server.metrics_addr", server.metrics_addr))
-    _unique(((p, a) for p, a in own if not a.endswith(":0")), "listener address", problems)
     router = [("router.grpc_addr", config.router.grpc_addr), ("router.http_addr", config.router.http_addr)]
+    # Servers and routers are separate processes (usually on separate hosts): each set on its own.
+    for listeners in (own, router):
+        _unique(((p, a) for p, a in listeners if not a.endswith(":0")), "listener address", problems)
     if not config.auth_enabled and not server.insecure_no_auth:
         for path, address in own + router:
             if not problems.failed(path) and not is_loopback(address):
@@ -316,7 +338,11 @@ def _check_schema(config: Config, store: PostgresStore, problems: Problems) -> N
             problems.add("store.schema", f"{problem} (the schema{for_shard} would be {show(schema)})")
 
 
-def _resolve_scaler(index: int, pool: PoolSection, env: Mapping[str, str], problems: Problems) -> PoolSection:
+def _resolve_scaler(
+    index: int, pool: PoolSection, env: Mapping[str, str], problems: Problems, *, sends: bool
+) -> PoolSection:
+    """Check the webhook's URL everywhere (it is the file's mistake), but look its token up only where
+    ``sends``: in the process that posts for the pool."""
     scaler = pool.scaler
     if not isinstance(scaler, WebhookScaler):
         return pool
@@ -329,7 +355,7 @@ def _resolve_scaler(index: int, pool: PoolSection, env: Mapping[str, str], probl
                 f"plain http to {show(parts.hostname or '')} would send the desired capacity (and the "
                 "token) in the clear; use https (plain http is accepted only for loopback receivers)",
             )
-    if scaler.token_env is None:
+    if scaler.token_env is None or not sends:
         return pool
     token = _from_env(env, scaler.token_env, f"pools[{index}].scaler.token_env", problems)
     return replace(pool, scaler=replace(scaler, resolved_token=token))
