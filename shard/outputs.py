@@ -2,12 +2,16 @@
 
 The engine keeps statuses only; outputs can be large, so they live here under two bounds (entries and
 bytes, ``[outputs]``). An output bigger than the whole byte budget is not kept at all, and a task whose
-output was evicted reports ``output_available = false``.
+output was evicted reports ``output_available = false``. Content types are kept apart, for more tasks
+than outputs: they are small, and an output read back from the store (or too big to cache) still
+needs its type for HTTP to render JSON as JSON.
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
+
+TYPES_KEPT = 10_000  # content types of the most recent outputs put here, cached or not
 
 
 class OutputCache:
@@ -16,8 +20,14 @@ class OutputCache:
         self._max_bytes = max_bytes
         self._bytes = 0
         self._items: OrderedDict[int, tuple[bytes, str]] = OrderedDict()
+        self._types: OrderedDict[int, str] = OrderedDict()
 
     def put(self, task_id: int, output: bytes, content_type: str) -> None:
+        if content_type:
+            self._types[task_id] = content_type
+            self._types.move_to_end(task_id)
+            if len(self._types) > TYPES_KEPT:
+                self._types.popitem(last=False)
         size = len(output)
         if size > self._max_bytes or self._max_entries <= 0:
             return
@@ -32,6 +42,10 @@ class OutputCache:
 
     def get(self, task_id: int) -> tuple[bytes, str] | None:
         return self._items.get(task_id)
+
+    def content_type(self, task_id: int) -> str:
+        """The content type of the task's output, if one was put here lately ("" otherwise)."""
+        return self._types.get(task_id, "")
 
     def __contains__(self, task_id: int) -> bool:
         return task_id in self._items

@@ -140,8 +140,7 @@ class Service:
 
     def output_type(self, task_id: int) -> str:
         runtime = self._runtime
-        cached = runtime.outputs.get(task_id) if runtime is not None else None
-        return cached[1] if cached is not None else ""
+        return runtime.outputs.content_type(task_id) if runtime is not None else ""
 
     def serve(self, runtime: Runtime | None) -> None:
         """Start serving requests from ``runtime`` (None: stand by)."""
@@ -324,12 +323,15 @@ class Service:
         if remote is not None:
             assert self.routing is not None
             return await self.routing.forward(remote, "Submit", req, caller)
+        # Checked before admission: a refused call must leave nothing behind.
+        timeout = (
+            self._wait_limit("wait_timeout_s", req.wait_timeout_s if req.HasField("wait_timeout_s") else None)
+            if req.wait
+            else 0.0
+        )
         [(task_id, duplicate)] = await self._admit(self._specs(caller, "task", [req.task]), "task")
         response = pb.SubmitResponse(id=task_id, duplicate=duplicate)
         if req.wait:
-            timeout = self._wait_limit(
-                "wait_timeout_s", req.wait_timeout_s if req.HasField("wait_timeout_s") else None
-            )
             response.result.CopyFrom(await self._await_result(task_id, timeout))
         return response
 
