@@ -11,6 +11,9 @@ turns them into the ``fail`` message of the worker protocol.
 
 from __future__ import annotations
 
+import math
+import numbers
+from datetime import timedelta
 from typing import ClassVar
 
 
@@ -159,19 +162,45 @@ def error_for(code: str, message: str) -> ApiError:
 class Retryable(CronoqError):
     """Raised by a handler: the attempt failed but a retry may succeed.
 
-    ``retry_after`` (seconds) is the earliest the next attempt should start; the server waits the larger
-    of it and the backoff of the task's retry policy.
+    ``message`` goes through ``str()``, so ``raise Retryable(err) from err`` reports the error's text.
+    ``retry_after`` (seconds, or a ``timedelta``) is the earliest the next attempt should start; the server
+    waits the larger of it and the backoff of the task's retry policy. It is checked here, where the
+    mistake is made, because a server refuses a negative, NaN or infinite value by ending the worker's
+    stream: anything but a finite number >= 0 raises ``ValueError``.
     """
 
-    def __init__(self, message: str = "", retry_after: float | None = None) -> None:
+    def __init__(self, message: object = "", retry_after: float | timedelta | None = None) -> None:
         super().__init__(message)
-        self.message = message
-        self.retry_after = retry_after
+        self.message = str(message)
+        self.retry_after = self.retry_after_seconds(retry_after)
+
+    @staticmethod
+    def retry_after_seconds(value: object) -> float | None:
+        """``value`` as seconds the wire accepts, ``None`` for ``None``; ``ValueError`` otherwise. The
+        worker checks again before sending, since the attribute can be replaced after construction."""
+        if value is None:
+            return None
+        seconds = math.nan
+        if isinstance(value, timedelta):
+            seconds = value.total_seconds()
+        elif isinstance(value, numbers.Real) and not isinstance(value, bool):
+            try:
+                seconds = float(value)
+            except OverflowError:  # an int beyond float's range
+                seconds = math.inf
+        if not math.isfinite(seconds) or seconds < 0:
+            raise ValueError(
+                f"retry_after must be a finite number of seconds >= 0 or a timedelta (got {value!r})"
+            )
+        return seconds
 
 
 class Permanent(CronoqError):
-    """Raised by a handler: retrying cannot help (bad input, a 4xx). The task ends FAILED."""
+    """Raised by a handler: retrying cannot help (bad input, a 4xx). The task ends FAILED.
 
-    def __init__(self, message: str = "") -> None:
+    ``message`` goes through ``str()``, so ``raise Permanent(err) from err`` reports the error's text.
+    """
+
+    def __init__(self, message: object = "") -> None:
         super().__init__(message)
-        self.message = message
+        self.message = str(message)

@@ -48,6 +48,7 @@ def _error(err: grpc.aio.AioRpcError, shard: Shard, url: str) -> ApiError:
     """The peer's answer as our error, keeping a redirect's metadata; an unreachable peer says which,
     and a TLS handshake that failed points at ``[server.peer_tls]``."""
     error = api_error(err)
+    metadata = error.metadata  # the peer's cronoq-* metadata: a redirect's, or that it never received it
     details = err.details() or ""
     if isinstance(error, Unavailable) and not details:
         error = Unavailable(f"shard '{shard.name}' is unavailable")
@@ -56,13 +57,7 @@ def _error(err: grpc.aio.AioRpcError, shard: Shard, url: str) -> ApiError:
             f"shard '{shard.name}': the TLS handshake with {url} failed; check server.peer_tls (ca_path "
             f"must verify the shard's certificate, cert_path/key_path be accepted by it): {details}"
         )
-    keep = tuple(
-        (key, value if isinstance(value, str) else bytes(value).decode())
-        for key, value in (err.trailing_metadata() or ())
-        if key in (SHARD_KEY, SHARD_ENDPOINT_KEY)
-    )
-    if keep:
-        error.metadata = keep
+    error.metadata = metadata
     return error
 
 

@@ -4,14 +4,15 @@ from __future__ import annotations
 
 import asyncio
 import urllib.request
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
+from pathlib import Path
 
 import pytest
 
 from cronoq.client import Client, ClientError, Lease, task
 
 from .helpers import worker
-from .serverproc import ServerProcess
+from .serverproc import ServerProcess, running_server
 
 pytestmark = pytest.mark.asyncio
 
@@ -155,3 +156,53 @@ async def test_sdk_worker_respects_granted_slots(server: ServerProcess) -> None:
         for s in subs:
             assert (await client.wait(s.id, timeout=10)).status == "succeeded"
     assert peak == 4
+
+
+# max_message_bytes above grpc's 4 MiB default, and a pool whose retry backoff would outlast any wait.
+LARGE_AND_SLOW_RETRY = """
+[limits]
+max_message_bytes = 16777216
+
+[[pools]]
+name = "default"
+max = 4
+retry = { max_attempts = 2, initial_backoff_s = 60, multiplier = 1.0, max_backoff_s = 60, jitter = false }
+"""
+
+
+@pytest.fixture
+def large_server(tmp_path: Path) -> Iterator[ServerProcess]:
+    with running_server(tmp_path, LARGE_AND_SLOW_RETRY) as proc:
+        yield proc
+
+
+async def test_messages_over_grpcs_default_limit_reach_sdk_workers_and_clients(
+    large_server: ServerProcess,
+) -> None:
+    payload = bytes(range(256)) * (5 * 4096)  # 5 MiB
+
+    async def handler(lease: Lease) -> bytes:
+        return lease.payload[::-1]
+
+    async with worker(large_server.target, handler) as w, Client(large_server.target) as client:
+        sub = await client.submit(payload)
+        result = await client.wait(sub.id, timeout=20)
+        assert result.status == "succeeded" and result.output == payload[::-1]
+        assert w.connections == 1  # the lease did not tear the stream down
+
+
+async def test_a_retry_policy_without_initial_backoff_retries_at_once(large_server: ServerProcess) -> None:
+    """What docs/sdk-python.md says of missing retry fields: the pool's max_attempts (2 here) and
+    max_backoff apply, but a missing initial_backoff is sent as 0, which the server reads as "retry at
+    once", not as the pool's 60 s."""
+
+    async def handler(lease: Lease) -> str:
+        if lease.attempt == 1:
+            raise RuntimeError("first attempt fails")
+        return "second"
+
+    async with worker(large_server.target, handler), Client(large_server.target) as client:
+        sub = await client.submit(b"x", retry={"multiplier": 2.0})
+        result = await client.wait(sub.id, timeout=20)
+        assert (result.status, result.text()) == ("succeeded", "second")
+        assert (await client.get(sub.id)).attempt == 2

@@ -200,3 +200,22 @@ async def test_attempt_timeout_aborts_and_retries(server: ServerProcess) -> None
         snap = await client.snapshot()
         assert snap.totals.timeouts == 3 and snap.totals.retries == 2
     assert sorted(cancelled) == [1, 2, 3]
+
+
+async def test_an_invalid_retry_after_does_not_end_the_workers_stream(server: ServerProcess) -> None:
+    """The server ends a stream that sends retry_after_s NaN (INVALID_ARGUMENT, fatal for the worker),
+    so the SDK leaves out a retry_after that was made invalid after the Retryable checked it."""
+
+    async def handler(lease: Lease) -> str:
+        if lease.attempt == 1:
+            err = cronoq.Retryable("try again")
+            err.retry_after = float("nan")
+            raise err
+        return "second"
+
+    async with worker(server.target, handler) as w, Client(server.target) as client:
+        done = await client.submit(b"x", wait=True, wait_timeout=10)
+        assert done.result is not None and done.result.text() == "second"
+        info = await client.get(done.id)
+        assert info.attempt == 2
+        assert w.running and w.connections == 1

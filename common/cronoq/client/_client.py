@@ -10,7 +10,15 @@ from typing import Any, Unpack
 
 import grpc
 
-from cronoq.client._connect import ChannelOptions, Endpoint, api_error, auth_metadata, open_channel
+from cronoq.client._connect import (
+    CHANNEL_DEFAULTS,
+    ChannelOptions,
+    Endpoint,
+    api_error,
+    auth_metadata,
+    open_channel,
+    with_defaults,
+)
 from cronoq.client._models import (
     Event,
     RecurringInfo,
@@ -23,6 +31,7 @@ from cronoq.client._models import (
 )
 from cronoq.client._spec import Ref, TaskOptions, task
 from cronoq.client._wire import duration, overlap_value, status_value, task_ref
+from cronoq.errors import Cancelled
 from cronoq.transport import UNAVAILABLE_SHARDS_KEY
 from cronoq.v1 import cronoq_pb2 as pb
 from cronoq.v1 import cronoq_pb2_grpc as pb_grpc
@@ -37,8 +46,10 @@ class Client:
 
     ``target`` is ``host:port`` or an ``http://``/``https://``/``grpc://`` URL; https, ``tls=True`` or
     ``credentials`` (``grpc.ssl_channel_credentials``, for mTLS) select TLS. ``token`` is sent as a
-    bearer token. The channel opens on first use in the running event loop (and again if the client is
-    used from another loop); ``async with`` or :meth:`close` releases it.
+    bearer token. ``options`` are grpc channel options; the channel takes messages of any size (the
+    server bounds them) unless they set ``grpc.max_receive_message_length``. The channel opens on first
+    use in the running event loop (and again if the client is used from another loop); ``async with``
+    or :meth:`close` releases it.
 
     Every failed call raises a :class:`~cronoq.errors.ApiError` subclass (``ClientError``) named for
     its gRPC status; waits that run out raise ``TimeoutError``.
@@ -55,7 +66,7 @@ class Client:
     ) -> None:
         self._endpoint = Endpoint.parse(target, secure=tls or credentials is not None)
         self._credentials = credentials
-        self._options = tuple(options or ())
+        self._options = with_defaults(tuple(options or ()), CHANNEL_DEFAULTS)
         self._metadata = auth_metadata(token)
         self._channel: Any = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -268,12 +279,21 @@ class EventStream:
 
     A server that serves a sharded cluster answers before any event with the shards it could not reach
     (they can be named only then, since a quiet shard sends nothing); :meth:`unavailable_shards` reads
-    them. :meth:`aclose` cancels the call, and so does dropping the stream."""
+    them. :meth:`aclose` cancels the call, and so does dropping the stream.
+
+    A read that is cancelled while it waits (``asyncio.timeout`` around ``anext(stream)``) leaves the
+    stream usable: the next read returns the event the cancelled one would have. grpc.aio cancels the
+    whole call when one of its reads is cancelled, so the read from grpc runs in a task of its own, which
+    the caller's cancellation does not reach. One read at a time: reading from two tasks at once raises
+    ``RuntimeError``.
+    """
 
     def __init__(self, call: Any) -> None:
         self._call = call
         self._messages: AsyncIterator[Any] = call.__aiter__()
         self._closed = False
+        self._read: asyncio.Task[Any] | None = None  # the read from grpc, kept across cancelled reads
+        self._reading = False  # a caller is waiting in __anext__
 
     def __aiter__(self) -> EventStream:
         return self
@@ -281,15 +301,33 @@ class EventStream:
     async def __anext__(self) -> Event:
         if self._closed:
             raise StopAsyncIteration
+        if self._reading:
+            raise RuntimeError("another task is already reading this EventStream")
+        if self._read is None:
+            self._read = asyncio.ensure_future(anext(self._messages, None))
+            self._read.add_done_callback(_retrieved)
+        read = self._read
+        self._reading = True
         try:
-            return Event.from_proto(await self._messages.__anext__())
-        except grpc.aio.AioRpcError as err:
-            raise api_error(err) from err
+            message = await asyncio.shield(read)
         except asyncio.CancelledError:
+            current = asyncio.current_task()
+            if current is not None and current.cancelling():
+                raise  # this caller was cancelled: the read, running or done, is the next caller's
+            # The read itself was cancelled: the call was, on this side.
+            self._read = None
             if self._closed:  # aclose() while this read waited
                 raise StopAsyncIteration from None
-            self._call.cancel()
-            raise
+            raise Cancelled("the Watch call was cancelled on this side (was its client closed?)") from None
+        except grpc.aio.AioRpcError as err:
+            self._read = None
+            raise api_error(err) from err
+        finally:
+            self._reading = False
+        self._read = None
+        if message is None:
+            raise StopAsyncIteration
+        return Event.from_proto(message)
 
     async def unavailable_shards(self) -> list[str]:
         """Names of the shards whose events this stream does not carry because they could not be
@@ -306,6 +344,20 @@ class EventStream:
         """Cancel the call; iterating afterwards ends at once."""
         self._closed = True
         self._call.cancel()
+
+    def __del__(self) -> None:
+        # A read left running by a cancelled __anext__ keeps the call referenced from grpc's side, so grpc
+        # would no longer cancel it when the stream is dropped: do it here.
+        read = getattr(self, "_read", None)  # absent if __init__ failed
+        if read is not None and not read.done():
+            self._call.cancel()
+
+
+def _retrieved(read: asyncio.Task[Any]) -> None:
+    """Marks the outcome of a read as seen, so that a read nobody awaits any more (its reader was
+    cancelled, then dropped the stream) is not logged as "exception was never retrieved"."""
+    if not read.cancelled():
+        read.exception()
 
 
 def _names(names: str | Iterable[str]) -> Sequence[str]:

@@ -6,14 +6,15 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 from urllib.parse import urlsplit
 
 import grpc
 
-from cronoq.errors import ApiError, FailedPrecondition, error_for
+from cronoq.errors import ApiError, FailedPrecondition, ResourceExhausted, error_for
 from cronoq.hosts import is_loopback_name
 from cronoq.transport import SHARD_ENDPOINT_KEY
 
@@ -22,6 +23,16 @@ Metadata = tuple[tuple[str, str], ...]
 
 # Options naming the configured server; they would break TLS host checks against another shard.
 HOST_BOUND_OPTIONS = frozenset({"grpc.ssl_target_name_override", "grpc.default_authority"})
+
+# What every SDK channel sets unless the caller's ``options`` name the same key. A server sends messages
+# up to its ``limits.max_message_bytes``, which may be above grpc's 4 MiB default receive limit: with that
+# default a large lease would end the worker's stream at every dispatch and a large output could never
+# be read. The server bounds what it sends, so the SDK takes whatever arrives (-1: no limit).
+CHANNEL_DEFAULTS: ChannelOptions = (("grpc.max_receive_message_length", -1),)
+
+# A message over a size limit, as grpc core words it (either side's core: "Received message larger than
+# max (n vs. m)", "Sent message larger than max ...") or as a cronoq server refuses it (the limit's name).
+_TOO_LARGE = re.compile(r"message larger than max|limits\.max_message_bytes")
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,6 +51,12 @@ class Endpoint:
         return cls(target.rstrip("/"), secure)
 
 
+def with_defaults(options: ChannelOptions, defaults: ChannelOptions) -> ChannelOptions:
+    """``options`` followed by each default whose key they do not set, so the caller's value wins."""
+    given = {key for key, _ in options}
+    return (*options, *(option for option in defaults if option[0] not in given))
+
+
 def open_channel(endpoint: Endpoint, credentials: Any, options: ChannelOptions) -> Any:
     """A ``grpc.aio`` channel bound to the running event loop."""
     if endpoint.secure:
@@ -53,10 +70,30 @@ def auth_metadata(token: str | None) -> Metadata:
     return (("authorization", f"Bearer {token}"),) if token else ()
 
 
+class MessageTooLarge(ResourceExhausted):
+    """RESOURCE_EXHAUSTED because a message is over a size limit (this channel's or the server's).
+
+    Still a :class:`~cronoq.errors.ResourceExhausted`, but not retryable: the same message is just as
+    large the next time.
+    """
+
+    retryable: ClassVar[bool] = False
+
+
 def api_error(err: Any) -> ApiError:
-    """The :class:`~cronoq.errors.ApiError` subclass for an ``AioRpcError``, by lower-case status name."""
+    """The :class:`~cronoq.errors.ApiError` subclass for an ``AioRpcError``, by lower-case status name,
+    carrying the call's ``cronoq-*`` trailing metadata in ``metadata`` (a shard redirect says in them where
+    the pool is served)."""
     code: str = err.code().name.lower()
-    return error_for(code, err.details() or "")
+    details: str = err.details() or ""
+    too_large = code == "resource_exhausted" and _TOO_LARGE.search(details) is not None
+    error = MessageTooLarge(details) if too_large else error_for(code, details)
+    metadata = tuple(
+        (key, _text(value)) for key, value in err.trailing_metadata() or () if key.startswith("cronoq-")
+    )
+    if metadata:
+        error.metadata = metadata
+    return error
 
 
 def shard_endpoint(err: Any) -> str | None:
@@ -64,8 +101,13 @@ def shard_endpoint(err: Any) -> str | None:
     for metadata in (err.trailing_metadata(), err.initial_metadata()):
         for key, value in metadata or ():
             if key == SHARD_ENDPOINT_KEY:
-                return value if isinstance(value, str) else bytes(value).decode()
+                return _text(value)
     return None
+
+
+def _text(value: str | bytes) -> str:
+    """A metadata value as text: grpc hands ``-bin`` keys' values over as bytes."""
+    return value if isinstance(value, str) else bytes(value).decode(errors="replace")
 
 
 def follow_redirect(current: Endpoint, url: str, *, sends_token: bool, allow_http: bool) -> Endpoint:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import inspect
+from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, cast
@@ -19,6 +20,7 @@ import grpc
 
 from cronoq.client._codec import decode_json, decode_text, encode
 from cronoq.client._connect import (
+    CHANNEL_DEFAULTS,
     HOST_BOUND_OPTIONS,
     ChannelOptions,
     Endpoint,
@@ -27,6 +29,7 @@ from cronoq.client._connect import (
     follow_redirect,
     open_channel,
     shard_endpoint,
+    with_defaults,
 )
 from cronoq.client._wire import duration, optional_seconds, priority_name
 from cronoq.errors import ApiError, CronoqError, FailedPrecondition, Permanent, Retryable, error_for
@@ -58,17 +61,36 @@ OUTPUT_HEADROOM = 1024  # room for the Complete message around the output bytes
 MIN_HEARTBEAT_INTERVAL = 0.01
 CLOSE_WAIT = 5.0  # how long stop() waits for the server to end the stream after the half-close
 
+# HTTP/2 keepalive while the Work stream is open (grpc pings only on a connection with a call, unless
+# ``grpc.keepalive_permit_without_calls`` is set). Without it a worker attached to a server that froze, or
+# that a partition cut off, waits for leases forever, and after a failover the new leader has no workers;
+# with it the stream fails UNAVAILABLE and the worker reconnects. A ping every 20 s, answered within 10 s:
+# cronoq servers accept pings down to 5 s apart on a quiet connection
+# (``grpc.http2.min_ping_interval_without_data_ms`` in ``cronoq.api.limits.grpc_server_options``), so
+# they never answer these with GOAWAY too_many_pings. grpc core (1.85) does not close the connection
+# promptly on ``keepalive_timeout_ms`` alone (measured: 11 s for a 0.1 s timeout; the server found the
+# same), so ``grpc.http2.ping_timeout_ms`` gets the same value. ``max_pings_without_data`` 0 lifts grpc's
+# cap on pings sent while no message flows (2 by default), since a worker with no lease sends nothing.
+WORKER_CHANNEL_DEFAULTS: ChannelOptions = (
+    *CHANNEL_DEFAULTS,
+    ("grpc.keepalive_time_ms", 20_000),
+    ("grpc.keepalive_timeout_ms", 10_000),
+    ("grpc.http2.ping_timeout_ms", 10_000),
+    ("grpc.http2.max_pings_without_data", 0),
+)
+
 
 class Reject(CronoqError):
     """Raised by a handler to hand its lease back unrun.
 
     The server offers it to another worker of the pool (same attempt, not counted as a retry), or fails
-    the attempt as retryable when no other worker can take it.
+    the attempt as retryable when no other worker can take it. ``reason`` goes through ``str()``, like
+    the message of ``Retryable`` and ``Permanent``.
     """
 
-    def __init__(self, reason: str = "") -> None:
+    def __init__(self, reason: object = "") -> None:
         super().__init__(reason)
-        self.reason = reason
+        self.reason = str(reason)
 
 
 class CancelTask(CronoqError):
@@ -140,10 +162,12 @@ class Worker:
     ``Retryable``/``Permanent`` fail the attempt; :class:`Reject` hands the lease back; :class:`CancelTask`
     cancels the task; any other exception is a retryable failure "TypeName: message".
 
-    Connection settings are as for ``Client``. ``reconnect`` keeps the worker connected across dropped
-    streams, waiting ``backoff`` (initial, maximum) seconds, doubling. ``grace`` is how long
-    :meth:`stop` lets running handlers finish. ``labels`` register the worker for tasks requiring them.
-    ``insecure_redirect_http`` lets shard redirects send the token over plain http to other hosts.
+    Connection settings are as for ``Client``; the channel also sends keepalive pings while the stream is
+    open (:data:`WORKER_CHANNEL_DEFAULTS`, each replaced by a same-named entry of ``options``).
+    ``reconnect`` keeps the worker connected across dropped streams, waiting ``backoff`` (initial,
+    maximum) seconds, doubling. ``grace`` is how long :meth:`stop` lets running handlers finish.
+    ``labels`` register the worker for tasks requiring them. ``insecure_redirect_http`` lets shard
+    redirects send the token over plain http to other hosts.
 
     The public attributes describe the latest registration: ``worker_id``, ``lease_ttl``,
     ``granted_slots``, ``server_protocol``, ``max_message_bytes``; ``connections`` counts registrations,
@@ -189,7 +213,7 @@ class Worker:
         )
         self._home = Endpoint.parse(target, secure=tls or credentials is not None)
         self._credentials = credentials
-        self._options = tuple(options or ())
+        self._options = with_defaults(tuple(options or ()), WORKER_CHANNEL_DEFAULTS)
         self._metadata = auth_metadata(token)
         self._insecure_redirect_http = insecure_redirect_http
 
@@ -203,6 +227,9 @@ class Worker:
         self.connections = 0
 
         self._stopping = False
+        # stop() before run() started: the coroutine may already be scheduled, so the next run() must
+        # return without serving rather than serve until a stop() that already happened.
+        self._stop_requested = False
         self._session: _Session | None = None
         self._stop_task: asyncio.Task[None] | None = None
         self._signals: _Signals | None = None
@@ -212,7 +239,7 @@ class Worker:
     async def run(self) -> None:
         """Serves the pool until :meth:`stop`; raises an ``ApiError`` for problems retrying cannot fix
         (rejected token, unknown pool, refused or too many redirects), or any error once ``reconnect``
-        is off."""
+        is off. Returns at once, without connecting, after a :meth:`stop` made while not running."""
         if self.running:
             raise RuntimeError("the worker is already running")
         signals = self._signals_here()
@@ -220,7 +247,7 @@ class Worker:
         signals.wake.clear()
         signals.finished.clear()
         self.running = True
-        self._stopping = False
+        self._stopping, self._stop_requested = self._stop_requested, False
         self._stop_task = None
         try:
             await self._serve(signals)
@@ -231,8 +258,10 @@ class Worker:
     async def stop(self, grace: float | None = None) -> None:
         """Stops taking leases (SetSlots 0), lets running handlers finish for up to ``grace`` seconds
         (default: the constructor's), cancels the rest, half-closes the stream and waits for
-        :meth:`run` to return. Concurrent calls share one stop."""
+        :meth:`run` to return. Concurrent calls share one stop. On a worker that is not running it makes
+        the next :meth:`run` return at once (that run may be a task that has not started yet)."""
         if not self.running:
+            self._stop_requested = True
             return
         if self._stop_task is None:
             limit = self.grace if grace is None else duration("grace", grace) or 0.0
@@ -375,7 +404,9 @@ class _Session:
         self._worker = worker
         self._signals = signals
         self._attempts: dict[int, _Attempt] = {}
-        self._outbox: asyncio.Queue[Any] = asyncio.Queue()  # WorkerMessage, or None to half-close
+        self._outbox: deque[Any] = deque()  # WorkerMessages not yet handed to grpc
+        self._outbox_filled = asyncio.Event()
+        self._half_close = False  # set by drain(): end the requests once the outbox is empty
         self._closed = asyncio.Event()
         self.registered = False
         self.error: ApiError | None = None
@@ -442,7 +473,8 @@ class _Session:
             del self._attempts[lease_id]
             attempt.cancel()
             self._send(_fail(lease_id, f"the worker stopped; the handler did not finish within {grace} s"))
-        self._outbox.put_nowait(None)
+        self._half_close = True
+        self._outbox_filled.set()
         try:
             await asyncio.wait_for(self._closed.wait(), CLOSE_WAIT)
         except TimeoutError:
@@ -487,14 +519,21 @@ class _Session:
     # ---------------------------------------------------------------------------------- attempts
 
     async def _execute(self, attempt: _Attempt) -> None:
-        outcome = await self._outcome(attempt.lease)
+        lease_id = attempt.lease.id
+        try:
+            outcome = await self._outcome(attempt.lease)
+        except Exception as err:
+            # The handler ended, but its report could not be built (an output that breaks the encoder, an
+            # exception with a broken attribute). The lease must be answered all the same: unanswered,
+            # it would be heartbeated, and its slot held, for as long as the stream lasts.
+            outcome = _fail(lease_id, f"the worker could not report how the handler ended: {_describe(err)}")
         # Gone from the table means aborted, drained or the stream ended: the outcome is not wanted.
-        if self._attempts.pop(attempt.lease.id, None) is attempt:
+        if self._attempts.pop(lease_id, None) is attempt:
             attempt.stop_heartbeat()
             self._send(outcome)
 
     async def _outcome(self, lease: Lease) -> Any:
-        """The message reporting how the handler ended."""
+        """The message reporting how the handler ended; raises when the message cannot be built."""
         try:
             value = await self._invoke(lease)
         except asyncio.CancelledError:
@@ -511,7 +550,7 @@ class _Session:
         except Permanent as err:
             return _fail(lease.id, err.message, permanent=True)
         except Exception as err:
-            return _fail(lease.id, f"{type(err).__name__}: {err}")
+            return _fail(lease.id, _describe(err))
         return self._complete(lease.id, value)
 
     async def _invoke(self, lease: Lease) -> object:
@@ -525,7 +564,7 @@ class _Session:
     def _complete(self, lease_id: int, value: object) -> Any:
         try:
             output, content_type = encode(value)
-        except (TypeError, ValueError) as err:
+        except (TypeError, ValueError, RecursionError) as err:  # RecursionError: nested too deeply
             return _fail(lease_id, f"the handler's output is not JSON-encodable: {err}", permanent=True)
         limit = self._worker.max_message_bytes - OUTPUT_HEADROOM
         if len(output) > limit:
@@ -541,7 +580,7 @@ class _Session:
     def _give_back(self, lease_id: int, reason: str) -> Any:
         """Nack; servers older than protocol 2 have none, a retryable failure is the closest."""
         if self._worker.server_protocol >= 2:
-            return pb.WorkerMessage(nack=pb.Nack(lease=lease_id, reason=reason))
+            return pb.WorkerMessage(nack=pb.Nack(lease=lease_id, reason=_wire_text(reason)))
         return _fail(lease_id, reason)
 
     def _beat_later(self, attempt: _Attempt, interval: float) -> None:
@@ -556,14 +595,44 @@ class _Session:
     # --------------------------------------------------------------------------------- outbound
 
     def _send(self, message: Any) -> None:
-        self._outbox.put_nowait(message)
+        self._outbox.append(message)
+        self._outbox_filled.set()
 
     async def _requests(self) -> AsyncIterator[Any]:
-        while (message := await self._outbox.get()) is not None:
-            yield message
+        """The messages to the server, in order. The stream is half-closed only once :meth:`drain` asked
+        for it and nothing is left to send, so that a nack for a lease that arrived in the meantime (sent
+        before the server read SetSlots 0) still reaches the server, which would otherwise fail it."""
+        while True:
+            while self._outbox:
+                yield self._outbox.popleft()
+            if self._half_close:
+                return
+            self._outbox_filled.clear()
+            await self._outbox_filled.wait()
 
 
-def _fail(lease_id: int, message: str, *, permanent: bool = False, retry_after: float | None = None) -> Any:
+def _fail(lease_id: int, message: str, *, permanent: bool = False, retry_after: object = None) -> Any:
+    """A ``fail`` the server accepts whatever ``retry_after`` holds. An invalid one (NaN, negative, not
+    a number: it can be set on a ``Retryable`` after construction) is left out and named in the message:
+    the server would answer it by ending the stream, failing every other lease on it."""
+    try:
+        seconds = Retryable.retry_after_seconds(retry_after)
+    except ValueError as err:
+        seconds, message = None, f"{message} (retry_after not sent: {err})"
     return pb.WorkerMessage(
-        fail=pb.Fail(lease=lease_id, message=message, permanent=permanent, retry_after_s=retry_after)
+        fail=pb.Fail(lease=lease_id, message=_wire_text(message), permanent=permanent, retry_after_s=seconds)
     )
+
+
+def _describe(err: BaseException) -> str:
+    """``TypeName: message`` for a report; just the type's name when the exception cannot be shown."""
+    try:
+        return f"{type(err).__name__}: {err}"
+    except Exception:
+        return type(err).__name__
+
+
+def _wire_text(text: str) -> str:
+    """``text`` as protobuf accepts it: valid UTF-8. An exception about an undecodable file name carries
+    lone surrogates, which would make building the message raise; they are sent escaped instead."""
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")

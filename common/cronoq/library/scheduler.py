@@ -83,11 +83,13 @@ def _grace(field: str, value: object) -> float:
 
 
 def _retry_after(value: object) -> float | None:
-    """A ``Retryable.retry_after`` usable as a backoff floor; anything else is ignored rather than
-    letting a malformed exception break the attempt's report."""
-    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) or value < 0:
+    """A ``Retryable.retry_after`` usable as a backoff floor (seconds or a timedelta, as the worker SDK
+    takes it); anything else is ignored rather than letting a malformed exception break the attempt's
+    report (it can be replaced after the exception was built)."""
+    try:
+        return Retryable.retry_after_seconds(value)
+    except ValueError:
         return None
-    return float(value)
 
 
 def _submit_error(err: EngineSubmitError) -> SubmitError:

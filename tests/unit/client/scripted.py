@@ -158,14 +158,18 @@ class Call:
 @dataclass
 class ApiServer:
     """Tasks and Admin: records each call; answers with ``responses[method]`` (a message, a
-    ``Refusal``, or a callable of the request returning one). ``Watch`` streams ``events`` and then
-    ends with ``watch_end``, after sending ``watch_metadata`` as its initial metadata."""
+    ``Refusal``, or a callable of the request returning one). ``Watch`` streams ``events``, then, if
+    ``watch_feed`` is set, what the test puts there until ``None``, and then ends with ``watch_end``,
+    after sending ``watch_metadata`` as its initial metadata. ``watch_ended`` is set when a Watch
+    handler ends, whether it finished or the client cancelled the call."""
 
     responses: dict[str, Any] = field(default_factory=dict)
     calls: list[Call] = field(default_factory=list)
     events: list[Any] = field(default_factory=list)
     watch_end: Refusal | None = None
     watch_metadata: tuple[tuple[str, str], ...] = ()
+    watch_feed: asyncio.Queue[Any] | None = None
+    watch_ended: asyncio.Event = field(default_factory=asyncio.Event)
     target: str = ""
 
     def last(self, method: str) -> Call:
@@ -195,18 +199,25 @@ class ApiServer:
 
     async def Watch(self, request: Any, context: Any) -> AsyncIterator[Any]:
         self.calls.append(Call("Watch", request, dict(context.invocation_metadata()), None))
-        await context.send_initial_metadata(self.watch_metadata)
-        for event in self.events:
-            yield event
-        if self.watch_end is not None:
-            await context.abort(self.watch_end.code, self.watch_end.details)
+        try:
+            await context.send_initial_metadata(self.watch_metadata)
+            for event in self.events:
+                yield event
+            while self.watch_feed is not None and (event := await self.watch_feed.get()) is not None:
+                yield event
+            if self.watch_end is not None:
+                await context.abort(self.watch_end.code, self.watch_end.details)
+        finally:
+            self.watch_ended.set()
 
 
 @asynccontextmanager
-async def serve(servicer: Any, port: int = 0, credentials: Any = None) -> AsyncIterator[str]:
-    """Serves ``servicer`` on 127.0.0.1 (``port`` 0 picks a free one, ``credentials`` means TLS);
-    yields ``host:port``."""
-    server = grpc.aio.server()
+async def serve(
+    servicer: Any, port: int = 0, credentials: Any = None, options: list[tuple[str, Any]] | None = None
+) -> AsyncIterator[str]:
+    """Serves ``servicer`` on 127.0.0.1 (``port`` 0 picks a free one, ``credentials`` means TLS,
+    ``options`` are grpc server options); yields ``host:port``."""
+    server = grpc.aio.server(options=options)
     if isinstance(servicer, WorkersServer):
         pb_grpc.add_WorkersServicer_to_server(servicer, server)
     else:

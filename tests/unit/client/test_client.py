@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import socket
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -14,7 +15,7 @@ from cronoq import errors
 from cronoq.client import Client, ClientError, Event, task
 from cronoq.v1 import cronoq_pb2 as pb
 
-from .scripted import ApiServer, Refusal, serve
+from .scripted import TIMEOUT, ApiServer, Refusal, serve
 
 NS = 1_000_000_000
 
@@ -433,3 +434,104 @@ def test_the_channel_is_reopened_on_another_event_loop() -> None:
 
     assert asyncio.run(cancel_once())
     assert asyncio.run(cancel_once())
+
+
+# ------------------------------------------------------------------------------ message sizes
+
+
+async def test_an_answer_over_grpcs_default_receive_limit_is_read(api: ApiServer, client: Client) -> None:
+    """A server sends up to its max_message_bytes, which can be above grpc's 4 MiB default."""
+    output = b"o" * (5 * 1024 * 1024)
+    api.responses["Wait"] = pb.TaskResult(id=1, status=pb.TASK_STATUS_SUCCEEDED, output=output)
+    assert (await client.wait(1)).output == output
+
+
+async def test_a_message_over_a_size_limit_is_not_retryable(api: ApiServer) -> None:
+    api.responses["Wait"] = pb.TaskResult(id=1, status=pb.TASK_STATUS_SUCCEEDED, output=b"o" * 2048)
+    async with Client(api.target, options=[("grpc.max_receive_message_length", 1024)]) as small:
+        with pytest.raises(errors.ResourceExhausted, match="larger than max") as raised:
+            await small.wait(1)  # the caller's own limit wins over the SDK's default
+    assert not raised.value.retryable
+
+    refusal = "limits.max_message_bytes: a message of 9000000 bytes is larger than 4194304 bytes"
+    api.responses["Submit"] = Refusal(grpc.StatusCode.RESOURCE_EXHAUSTED, refusal)
+    async with Client(api.target) as client:
+        with pytest.raises(errors.ResourceExhausted) as raised:
+            await client.submit("x")
+    assert not raised.value.retryable
+
+
+# ------------------------------------------------------------------------------------ metadata
+
+
+async def test_a_refusal_keeps_the_cronoq_trailing_metadata(api: ApiServer, client: Client) -> None:
+    api.responses["Submit"] = Refusal(
+        grpc.StatusCode.FAILED_PRECONDITION,
+        "pool 'gpu' is served by another shard",
+        (("cronoq-shard", "b"), ("cronoq-shard-endpoint", "https://b.internal:7070"), ("x-other", "1")),
+    )
+    with pytest.raises(errors.FailedPrecondition) as raised:
+        await client.submit("x", pool="gpu")
+    assert raised.value.metadata == (
+        ("cronoq-shard", "b"),
+        ("cronoq-shard-endpoint", "https://b.internal:7070"),
+    )
+
+
+# ------------------------------------------------------------------------------- watch reads
+
+
+def _event(task_id: int) -> Any:
+    return pb.StatusEvent(id=task_id, status=pb.TASK_STATUS_SUCCEEDED)
+
+
+async def test_a_cancelled_watch_read_leaves_the_stream_usable(api: ApiServer, client: Client) -> None:
+    api.watch_feed = asyncio.Queue()
+    events = client.watch()
+    with pytest.raises(TimeoutError):
+        async with asyncio.timeout(0.05):  # nothing is sent: the read can only time out
+            await anext(events)
+    api.watch_feed.put_nowait(_event(1))
+    assert (await asyncio.wait_for(anext(events), TIMEOUT)).id == 1
+    api.watch_feed.put_nowait(_event(2))
+    api.watch_feed.put_nowait(None)
+    assert [event.id async for event in events] == [2]
+
+
+async def test_a_watch_read_allows_no_second_reader_and_ends_on_aclose(
+    api: ApiServer, client: Client
+) -> None:
+    api.watch_feed = asyncio.Queue()
+    events = client.watch()
+    reader = asyncio.create_task(anext(events))
+    await events.unavailable_shards()  # the call is open, and the reader waits on it
+    with pytest.raises(RuntimeError, match="already reading"):
+        await anext(events)
+    await events.aclose()
+    with pytest.raises(StopAsyncIteration):
+        await asyncio.wait_for(reader, TIMEOUT)
+
+
+async def test_closing_the_client_during_a_watch_read_is_a_clear_error(api: ApiServer) -> None:
+    api.watch_feed = asyncio.Queue()
+    client = Client(api.target)
+    events = client.watch()
+    reader = asyncio.create_task(anext(events))
+    await events.unavailable_shards()
+    await client.close()
+    with pytest.raises(errors.Cancelled, match="cancelled on this side"):
+        await asyncio.wait_for(reader, TIMEOUT)
+
+
+async def test_dropping_a_watch_after_a_cancelled_read_cancels_the_call(
+    api: ApiServer, client: Client
+) -> None:
+    """The read left running for the next caller must not keep a dropped stream open."""
+    api.watch_feed = asyncio.Queue()
+    events = client.watch()
+    with pytest.raises(TimeoutError):
+        async with asyncio.timeout(0.05):
+            await anext(events)
+    del events
+    gc.collect()
+    await asyncio.wait_for(api.watch_ended.wait(), TIMEOUT)

@@ -3,18 +3,23 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import socket
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack
+from typing import Any
 
 import grpc
 import pytest
 
 from cronoq import errors
+from cronoq.api.limits import grpc_server_options
 from cronoq.client import MAX_REDIRECTS, ClientError, Lease, Worker
 from cronoq.client._connect import ChannelOptions, Endpoint, open_channel
-from cronoq.client._worker import LEADER_HUNT_DELAY_S
+from cronoq.client._worker import LEADER_HUNT_DELAY_S, WORKER_CHANNEL_DEFAULTS
+from cronoq.config.model import Limits
+from cronoq.v1 import cronoq_pb2 as pb
 
 from .scripted import TIMEOUT, Refusal, WorkersServer, redirect_to, running, serve
 
@@ -215,9 +220,10 @@ async def test_follows_a_redirect_and_drops_host_bound_options(
         assert (await stream.next("complete")).output == b"on shard b"
 
     assert shards[0].metadata[0]["authorization"] == "Bearer " + "t" * 20  # loopback http is fine
+    defaults = dict(WORKER_CHANNEL_DEFAULTS) | {"grpc.keepalive_time_ms": 10_000}
     assert opened == [
-        (workers.target, dict(options)),
-        (shards[0].target, {"grpc.keepalive_time_ms": 10_000}),
+        (workers.target, defaults | {"grpc.default_authority": "cronoq.internal"}),
+        (shards[0].target, defaults),
     ]
 
 
@@ -364,3 +370,184 @@ async def test_stop_gives_up_on_a_server_that_does_not_close_the_stream(
         await asyncio.wait_for(worker.stop(), TIMEOUT)
         assert task.done() and not task.cancelled()
         assert stream.half_closed.is_set()
+
+
+async def test_a_stop_before_run_starts_makes_run_return_without_serving(workers: WorkersServer) -> None:
+    worker = Worker(workers.target, "p", _never)
+    task = asyncio.create_task(worker.run())
+    await worker.stop()  # not running, so it returns without yielding: run() has not started yet
+    await asyncio.wait_for(task, TIMEOUT)
+    assert workers.connects == 0 and not worker.running
+    # The stop was for that run only: the next one serves.
+    async with running(worker):
+        await (await workers.accept()).handshake()
+        await worker.wait_registered(TIMEOUT)
+
+
+class ScriptedCall:
+    """Stands in for grpc's Work call, so that a test decides when the worker's messages are taken and
+    when the server's arrive (grpc hands both over as soon as it can)."""
+
+    def __init__(self, requests: AsyncIterator[pb.WorkerMessage]) -> None:
+        self.requests = requests
+        self._inbox: asyncio.Queue[pb.ServerMessage | None] = asyncio.Queue()
+        self._waiting = asyncio.Event()  # the worker asked for the next server message
+
+    def __aiter__(self) -> ScriptedCall:
+        return self
+
+    async def __anext__(self) -> pb.ServerMessage:
+        self._waiting.set()
+        message = await self._inbox.get()
+        self._waiting.clear()
+        if message is None:
+            raise StopAsyncIteration
+        return message
+
+    async def deliver(self, **message: Any) -> None:
+        """Hands the worker a server message and returns once it has handled it."""
+        self._waiting.clear()
+        self._inbox.put_nowait(pb.ServerMessage(**message))
+        await asyncio.wait_for(self._waiting.wait(), TIMEOUT)
+
+    def end(self) -> None:
+        self._inbox.put_nowait(None)
+
+    def cancel(self) -> None:
+        self.end()
+
+
+async def test_a_lease_arriving_while_stopping_is_nacked_before_the_half_close(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The server may send a lease before it reads SetSlots(0); if it reaches an idle stopping worker
+    before the half-close has gone out, its nack must go first: after the half-close nothing can be
+    sent, and the server fails a lease that is never answered."""
+    calls: asyncio.Queue[ScriptedCall] = asyncio.Queue()
+
+    class Stub:
+        def __init__(self, channel: object) -> None:
+            pass
+
+        def Work(self, requests: AsyncIterator[pb.WorkerMessage], metadata: object) -> ScriptedCall:
+            call = ScriptedCall(requests)
+            calls.put_nowait(call)
+            return call
+
+    monkeypatch.setattr("cronoq.client._worker.pb_grpc.WorkersStub", Stub)
+    worker = Worker("127.0.0.1:1", "p", _never)
+    async with running(worker):
+        call = await asyncio.wait_for(calls.get(), TIMEOUT)
+        assert (await anext(call.requests)).WhichOneof("msg") == "register"
+        await call.deliver(registered=pb.Registered(worker_id=1, slots=1, protocol_version=3))
+        stopping = asyncio.create_task(worker.stop(grace=0))
+        assert (await anext(call.requests)).WhichOneof("msg") == "set_slots"
+        await call.deliver(lease=pb.Lease(lease=7, task_id=70, attempt=1))
+        after = [message async for message in call.requests]  # up to the half-close
+        call.end()  # as the server does on the half-close
+        await asyncio.wait_for(stopping, TIMEOUT)
+    assert [message.WhichOneof("msg") for message in after] == ["nack"]
+    assert after[0].nack.lease == 7
+
+
+# ------------------------------------------------------------------------------------- keepalive
+
+
+async def test_the_channel_sends_keepalive_pings_unless_options_say_otherwise(
+    workers: WorkersServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    opened: list[dict[str, object]] = []
+
+    def spy(endpoint: Endpoint, credentials: object, options: ChannelOptions) -> object:
+        opened.append(dict(options))
+        return open_channel(endpoint, credentials, options)
+
+    monkeypatch.setattr("cronoq.client._worker.open_channel", spy)
+    for options in (None, [("grpc.keepalive_time_ms", 60_000)]):
+        worker = Worker(workers.target, "p", _never, options=options)
+        async with running(worker):
+            await (await workers.accept()).handshake()
+            await worker.wait_registered(TIMEOUT)
+
+    defaults = {
+        "grpc.max_receive_message_length": -1,
+        "grpc.keepalive_time_ms": 20_000,
+        "grpc.keepalive_timeout_ms": 10_000,
+        "grpc.http2.ping_timeout_ms": 10_000,
+        "grpc.http2.max_pings_without_data": 0,
+    }
+    assert opened == [defaults, defaults | {"grpc.keepalive_time_ms": 60_000}]
+
+
+def test_keepalive_pings_are_never_too_many_for_a_cronoq_server() -> None:
+    """A cronoq server (or router) answers pings closer together than this with GOAWAY too_many_pings."""
+    server = dict(grpc_server_options(Limits()))
+    assert (
+        dict(WORKER_CHANNEL_DEFAULTS)["grpc.keepalive_time_ms"]
+        >= server["grpc.http2.min_ping_interval_without_data_ms"]
+    )
+
+
+class Relay:
+    """A TCP relay to ``target`` whose connections can go silent: :meth:`freeze` makes the current ones
+    drop whatever either side sends, without closing anything, the way a stopped (SIGSTOP) or
+    partitioned server looks to its client. Connections made later are relayed as usual."""
+
+    def __init__(self, target: str) -> None:
+        self.host, port = target.rsplit(":", 1)
+        self.port = int(port)
+        self.target = ""
+        self._live: list[asyncio.StreamWriter] = []
+        self._frozen: set[asyncio.StreamWriter] = set()
+        self._writers: list[asyncio.StreamWriter] = []
+
+    async def __aenter__(self) -> Relay:
+        self._server = await asyncio.start_server(self._relay, "127.0.0.1", 0)
+        self.target = f"127.0.0.1:{self._server.sockets[0].getsockname()[1]}"
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        self._server.close()
+        for writer in self._writers:
+            writer.close()
+
+    def freeze(self) -> None:
+        self._frozen.update(self._live)
+        self._live.clear()
+
+    async def _relay(self, client_reader: asyncio.StreamReader, client_writer: asyncio.StreamWriter) -> None:
+        server_reader, server_writer = await asyncio.open_connection(self.host, self.port)
+        self._writers += [client_writer, server_writer]
+        self._live.append(client_writer)
+        await asyncio.gather(
+            self._pipe(client_reader, server_writer, client_writer),
+            self._pipe(server_reader, client_writer, client_writer),
+        )
+
+    async def _pipe(
+        self, src: asyncio.StreamReader, dst: asyncio.StreamWriter, conn: asyncio.StreamWriter
+    ) -> None:
+        with contextlib.suppress(ConnectionError):
+            while data := await src.read(65536):
+                if conn not in self._frozen:
+                    dst.write(data)
+                    await dst.drain()
+            if conn not in self._frozen:
+                dst.close()
+
+
+async def test_a_silent_server_is_noticed_by_keepalive_and_the_worker_reconnects() -> None:
+    """The worker's keepalive settings, a hundred times faster, against a server gone silent."""
+    fast = [(key, value // 100 if key.endswith("_ms") else value) for key, value in WORKER_CHANNEL_DEFAULTS]
+    # A test server that tolerates the fast pings: a GOAWAY for too many pings would also end the stream.
+    lenient = [("grpc.http2.min_ping_interval_without_data_ms", 1), ("grpc.http2.max_ping_strikes", 0)]
+    workers = WorkersServer()
+    async with serve(workers, options=lenient), Relay(workers.target) as relay:
+        worker = Worker(relay.target, "p", _never, options=fast)
+        async with running(worker):
+            await (await workers.accept()).handshake()
+            await worker.wait_registered(TIMEOUT)
+            relay.freeze()
+            await (await workers.accept()).handshake()  # a new stream, on a new connection
+            await worker.wait_registered(TIMEOUT)
+    assert worker.connections == 2

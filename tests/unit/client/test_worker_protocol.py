@@ -6,6 +6,7 @@ import asyncio
 import json
 import threading
 from collections.abc import Callable
+from datetime import timedelta
 from typing import Any
 
 import pytest
@@ -349,3 +350,188 @@ async def test_abort_of_an_unknown_lease_is_ignored(workers: WorkersServer) -> N
         await stream.send(abort={"lease": 99, "reason": "lease expired"})
         await stream.lease(1)
         assert (await stream.next("complete")).lease == 1
+
+
+# ------------------------------------------------------------------------ reports that go wrong
+
+
+@pytest.mark.parametrize("retry_after", [-1, float("nan"), float("inf"), "5", True, [1], 10**400], ids=repr)
+def test_retryable_refuses_a_retry_after_the_server_would_refuse(retry_after: object) -> None:
+    with pytest.raises(ValueError, match="retry_after"):
+        cronoq.Retryable("busy", retry_after=retry_after)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("retry_after", "seconds"), [(None, None), (0, 0.0), (2, 2.0), (0.5, 0.5), (timedelta(minutes=1), 60.0)]
+)
+def test_retryable_takes_seconds_or_a_timedelta(
+    retry_after: float | timedelta | None, seconds: float
+) -> None:
+    assert cronoq.Retryable("busy", retry_after=retry_after).retry_after == seconds
+
+
+class Exploding(dict[str, int]):
+    """An output the JSON encoder fails on with neither TypeError nor ValueError."""
+
+    def items(self) -> Any:
+        raise RuntimeError("cannot list the items")
+
+
+def _nested(depth: int) -> list[object]:
+    value: list[object] = []
+    for _ in range(depth):
+        value = [value]
+    return value
+
+
+def _retry_after_replaced(value: object) -> Callable[[Lease], Any]:
+    """A Retryable whose retry_after was replaced after the constructor checked it."""
+
+    async def handler(lease: Lease) -> None:
+        err = cronoq.Retryable("busy", retry_after=1)
+        err.retry_after = value  # type: ignore[assignment]
+        raise err
+
+    return handler
+
+
+def _retryable_with(retry_after: object) -> Callable[[Lease], Any]:
+    async def handler(lease: Lease) -> None:
+        raise cronoq.Retryable("busy", retry_after=retry_after)  # type: ignore[arg-type]
+
+    return handler
+
+
+class Unprintable(Exception):
+    def __str__(self) -> str:
+        raise RuntimeError("no text for you")
+
+
+TRICKY: list[tuple[str, Callable[[Lease], Any], str, dict[str, Any]]] = [
+    (
+        "Permanent(exception)",
+        _raiser(cronoq.Permanent(Boom("bad input"))),
+        "fail",
+        {"message": "bad input", "permanent": True},
+    ),
+    (
+        "Retryable(exception)",
+        _raiser(cronoq.Retryable(Boom("busy"), retry_after=2)),
+        "fail",
+        {"message": "busy", "permanent": False, "retry_after_s": 2.0},
+    ),
+    ("Reject(exception)", _raiser(Reject(KeyError("gpu"))), "nack", {"reason": "'gpu'"}),
+    (
+        "retry_after timedelta",
+        _retryable_with(timedelta(seconds=5)),
+        "fail",
+        {"message": "busy", "retry_after_s": 5.0},
+    ),
+    (
+        "retry_after str",
+        _retryable_with("5"),
+        "fail",
+        {
+            "permanent": False,
+            "message": "ValueError: retry_after must be a finite number of seconds >= 0 "
+            "or a timedelta (got '5')",
+        },
+    ),
+    (
+        "retry_after NaN set later",
+        _retry_after_replaced(float("nan")),
+        "fail",
+        {
+            "permanent": False,
+            "message": "busy (retry_after not sent: retry_after must be a finite number of "
+            "seconds >= 0 or a timedelta (got nan))",
+        },
+    ),
+    (
+        "retry_after negative set later",
+        _retry_after_replaced(-3),
+        "fail",
+        {"permanent": False},
+    ),
+    (
+        "deeply nested output",
+        _returner(_nested(100_000)),
+        "fail",
+        {"permanent": True},
+    ),
+    (
+        "output breaking the encoder",
+        _returner(Exploding(a=1)),
+        "fail",
+        {
+            "permanent": False,
+            "message": "the worker could not report how the handler ended: RuntimeError: "
+            "cannot list the items",
+        },
+    ),
+    (
+        "undecodable file name",  # os.fsdecode(b"/data/\xff.csv"), in a message of the handler's own
+        _raiser(Boom("cannot parse /data/\udcff.csv")),
+        "fail",
+        {"message": "Boom: cannot parse /data/\\udcff.csv", "permanent": False},
+    ),
+    (
+        "unprintable exception",
+        _raiser(Unprintable()),
+        "fail",
+        {"message": "Unprintable", "permanent": False},
+    ),
+]
+
+
+@pytest.mark.parametrize(("handler", "kind", "fields"), [t[1:] for t in TRICKY], ids=[t[0] for t in TRICKY])
+async def test_every_ending_answers_the_lease_and_stops_its_heartbeats(
+    workers: WorkersServer, handler: Callable[[Lease], Any], kind: str, fields: dict[str, Any]
+) -> None:
+    """However the report goes wrong, the lease is answered (so the server frees the slot) and the worker
+    stops heartbeating it; the stream survives, which a retry_after the server refuses would end."""
+    release = asyncio.Event()
+
+    async def dispatch(lease: Lease) -> object:
+        if lease.id == 2:
+            await release.wait()
+            return "second"
+        return await handler(lease)
+
+    async with running(Worker(workers.target, "p", dispatch, slots=2)):
+        stream = await workers.accept()
+        await stream.handshake()
+        await stream.lease(1, lease_ttl_s=0.03)
+        message = await stream.next(kind)
+        # Lease 2 beats on the same interval as lease 1 did, from later on: once it has beaten three times,
+        # lease 1 would have beaten again had its heartbeat outlived its report.
+        await stream.lease(2, lease_ttl_s=0.03)
+        for _ in range(3):
+            assert (await stream.next("heartbeat")).lease == 2
+        reported_at = stream.log.index(next(m for m in stream.log if m.WhichOneof("msg") == kind))
+        later = [m.heartbeat.lease for m in stream.log[reported_at:] if m.WhichOneof("msg") == "heartbeat"]
+        release.set()
+        assert (await stream.next("complete")).lease == 2
+
+    assert message.lease == 1
+    for name, value in fields.items():
+        assert getattr(message, name) == value, name
+    if kind == "fail" and "retry_after_s" not in fields:
+        assert not message.HasField("retry_after_s")
+    assert 1 not in later
+    assert len(workers.metadata) == 1  # one stream all along
+
+
+async def test_a_lease_over_grpcs_default_receive_limit_reaches_the_handler(workers: WorkersServer) -> None:
+    """A server may send leases up to its max_message_bytes, which can be above grpc's 4 MiB default."""
+    payload = b"p" * (5 * 1024 * 1024)
+
+    async def handler(lease: Lease) -> int:
+        return len(lease.payload)
+
+    async with running(Worker(workers.target, "p", handler)):
+        stream = await workers.accept()
+        await stream.handshake(max_bytes=16 * 1024 * 1024)
+        await stream.lease(1, payload)
+        assert (await stream.next("complete")).output == str(len(payload)).encode()
+    assert len(workers.metadata) == 1
