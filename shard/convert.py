@@ -360,9 +360,13 @@ def resources_from_wire(field: str, resources: Mapping[str, int], limits: SpecLi
 
 
 def retry_from_wire(field: str, msg: pb.RetryPolicy, pool_default: RetryPolicy) -> RetryPolicy:
-    """Zero means "the pool's value" for max_attempts, multiplier and max_backoff_s (clients send unset
-    fields as 0); initial_backoff_s = 0 is a real value (retry at once)."""
-    initial = check_duration(f"{field}.initial_backoff_s", msg.initial_backoff_s)
+    """Zero means "the pool's value" for max_attempts, initial_backoff_s, multiplier and max_backoff_s:
+    the fields have no presence and clients send unset ones as 0, and a policy that names only
+    max_attempts must not turn into retries at once that hammer what just failed. (Retries at once are
+    the pool's ``retry`` to configure.)"""
+    initial = (
+        check_duration(f"{field}.initial_backoff_s", msg.initial_backoff_s) or pool_default.initial_backoff
+    )
     max_backoff = check_duration(f"{field}.max_backoff_s", msg.max_backoff_s) or pool_default.max_backoff
     multiplier = msg.multiplier or pool_default.multiplier
     if not math.isfinite(multiplier) or multiplier < 1:

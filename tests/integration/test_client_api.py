@@ -191,18 +191,24 @@ async def test_messages_over_grpcs_default_limit_reach_sdk_workers_and_clients(
         assert w.connections == 1  # the lease did not tear the stream down
 
 
-async def test_a_retry_policy_without_initial_backoff_retries_at_once(large_server: ServerProcess) -> None:
-    """What docs/sdk-python.md says of missing retry fields: the pool's max_attempts (2 here) and
-    max_backoff apply, but a missing initial_backoff is sent as 0, which the server reads as "retry at
-    once", not as the pool's 60 s."""
+async def test_a_retry_policy_without_initial_backoff_waits_the_pools_backoff(
+    large_server: ServerProcess,
+) -> None:
+    """What docs/sdk-python.md says of missing retry fields: they are sent as 0, which the server reads as
+    the pool's value, so the retry waits the pool's 60 s initial backoff rather than coming at once."""
+    attempts: list[int] = []
 
     async def handler(lease: Lease) -> str:
-        if lease.attempt == 1:
-            raise RuntimeError("first attempt fails")
-        return "second"
+        attempts.append(lease.attempt)
+        raise RuntimeError("fails")
 
     async with worker(large_server.target, handler), Client(large_server.target) as client:
         sub = await client.submit(b"x", retry={"multiplier": 2.0})
-        result = await client.wait(sub.id, timeout=20)
-        assert (result.status, result.text()) == ("succeeded", "second")
-        assert (await client.get(sub.id)).attempt == 2
+        deadline = asyncio.get_running_loop().time() + 10
+        while (info := await client.get(sub.id)).status != "retrying":
+            assert asyncio.get_running_loop().time() < deadline, info
+            await asyncio.sleep(0.02)
+        # An immediate retry would run (and fail) within milliseconds; 60 s of backoff keeps it waiting.
+        with pytest.raises(TimeoutError):
+            await client.wait(sub.id, timeout=1.5)
+        assert attempts == [1] and (await client.get(sub.id)).status == "retrying"

@@ -107,6 +107,18 @@ def test_every_field_lands_on_its_engine_field() -> None:
     )
 
 
+def test_retry_fields_left_at_zero_take_the_pools_values() -> None:
+    """Clients send unset RetryPolicy fields as 0: each means the pool's value, initial_backoff_s too
+    (else a policy naming only max_attempts would retry at once)."""
+    pool = RetryPolicy(max_attempts=5, initial_backoff=2.0, multiplier=3.0, max_backoff=30.0, jitter=True)
+    pools = {"default": pool}
+    only_attempts = pb.TaskSpec(retry=pb.RetryPolicy(max_attempts=9, jitter=True))
+    spec = spec_from_wire(
+        "task", only_attempts, default_pool="default", pools=pools, limits=LIMITS, now=NOW, template=False
+    )
+    assert spec.retry == RetryPolicy(9, 2.0, 3.0, 30.0, True)
+
+
 @pytest.mark.parametrize(
     ("msg", "field"),
     [

@@ -54,8 +54,8 @@ def task(payload: object = None, **options: Unpack[TaskOptions]) -> Any:
 
     The payload is encoded as bytes/str/None/JSON (``content_type=`` overrides the guessed type).
     ``priority`` is a class name or 0..3 (default normal). ``retry`` is a mapping or an object with
-    ``max_attempts``, ``initial_backoff``, ``multiplier``, ``max_backoff`` and ``jitter``; give
-    ``initial_backoff`` with it, as a missing one means "retry at once", not the pool's value. ``after``
+    ``max_attempts``, ``initial_backoff``, ``multiplier``, ``max_backoff`` and ``jitter``; a missing
+    field (or 0) means the pool's value, except ``jitter``, which defaults to True. ``after``
     names tasks that must succeed first; ``deps`` adds edges with other conditions.
     """
     unknown = options.keys() - TaskOptions.__optional_keys__
@@ -93,9 +93,8 @@ def task(payload: object = None, **options: Unpack[TaskOptions]) -> Any:
 
 
 def _retry(policy: object) -> Any:
-    """Missing fields go out as 0 (jitter as True), since the wire's RetryPolicy cannot leave one unset.
-    The server reads 0 as "the pool's value" for max_attempts, multiplier and max_backoff, but as a real
-    initial_backoff: a policy without ``initial_backoff`` retries at once."""
+    """Missing fields go out as 0 (jitter as True), since the wire's RetryPolicy cannot leave one unset;
+    the server reads 0 as "the pool's value"."""
 
     def field(name: str, default: object) -> Any:
         if isinstance(policy, Mapping):
