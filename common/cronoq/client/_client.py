@@ -46,9 +46,10 @@ class Client:
 
     ``target`` is ``host:port`` or an ``http://``/``https://``/``grpc://`` URL; https, ``tls=True`` or
     ``credentials`` (``grpc.ssl_channel_credentials``, for mTLS) select TLS. ``token`` is sent as a
-    bearer token. ``options`` are grpc channel options; the channel takes messages of any size (the
-    server bounds them) unless they set ``grpc.max_receive_message_length``. The channel opens on first
-    use in the running event loop (and again if the client is used from another loop); ``async with``
+    bearer token. ``options`` are grpc channel options, each replacing the same-named entry of
+    :data:`~cronoq.client._connect.CHANNEL_DEFAULTS`: the channel takes messages of any size (the server
+    bounds them) and sends keepalive pings while a call is open, so a Wait or Watch on a server that froze
+    fails rather than hangs. The channel opens on first use in the running event loop (and again if the client is used from another loop); ``async with``
     or :meth:`close` releases it.
 
     Every failed call raises a :class:`~cronoq.errors.ApiError` subclass (``ClientError``) named for

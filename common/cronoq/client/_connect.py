@@ -24,11 +24,31 @@ Metadata = tuple[tuple[str, str], ...]
 # Options naming the configured server; they would break TLS host checks against another shard.
 HOST_BOUND_OPTIONS = frozenset({"grpc.ssl_target_name_override", "grpc.default_authority"})
 
-# What every SDK channel sets unless the caller's ``options`` name the same key. A server sends messages
-# up to its ``limits.max_message_bytes``, which may be above grpc's 4 MiB default receive limit: with that
-# default a large lease would end the worker's stream at every dispatch and a large output could never
-# be read. The server bounds what it sends, so the SDK takes whatever arrives (-1: no limit).
-CHANNEL_DEFAULTS: ChannelOptions = (("grpc.max_receive_message_length", -1),)
+# What every SDK channel (Client and Worker) sets unless the caller's ``options`` name the same key.
+#
+# A server sends messages up to its ``limits.max_message_bytes``, which may be above grpc's 4 MiB default
+# receive limit: with that default a large lease would end the worker's stream at every dispatch and a
+# large output could never be read. The server bounds what it sends, so the SDK takes whatever arrives
+# (-1: no limit).
+#
+# HTTP/2 keepalive while a call is open (grpc pings only on a connection with a call, unless
+# ``grpc.keepalive_permit_without_calls`` is set). Without it a worker attached to a server that froze,
+# or that a partition cut off, waits for leases forever, and after a failover the new leader has no
+# workers; a producer's Wait or Watch hangs the same way. With it the call fails UNAVAILABLE (and a
+# worker reconnects). A ping every 20 s, answered within 10 s: cronoq servers accept pings down to 5 s
+# apart on a quiet connection (``grpc.http2.min_ping_interval_without_data_ms`` in
+# ``cronoq.api.limits.grpc_server_options``), so they never answer these with GOAWAY too_many_pings. grpc
+# core (1.85) does not close the connection promptly on ``keepalive_timeout_ms`` alone (measured: 11 s
+# for a 0.1 s timeout; the server found the same), so ``grpc.http2.ping_timeout_ms`` gets the same
+# value. ``max_pings_without_data`` 0 lifts grpc's cap on pings sent while no message flows (2 by
+# default), since a worker with no lease sends nothing.
+CHANNEL_DEFAULTS: ChannelOptions = (
+    ("grpc.max_receive_message_length", -1),
+    ("grpc.keepalive_time_ms", 20_000),
+    ("grpc.keepalive_timeout_ms", 10_000),
+    ("grpc.http2.ping_timeout_ms", 10_000),
+    ("grpc.http2.max_pings_without_data", 0),
+)
 
 # A message over a size limit, as grpc core words it (either side's core: "Received message larger than
 # max (n vs. m)", "Sent message larger than max ...") or as a cronoq server refuses it (the limit's name).

@@ -61,24 +61,6 @@ OUTPUT_HEADROOM = 1024  # room for the Complete message around the output bytes
 MIN_HEARTBEAT_INTERVAL = 0.01
 CLOSE_WAIT = 5.0  # how long stop() waits for the server to end the stream after the half-close
 
-# HTTP/2 keepalive while the Work stream is open (grpc pings only on a connection with a call, unless
-# ``grpc.keepalive_permit_without_calls`` is set). Without it a worker attached to a server that froze, or
-# that a partition cut off, waits for leases forever, and after a failover the new leader has no workers;
-# with it the stream fails UNAVAILABLE and the worker reconnects. A ping every 20 s, answered within 10 s:
-# cronoq servers accept pings down to 5 s apart on a quiet connection
-# (``grpc.http2.min_ping_interval_without_data_ms`` in ``cronoq.api.limits.grpc_server_options``), so
-# they never answer these with GOAWAY too_many_pings. grpc core (1.85) does not close the connection
-# promptly on ``keepalive_timeout_ms`` alone (measured: 11 s for a 0.1 s timeout; the server found the
-# same), so ``grpc.http2.ping_timeout_ms`` gets the same value. ``max_pings_without_data`` 0 lifts grpc's
-# cap on pings sent while no message flows (2 by default), since a worker with no lease sends nothing.
-WORKER_CHANNEL_DEFAULTS: ChannelOptions = (
-    *CHANNEL_DEFAULTS,
-    ("grpc.keepalive_time_ms", 20_000),
-    ("grpc.keepalive_timeout_ms", 10_000),
-    ("grpc.http2.ping_timeout_ms", 10_000),
-    ("grpc.http2.max_pings_without_data", 0),
-)
-
 
 class Reject(CronoqError):
     """Raised by a handler to hand its lease back unrun.
@@ -162,8 +144,8 @@ class Worker:
     ``Retryable``/``Permanent`` fail the attempt; :class:`Reject` hands the lease back; :class:`CancelTask`
     cancels the task; any other exception is a retryable failure "TypeName: message".
 
-    Connection settings are as for ``Client``; the channel also sends keepalive pings while the stream is
-    open (:data:`WORKER_CHANNEL_DEFAULTS`, each replaced by a same-named entry of ``options``).
+    Connection settings are as for ``Client``, keepalive pings included: a worker attached to a server
+    that froze or was cut off notices, and reconnects (to the new leader after a failover).
     ``reconnect`` keeps the worker connected across dropped streams, waiting ``backoff`` (initial,
     maximum) seconds, doubling. ``grace`` is how long :meth:`stop` lets running handlers finish.
     ``labels`` register the worker for tasks requiring them. ``insecure_redirect_http`` lets shard
@@ -213,7 +195,7 @@ class Worker:
         )
         self._home = Endpoint.parse(target, secure=tls or credentials is not None)
         self._credentials = credentials
-        self._options = with_defaults(tuple(options or ()), WORKER_CHANNEL_DEFAULTS)
+        self._options = with_defaults(tuple(options or ()), CHANNEL_DEFAULTS)
         self._metadata = auth_metadata(token)
         self._insecure_redirect_http = insecure_redirect_http
 

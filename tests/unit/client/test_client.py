@@ -13,6 +13,7 @@ import pytest
 
 from cronoq import errors
 from cronoq.client import Client, ClientError, Event, task
+from cronoq.client._connect import CHANNEL_DEFAULTS, ChannelOptions, Endpoint, open_channel
 from cronoq.v1 import cronoq_pb2 as pb
 
 from .scripted import TIMEOUT, ApiServer, Refusal, serve
@@ -323,6 +324,26 @@ async def test_a_watch_of_every_shard_names_none_and_can_be_closed_early(
     assert (await anext(events)).id == 1
     await events.aclose()
     assert [e.id async for e in events] == []
+
+
+async def test_the_client_channel_pings_while_a_call_is_open_unless_options_say_otherwise(
+    api: ApiServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A Wait or Watch on a server that froze must fail rather than hang: the producer's channel gets
+    the same keepalive defaults as a worker's, each replaced by a same-named option."""
+    opened: list[dict[str, object]] = []
+
+    def spy(endpoint: Endpoint, credentials: object, options: ChannelOptions) -> object:
+        opened.append(dict(options))
+        return open_channel(endpoint, credentials, options)
+
+    monkeypatch.setattr("cronoq.client._client.open_channel", spy)
+    api.responses["Snapshot"] = pb.SnapshotResponse()
+    for options in (None, [("grpc.keepalive_time_ms", 60_000)]):
+        async with Client(api.target, options=options) as client:
+            await client.snapshot()
+    assert opened == [dict(CHANNEL_DEFAULTS), dict(CHANNEL_DEFAULTS) | {"grpc.keepalive_time_ms": 60_000}]
+    assert opened[0]["grpc.keepalive_time_ms"] == 20_000
 
 
 async def test_snapshot_converts_pools_groups_and_totals(api: ApiServer, client: Client) -> None:

@@ -16,8 +16,8 @@ import pytest
 from cronoq import errors
 from cronoq.api.limits import grpc_server_options
 from cronoq.client import MAX_REDIRECTS, ClientError, Lease, Worker
-from cronoq.client._connect import ChannelOptions, Endpoint, open_channel
-from cronoq.client._worker import LEADER_HUNT_DELAY_S, WORKER_CHANNEL_DEFAULTS
+from cronoq.client._connect import CHANNEL_DEFAULTS, ChannelOptions, Endpoint, open_channel
+from cronoq.client._worker import LEADER_HUNT_DELAY_S
 from cronoq.config.model import Limits
 from cronoq.v1 import cronoq_pb2 as pb
 
@@ -220,7 +220,7 @@ async def test_follows_a_redirect_and_drops_host_bound_options(
         assert (await stream.next("complete")).output == b"on shard b"
 
     assert shards[0].metadata[0]["authorization"] == "Bearer " + "t" * 20  # loopback http is fine
-    defaults = dict(WORKER_CHANNEL_DEFAULTS) | {"grpc.keepalive_time_ms": 10_000}
+    defaults = dict(CHANNEL_DEFAULTS) | {"grpc.keepalive_time_ms": 10_000}
     assert opened == [
         (workers.target, defaults | {"grpc.default_authority": "cronoq.internal"}),
         (shards[0].target, defaults),
@@ -483,7 +483,7 @@ def test_keepalive_pings_are_never_too_many_for_a_cronoq_server() -> None:
     """A cronoq server (or router) answers pings closer together than this with GOAWAY too_many_pings."""
     server = dict(grpc_server_options(Limits()))
     assert (
-        dict(WORKER_CHANNEL_DEFAULTS)["grpc.keepalive_time_ms"]
+        dict(CHANNEL_DEFAULTS)["grpc.keepalive_time_ms"]
         >= server["grpc.http2.min_ping_interval_without_data_ms"]
     )
 
@@ -538,7 +538,7 @@ class Relay:
 
 async def test_a_silent_server_is_noticed_by_keepalive_and_the_worker_reconnects() -> None:
     """The worker's keepalive settings, a hundred times faster, against a server gone silent."""
-    fast = [(key, value // 100 if key.endswith("_ms") else value) for key, value in WORKER_CHANNEL_DEFAULTS]
+    fast = [(key, value // 100 if key.endswith("_ms") else value) for key, value in CHANNEL_DEFAULTS]
     # A test server that tolerates the fast pings: a GOAWAY for too many pings would also end the stream.
     lenient = [("grpc.http2.min_ping_interval_without_data_ms", 1), ("grpc.http2.max_ping_strikes", 0)]
     workers = WorkersServer()
