@@ -6,8 +6,9 @@
    documented (status code, content type, body schema) and none may be a 5xx but the documented 504 of
    a server-side wait.
 2. Hostile requests beyond the schema: malformed JSON, a wrong type in every field, huge numbers,
-   NaN/Infinity, NUL and broken Unicode, wrong content types, bodies over the size limit. Each is refused
-   with a 4xx whose message names the field, and nothing is inserted.
+   NaN/Infinity, keys given twice, NUL and broken Unicode, other encodings than UTF-8, wrong content
+   types, bodies over the size limit, unknown query parameters. Each is refused with a 4xx whose message
+   names the field, and nothing is inserted.
 """
 
 from __future__ import annotations
@@ -288,7 +289,35 @@ HOSTILE: list[tuple[str, bytes, str | None, int, str]] = [
     ("no value", b'{"pool": }', "application/json", 400, "request body: invalid JSON"),
     ("trailing garbage", b'{"pool": "default"} x', "application/json", 400, "request body: invalid JSON"),
     ("single quotes", b"{'pool': 'default'}", "application/json", 400, "request body: invalid JSON"),
-    ("not UTF-8", b'{"kind": "\xff\xfe"}', "application/json", 400, "request body: invalid JSON"),
+    ("not UTF-8", b'{"kind": "\xff\xfe"}', "application/json", 400, "request body: invalid JSON: not UTF-8"),
+    (
+        "UTF-16",
+        '{"kind": "x"}'.encode("utf-16"),
+        "application/json",
+        400,
+        "request body: invalid JSON: not UTF-8",
+    ),
+    (
+        "latin-1",
+        b'{"kind": "x"}',
+        "application/json; charset=iso-8859-1",
+        415,
+        "request body: JSON must be UTF-8",
+    ),
+    (
+        "key twice",
+        b'{"pool": "reject", "pool": "default"}',
+        "application/json",
+        400,
+        "pool: given more than once",
+    ),
+    (
+        "key twice in payload",
+        b'{"payload": {"a": 1, "a": 2}}',
+        "application/json",
+        400,
+        "payload.a: given more",
+    ),
     ("null document", b"null", "application/json", 400, "request body: expected a JSON object"),
     ("array document", b"[{}]", "application/json", 400, "request body: expected a JSON object"),
     ("string document", b'"task"', "application/json", 400, "request body: expected a JSON object"),
@@ -302,7 +331,21 @@ HOSTILE: list[tuple[str, bytes, str | None, int, str]] = [
     ("NaN", b'{"timeout_s": NaN}', "application/json", 400, "request body: invalid JSON: NaN is not JSON"),
     ("Infinity", b'{"deadline_in_s": Infinity}', "application/json", 400, "request body: invalid JSON"),
     ("-Infinity", b'{"start_at": -Infinity}', "application/json", 400, "request body: invalid JSON"),
-    ("float overflow", b'{"timeout_s": 1e400}', "application/json", 400, "request body: invalid JSON"),
+    (
+        "float overflow",
+        b'{"timeout_s": 1e400}',
+        "application/json",
+        400,
+        "timeout_s: number 1e400 is out of range",
+    ),
+    (
+        "start_at and start_in_s",
+        b'{"start_at": 1, "start_in_s": 1}',
+        "application/json",
+        400,
+        "task: use either start_in_s or start_at",
+    ),
+    ("start_at before 1970", b'{"start_at": -1}', "application/json", 400, "task.start_at:"),
     ("huge integer seconds", b'{"timeout_s": 1' + b"0" * 400 + b"}", "application/json", 400, "timeout_s:"),
     ("centuries of timeout", b'{"timeout_s": 1e300}', "application/json", 400, "task.timeout_s:"),
     ("huge deadline", b'{"deadline_in_s": 1e18}', "application/json", 400, "task.deadline_in_s:"),
@@ -357,7 +400,12 @@ def test_hostile_submit_bodies_are_refused_naming_the_field_and_insert_nothing(
         expected = prefix
         if path.endswith(":batch") and not prefix.startswith("request body"):
             sent = b'{"tasks": [{}, ' + body + b"]}"
-            expected = f"tasks[1].{prefix.removeprefix('task.')}"
+            # The service names a submitted task "task", a batch's "tasks[i]".
+            expected = (
+                f"tasks[1]{prefix.removeprefix('task')}"
+                if prefix.startswith(("task.", "task:"))
+                else f"tasks[1].{prefix}"
+            )
         got, answer = request(fuzz_server, "POST", path, sent, content_type=content_type)
         assert got == status, (path, answer)
         assert answer["error"].startswith(expected), (path, answer)
@@ -411,7 +459,7 @@ HOSTILE_QUERIES: list[tuple[str, str, str, str, int, str]] = [
     ("after twice", "GET", "/v1/tasks?after=1&after=2", CLIENT, 400, "after:"),
     ("status unknown", "GET", "/v1/tasks?status=done", CLIENT, 400, "status:"),
     ("unknown parameter", "GET", "/v1/tasks?pools=default", CLIENT, 400, "pools: unknown query parameter"),
-    ("unknown pool", "GET", "/v1/tasks?pool=nope%00", CLIENT, 404, ""),
+    ("unknown pool", "GET", "/v1/tasks?pool=nope%00", CLIENT, 404, "pool: unknown pool"),
     ("id out of range", "GET", "/v1/tasks/99999999999999999999999", CLIENT, 400, "id:"),
     ("result NaN", "GET", "/v1/tasks/fuzz-wait/result?timeout_s=NaN", CLIENT, 400, "timeout_s:"),
     ("result inf", "GET", "/v1/tasks/fuzz-wait/result?timeout_s=inf", CLIENT, 400, "timeout_s:"),
@@ -422,7 +470,20 @@ HOSTILE_QUERIES: list[tuple[str, str, str, str, int, str]] = [
     ("watch id 2^64", "GET", "/v1/watch?id=18446744073709551616", CLIENT, 400, "id:"),
     ("watch bad all", "GET", "/v1/watch?all=maybe", CLIENT, 400, "all:"),
     ("watch unknown parameter", "GET", "/v1/watch?since=1", CLIENT, 400, "since: unknown query parameter"),
-    ("watch unknown pool", "GET", "/v1/watch?pool=nope", CLIENT, 404, ""),
+    ("watch unknown pool", "GET", "/v1/watch?pool=nope", CLIENT, 404, "pool: unknown pool 'nope'"),
+    ("submit unknown parameter", "POST", "/v1/tasks?wait=true", CLIENT, 400, "wait: unknown query parameter"),
+    ("cancel unknown parameter", "POST", "/v1/tasks/fuzz-wait:cancel?bogus=1", CLIENT, 400, "bogus: unknown"),
+    ("get unknown parameter", "GET", "/v1/tasks/fuzz-wait?timeout_s=5", CLIENT, 400, "timeout_s: unknown"),
+    ("workers filter", "GET", "/v1/workers?pool=reject", ADMIN, 400, "pool: unknown query parameter"),
+    (
+        "snapshot unknown parameter",
+        "GET",
+        "/v1/snapshot?bogus=1",
+        ADMIN,
+        400,
+        "bogus: unknown query parameter",
+    ),
+    ("recurring filter", "GET", "/v1/recurring?pool=x", ADMIN, 400, "pool: unknown query parameter"),
     ("key with NUL", "GET", "/v1/tasks/a%00b", CLIENT, 404, "task: no task"),
     ("cancel with NUL", "POST", "/v1/tasks/a%00b:cancel", CLIENT, 404, "task: no task"),
     ("recurring NUL name", "DELETE", "/v1/recurring/a%00b", ADMIN, 400, ""),
@@ -439,9 +500,14 @@ def test_hostile_paths_and_queries_are_refused_naming_the_parameter(
 ) -> None:
     # A task that exists, so that the wait's own arguments are judged (an unknown task is a 404 first).
     request(fuzz_server, "POST", "/v1/tasks", b'{"key": "fuzz-wait", "pool": "reject"}')
-    got, answer = request(fuzz_server, method, path, token=token)
+    before = counts(fuzz_server)
+    body = b"{}" if method == "POST" and path.startswith("/v1/tasks?") else None  # a valid submission
+    got, answer = request(fuzz_server, method, path, body, token=token)
     assert got == status, answer
     assert answer["error"].startswith(prefix), answer
+    assert counts(fuzz_server) == before
+    _, task = request(fuzz_server, "GET", "/v1/tasks/fuzz-wait")
+    assert task["status"] != "cancelled", task
 
 
 RECURRING: list[tuple[str, object, int, str]] = [
@@ -462,7 +528,19 @@ RECURRING: list[tuple[str, object, int, str]] = [
         "template start",
         {"name": "r", "cron": "* * * * *", "template": {"start_in_s": 5}},
         400,
-        "template.start",
+        "template.start_in_s:",
+    ),
+    (
+        "template start_at",
+        {"name": "r", "cron": "* * * * *", "template": {"start_at": 5}},
+        400,
+        "template.start_at:",
+    ),
+    (
+        "template deadline_at",
+        {"name": "r", "cron": "* * * * *", "template": {"deadline_at": 5}},
+        400,
+        "template.deadline_at:",
     ),
     (
         "template unknown pool",

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import aiohttp
@@ -17,7 +17,7 @@ import pytest
 from cronoq.client import Lease
 
 from .helpers import worker
-from .serverproc import ServerProcess, new_server
+from .serverproc import ServerProcess, new_server, running_server
 
 pytestmark = pytest.mark.asyncio
 
@@ -69,8 +69,11 @@ async def test_probes_openapi_and_errors(http: aiohttp.ClientSession) -> None:
     for path in ("/healthz", "/readyz"):
         async with http.get(path) as resp:
             assert (resp.status, await resp.json()) == (200, {"status": "ok"})
+        async with http.head(path) as resp:  # load balancers probe with HEAD
+            assert (resp.status, resp.content_type, await resp.read()) == (200, "application/json", b"")
     async with http.get("/v1/openapi.json") as resp:
-        assert (await resp.json())["openapi"].startswith("3.0.")
+        document = await resp.json()
+    assert document["openapi"].startswith("3.0.") and document["servers"] == [{"url": "/"}]
     async with http.post("/v1/tasks", json={"pool": "default", "colour": "red"}) as resp:
         assert (resp.status, await resp.json()) == (
             400,
@@ -118,3 +121,50 @@ async def test_an_announced_oversized_body_is_refused_unread(server: ServerProce
     finally:
         writer.close()
     assert head.startswith(b"HTTP/1.1 413 ")
+
+
+CLIENT = "gateway-client-token-0123456789"
+SECURED = """
+[limits]
+max_http_body_bytes = 4096
+
+[[auth.tokens]]
+token_env = "GATEWAY_CLIENT_TOKEN"
+role = "client"
+"""
+
+
+@pytest.fixture
+def secured(tmp_path: Path) -> Iterator[ServerProcess]:
+    with running_server(tmp_path, SECURED, env={"GATEWAY_CLIENT_TOKEN": CLIENT}) as proc:
+        yield proc
+
+
+async def expecting_continue(server: ServerProcess, token: str, length: int) -> list[bytes]:
+    """POST /v1/tasks announcing a ``length``-byte body and holding it back for ``100 Continue``: the
+    status lines answered. The body (``{}`` padded with spaces) is sent only if the server invites it."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", server.http_port)
+    try:
+        writer.write(
+            b"POST /v1/tasks HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+            + f"Authorization: Bearer {token}\r\nContent-Length: {length}\r\n".encode()
+            + b"Expect: 100-continue\r\n\r\n"
+        )
+        await writer.drain()
+        first = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 10)
+        lines = [first.split(b"\r\n", 1)[0]]
+        if first.startswith(b"HTTP/1.1 100 "):
+            writer.write(b"{}" + b" " * (length - 2))
+            final = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 10)
+            lines.append(final.split(b"\r\n", 1)[0])
+        return lines
+    finally:
+        writer.close()
+
+
+async def test_expect_100_continue_comes_only_after_authentication_and_the_size_check(
+    secured: ServerProcess,
+) -> None:
+    assert await expecting_continue(secured, "not-a-known-token-at-all", 2) == [b"HTTP/1.1 401 Unauthorized"]
+    assert await expecting_continue(secured, CLIENT, 4097) == [b"HTTP/1.1 413 Request Entity Too Large"]
+    assert await expecting_continue(secured, CLIENT, 2) == [b"HTTP/1.1 100 Continue", b"HTTP/1.1 200 OK"]

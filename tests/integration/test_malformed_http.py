@@ -2,9 +2,11 @@
 
 aiohttp (3.14) answers these itself, before any route or middleware runs: HTTP 400, the connection
 closed, and a ``text/plain`` body that is the parser's error message, which quotes the offending line
-back to the sender. aiohttp offers no supported hook to replace that answer (middlewares and
-``on_response_prepare`` do not see it; aio-libs/aiohttp#3287, #6463) until it routes parser errors
-through the middleware (aio-libs/aiohttp#12925), so these tests pin what the server does control.
+back to the sender. That includes a request line or a header line longer than 8190 bytes (the parser's
+limit, documented in docs/http-api.md). aiohttp offers no supported hook to replace that answer
+(middlewares and ``on_response_prepare`` do not see it; aio-libs/aiohttp#3287, #6463) until it routes
+parser errors through the middleware (aio-libs/aiohttp#12925), so these tests pin what the server does
+control.
 """
 
 from __future__ import annotations
@@ -28,6 +30,8 @@ MALFORMED = {
     "method": b"G<" + MARK + b"> /healthz HTTP/1.1\r\nHost: localhost\r\n\r\n",
     "version": b"GET /healthz HTTP/1." + MARK + b"\r\nHost: localhost\r\n\r\n",
     "content_length": b"POST /v1/tasks HTTP/1.1\r\nHost: localhost\r\nContent-Length: " + MARK + b"\r\n\r\n",
+    "header_too_long": GET + b"X-Long: " + MARK + b"x" * 8190 + b"\r\n\r\n",
+    "request_line_too_long": b"GET /healthz?" + MARK + b"x" * 8190 + b" HTTP/1.1\r\nHost: localhost\r\n\r\n",
 }
 
 

@@ -194,6 +194,71 @@ def test_parse_json_refuses_what_cannot_be_stored_back_as_json() -> None:
     assert codec.parse_json(b'{"a": [1, 2.5, null]}') == {"a": [1, 2.5, None]}
 
 
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        (b'{"a": 1, "a": 2}', "a: given more than once in the same object"),
+        (b'{"a": [{"b": {}}, {"c": 1, "d": 2, "c": 3}]}', "a[1].c: given more than once in the same object"),
+        (b'{"tasks": [{}, {"timeout_s": 1e400}]}', "tasks[1].timeout_s: number 1e400 is out of range"),
+        (b"[1, -1E+999, 1e999]", "request body[1]: number -1E+999 is out of range"),
+        (b'{"x": {"y": 1e999, "y": 1}}', "x.y: given more than once in the same object"),
+    ],
+)
+def test_parse_json_names_the_path_of_a_refused_value(text: bytes, message: str) -> None:
+    """A number out of range or a key given twice is named by its path (the first one, in document order)."""
+    with pytest.raises(codec.FieldError) as info:
+        codec.parse_json(text)
+    assert str(info.value) == message
+
+
+def test_parse_json_takes_utf8_only() -> None:
+    assert codec.parse_json('{"k": "caf\u00e9"}'.encode()) == {"k": "caf\u00e9"}
+    for encoding in ("utf-16", "utf-16-le", "utf-32", "latin-1"):
+        with pytest.raises(ValueError, match=r"^not UTF-8 "):
+            codec.parse_json('{"k": "caf\u00e9"}'.encode(encoding))
+
+
+@pytest.mark.parametrize(
+    ("message", "http"),
+    [
+        (
+            "task: use either start_in_s or start_unix_ns, not both",
+            "task: use either start_in_s or start_at, not both",
+        ),
+        (
+            "tasks[2]: use either deadline_in_s or deadline_unix_ns, not both",
+            "tasks[2]: use either deadline_in_s or deadline_at, not both",
+        ),
+        ("task.start_unix_ns: 5 is not a usable start", "task.start_at: 5 is not a usable start"),
+        (
+            "template.deadline_unix_ns: a recurring template cannot",
+            "template.deadline_at: a recurring template cannot",
+        ),
+        (
+            "task.tolerance_s: only meaningful with a fixed start (start_in_s or start_unix_ns)",
+            "task.tolerance_s: only meaningful with a fixed start (start_in_s or start_at)",
+        ),
+        ("pools: unknown pool 'nope'", "pool: unknown pool 'nope'"),
+        ("pools: this credential may not use pool 'a'", "pool: this credential may not use pool 'a'"),
+        # What the caller sent (quoted) and English words stay as they are.
+        ("pools: unknown pool 'start_unix_ns'", "pool: unknown pool 'start_unix_ns'"),
+        ("task.resources['pools']: amount must be > 0", "task.resources['pools']: amount must be > 0"),
+        (
+            "task.key: key 'k' is held by a task outside this credential's pools",
+            "task.key: key 'k' is held by a task outside this credential's pools",
+        ),
+        (
+            "/metrics covers every pool: it needs a credential without pools",
+            "/metrics covers every pool: it needs a credential without pools",
+        ),
+        ("timeout_s: expected a number of seconds", "timeout_s: expected a number of seconds"),
+        ('task: no task "start_unix_ns\'s"', 'task: no task "start_unix_ns\'s"'),
+    ],
+)
+def test_error_messages_name_the_http_fields(message: str, http: str) -> None:
+    assert codec.http_message(message) == http
+
+
 # --------------------------------------------------------------------------------- paths, queries
 
 

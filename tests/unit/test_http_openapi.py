@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 from cronoq.api import http_codec as codec
+from cronoq.api import openapi
 from cronoq.api.openapi import OPENAPI
 from cronoq.errors import InvalidArgument
 from cronoq.v1 import cronoq_pb2 as pb
@@ -81,6 +82,33 @@ def test_public_routes_are_exactly_the_probes_and_this_document() -> None:
     }
     assert public == {"/healthz", "/readyz", "/v1/openapi.json"}
     assert OPENAPI["security"] == [{"bearer": []}]
+
+
+def test_refusals_every_route_can_give_are_documented() -> None:
+    """Every route refuses an unknown query parameter or a body it does not read (400) and a body over
+    the limit (413); every authenticated API route can reach another shard (the task's or the pool's
+    owner, or all of them), so it may be refused as a call this server will not forward (409)."""
+    for path, item in OPENAPI["paths"].items():
+        for method, op in item.items():
+            statuses = set(op["responses"])
+            assert {"400", "413"} <= statuses, f"{method} {path}"
+            if path.startswith("/v1/") and op.get("security") != []:
+                assert "409" in statuses, f"{method} {path}"
+
+
+def test_nullable_is_only_put_where_openapi_3_0_honours_it() -> None:
+    """Beside a ``$ref`` (or without a type) ``nullable`` has no effect: refused when the document is built."""
+    with pytest.raises(ValueError, match="nullable needs a type"):
+        openapi._nullable({"$ref": "#/components/schemas/TaskId"})
+    assert openapi._nullable({"type": "string", "enum": ["a"]}) == {
+        "type": "string",
+        "enum": ["a", None],
+        "nullable": True,
+    }
+
+
+def test_the_servers_are_wherever_the_document_was_fetched() -> None:
+    assert OPENAPI["servers"] == [{"url": "/"}]
 
 
 def test_request_bodies_are_closed_like_the_gateway() -> None:

@@ -58,11 +58,20 @@ OVERLAP_NAMES = _enum_names(pb.Overlap, "OVERLAP_")
 # ------------------------------------------------------------------------------------------ raw JSON
 
 
-def _finite_float(text: str) -> float:
-    value = float(text)
-    if not math.isfinite(value):
-        raise ValueError(f"number {text} is out of range")
-    return value
+class FieldError(ValueError):
+    """A JSON document refused for one value in it (a number out of range, a key given twice); the
+    message starts with that value's path (``tasks[1].timeout_s: ...``), as the readers' refusals do."""
+
+
+class _Refused:
+    """What the parser's hooks put in place of a refused value: they see the value but not where it is,
+    so its path is looked up once the document is parsed (:func:`_first_refusal`)."""
+
+    __slots__ = ("key", "why")
+
+    def __init__(self, why: str, key: str | None = None) -> None:
+        self.why = why
+        self.key = key  # the key given twice, inside the object this stands for
 
 
 def _no_constants(name: str) -> object:
@@ -70,12 +79,60 @@ def _no_constants(name: str) -> object:
 
 
 def parse_json(data: bytes) -> object:
-    """Strict JSON: no NaN/Infinity and no number that overflows a double, so every value we take in can
-    be stored and written back as valid JSON. Every refusal is a ``ValueError``."""
+    """Strict JSON (RFC 8259): UTF-8, no NaN/Infinity, no number that overflows a double (so every value
+    we take in can be stored and written back as valid JSON), and no key given twice in one object (which
+    one counts would be a guess: parsers disagree). Every refusal is a ``ValueError``; those of one value
+    are a :class:`FieldError` naming its path."""
+    refused = False
+
+    def number(text: str) -> object:
+        nonlocal refused
+        value = float(text)
+        if math.isfinite(value):
+            return value
+        refused = True
+        return _Refused(f"number {text} is out of range")
+
+    def pairs(items: list[tuple[str, object]]) -> object:
+        nonlocal refused
+        obj: JsonObject = {}
+        for key, value in items:
+            if key in obj:
+                refused = True
+                return _Refused("given more than once in the same object", key)
+            obj[key] = value
+        return obj
+
     try:
-        return json.loads(data, parse_float=_finite_float, parse_constant=_no_constants)
+        text = data.decode()
+    except UnicodeDecodeError as err:
+        raise ValueError(f"not UTF-8 (byte 0x{data[err.start]:02x} at offset {err.start})") from None
+    try:
+        document = json.loads(text, parse_float=number, parse_constant=_no_constants, object_pairs_hook=pairs)
     except RecursionError:
         raise ValueError("nested too deeply") from None
+    error = _first_refusal(document) if refused else None
+    if error is not None:
+        raise error
+    return document
+
+
+def _first_refusal(document: object) -> FieldError | None:
+    """The first refused value of ``document``, in document order, as an error naming its path. Walked
+    with a stack rather than recursion: a document may be nested close to the interpreter's limit."""
+    stack: list[tuple[str, object]] = [("", document)]
+    while stack:
+        path, value = stack.pop()
+        if isinstance(value, _Refused):
+            if value.key is not None:
+                path = f"{path}.{value.key}" if path else value.key
+            return FieldError(f"{path or 'request body'}: {value.why}")
+        if isinstance(value, dict):
+            stack.extend((f"{path}.{k}" if path else k, v) for k, v in reversed(value.items()))
+        elif isinstance(value, list):
+            where = path or "request body"
+            stack.extend((f"{where}[{i}]", v) for i, v in reversed(list(enumerate(value))))
+    return None
 
 
 def dump_json(value: object) -> str:
@@ -86,6 +143,31 @@ def dump_json(value: object) -> str:
 
 def media_type(content_type: str) -> str:
     return content_type.partition(";")[0].strip().lower()
+
+
+# ---------------------------------------------------------------------------------- error messages
+
+# Wire field names the shared request logic (shard/convert.py, shard/service.py, the router) puts in its
+# messages, and the HTTP names of the same fields, so that a message names the field the caller sent
+# (SPEC §5). The instants are renamed wherever a message mentions them ("use either start_in_s or
+# start_unix_ns"); ``pools``, an English word too ("this credential's pools"), only as the field a
+# message starts with (the ``pool`` query parameter of a listing or a watch).
+_INSTANT_NAMES: Mapping[str, str] = {"start_unix_ns": "start_at", "deadline_unix_ns": "deadline_at"}
+_FIELD_NAMES: Mapping[str, str] = {**_INSTANT_NAMES, "pools": "pool"}
+_WORD = re.compile(r"'[^']*'|\"[^\"]*\"|\w+")  # a quoted value (what the caller sent: left alone) or a word
+
+
+def _renamed(text: str, names: Mapping[str, str]) -> str:
+    return _WORD.sub(lambda m: names.get(m[0], m[0]), text)
+
+
+def http_message(message: str) -> str:
+    """An error message of the request logic in the HTTP API's words: ``task.start_unix_ns: ...`` becomes
+    ``task.start_at: ...``, ``pools: unknown pool 'x'`` becomes ``pool: unknown pool 'x'``."""
+    field, colon, rest = message.partition(": ")
+    if not colon or " " in field:  # the message does not start with a field path
+        return _renamed(message, _INSTANT_NAMES)
+    return _renamed(field, _FIELD_NAMES) + colon + _renamed(rest, _INSTANT_NAMES)
 
 
 # ------------------------------------------------------------------------------------ value readers

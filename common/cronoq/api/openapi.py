@@ -32,18 +32,23 @@ def _all(properties: dict[str, Schema]) -> Schema:
 
 
 def _nullable(schema: Schema) -> Schema:
-    return {**schema, "nullable": True}
+    """``schema`` or ``null``. OpenAPI 3.0 honours ``nullable`` only next to ``type`` (beside a ``$ref``
+    it is ignored, as every sibling of a reference is), and an ``enum`` still refuses what it does not
+    list, so a nullable enum lists ``null``."""
+    if "type" not in schema:
+        raise ValueError(f"nullable needs a type beside it to have any effect: {schema}")
+    nullable = {**schema, "nullable": True}
+    if "enum" in schema:
+        nullable["enum"] = [*schema["enum"], None]
+    return nullable
 
 
 def _optional(schema: Schema) -> Schema:
     """A request field that may also be ``null``, which means "not given" (the gateway reads every
-    ``null`` that way). OpenAPI 3.0 honours ``nullable`` only next to ``type`` (and a nullable enum must
-    list ``null``), so a reference or a combination is wrapped in ``allOf``."""
+    ``null`` that way): :func:`_nullable` where the schema has a type; a reference or a combination is
+    wrapped in ``allOf``."""
     if "type" in schema:
-        nullable = {**schema, "nullable": True}
-        if "enum" in schema:
-            nullable["enum"] = [*schema["enum"], None]
-        return nullable
+        return _nullable(schema)
     notes = {k: v for k, v in schema.items() if k in ("description", "default")}
     core = {k: v for k, v in schema.items() if k not in notes}
     return {**notes, "nullable": True, "allOf": [core]} if core else schema
@@ -63,6 +68,8 @@ SECONDS: Final[Schema] = {"type": "number", "minimum": 0, "description": "second
 TIMESTAMP: Final[Schema] = {"type": "string", "format": "date-time", "description": "RFC 3339, UTC"}
 STRING_MAP: Final[Schema] = {"type": "object", "additionalProperties": STRING}
 STRINGS: Final[Schema] = {"type": "array", "items": STRING}
+# Written out (not a reference) where an id may be null: nullable works only beside a type.
+TASK_ID: Final[Schema] = {"type": "string", "pattern": "^[0-9]+$", "description": "u64 as a decimal string"}
 
 PRIORITIES = ["critical", "high", "normal", "low"]
 STATUSES = [
@@ -130,7 +137,7 @@ SCHEMAS: Final[dict[str, Schema]] = {
             "code": {"type": "string", "enum": ERROR_CODES, "description": "gRPC status name, lower case"},
         }
     ),
-    "TaskId": {"type": "string", "pattern": "^[0-9]+$", "description": "u64 as a decimal string"},
+    "TaskId": TASK_ID,
     "Priority": {"type": "string", "enum": PRIORITIES},
     "Status": {"type": "string", "enum": STATUSES},
     "Instant": {
@@ -180,7 +187,7 @@ SCHEMAS: Final[dict[str, Schema]] = {
             "pool": STRING,
             "key": STRING,
             "kind": STRING,
-            "priority": _nullable({"type": "string", "enum": PRIORITIES}),
+            "priority": _nullable({"type": "string", "enum": PRIORITIES, "description": "null when unknown"}),
             "tenant": STRING,
             "attempt": UINT,
             "max_attempts": {**UINT, "description": "0 when unknown"},
@@ -322,7 +329,9 @@ SCHEMAS: Final[dict[str, Schema]] = {
             "kind": STRING,
             "overlap": _ref("Overlap"),
             "next_at": _nullable({**TIMESTAMP, "description": "start of the next occurrence"}),
-            "last_task_id": _nullable({**_ref("TaskId"), "description": "the last occurrence created"}),
+            "last_task_id": _nullable(
+                {**TASK_ID, "description": "the last occurrence created; null before the first"}
+            ),
         }
     ),
     "RecurringAdded": _all({"name": STRING}),
@@ -334,7 +343,10 @@ SCHEMAS: Final[dict[str, Schema]] = {
 }
 
 _ERRORS: Final[dict[int, str]] = {
-    400: "invalid request (invalid_argument); the message names the field",
+    400: (
+        "invalid request (invalid_argument); the message names the field, the query parameter (unknown "
+        "ones are refused) or the body (refused on routes that take none)"
+    ),
     401: "missing or unknown credential (unauthenticated)",
     403: "role or pool not allowed, or a non-loopback Host without auth (permission_denied)",
     404: "unknown task, pool, resource, dependency or route (not_found)",
@@ -344,7 +356,7 @@ _ERRORS: Final[dict[int, str]] = {
         "(failed_precondition; cronoq-shard and cronoq-shard-endpoint headers name the owner)"
     ),
     413: "body larger than limits.max_http_body_bytes (resource_exhausted)",
-    415: "JSON body without content-type: application/json (invalid_argument)",
+    415: "JSON body without content-type: application/json, or not in UTF-8 (invalid_argument)",
     429: (
         "pool full under overflow = reject, limits.max_pending_total reached, or too many requests or "
         "streams in progress (limits.max_concurrent_requests, max_concurrent_streams) (resource_exhausted); "
@@ -406,10 +418,14 @@ def _list(items: Schema) -> Schema:
 
 
 REF = _param("ref", "path", STRING, "task id (all digits) or key (URL-encoded)")
-# Every authenticated API route: credentials, a standby, and the server-wide [limits] (concurrent
-# requests or streams: 429; limits.request_timeout_s: 504).
-_AUTH = (401, 403, 429, 503, 504)
-_BODY = (400, 404, 413, 415, 429)
+# Every route: an unknown query parameter or a body where none is read (400), a body over
+# limits.max_http_body_bytes (413).
+_ANY = (400, 413)
+# Every authenticated API route besides: credentials, a standby, a call for another shard that this
+# server may not forward (each route can reach another shard: the task's or pool's owner, or all of them
+# for a listing), and the server-wide [limits] (concurrent requests or streams: 429;
+# limits.request_timeout_s: 504).
+_API = (*_ANY, 401, 403, 409, 429, 503, 504)
 
 PATHS: Final[dict[str, Schema]] = {
     "/v1/tasks": {
@@ -417,18 +433,16 @@ PATHS: Final[dict[str, Schema]] = {
             "submit",
             "Submit one task (optionally wait for it)",
             "SubmitResponse",
-            *_AUTH,
-            *_BODY,
-            409,
-            504,
+            *_API,
+            404,
+            415,
             body="SubmitRequest",
         ),
         "get": _op(
             "listTasks",
             "List tasks in id order, one page at a time",
             "TaskList",
-            400,
-            *_AUTH,
+            *_API,
             404,
             parameters=[
                 _param("pool", "query", _list(STRING), "pool names; repeat or comma-separate"),
@@ -453,22 +467,19 @@ PATHS: Final[dict[str, Schema]] = {
             "submitBatch",
             "Submit tasks atomically: all are accepted or none",
             "SubmitBatchResponse",
-            *_AUTH,
-            *_BODY,
-            409,
+            *_API,
+            404,
+            415,
             body="SubmitBatchRequest",
         )
     },
-    "/v1/tasks/{ref}": {
-        "get": _op("getTask", "Look a task up", "TaskInfo", 400, *_AUTH, 404, parameters=[REF])
-    },
+    "/v1/tasks/{ref}": {"get": _op("getTask", "Look a task up", "TaskInfo", *_API, 404, parameters=[REF])},
     "/v1/tasks/{ref}:cancel": {
         "post": _op(
             "cancelTask",
-            "Cancel a task (any body is ignored)",
+            "Cancel a task (it takes no body)",
             "CancelResponse",
-            400,
-            *_AUTH,
+            *_API,
             404,
             parameters=[REF],
         )
@@ -478,10 +489,8 @@ PATHS: Final[dict[str, Schema]] = {
             "waitTask",
             "Wait until the task finished and return its result",
             "TaskResult",
-            400,
-            *_AUTH,
+            *_API,
             404,
-            504,
             parameters=[
                 REF,
                 _param("timeout_s", "query", SECONDS, "longest wait, capped by limits.max_wait_s"),
@@ -494,8 +503,7 @@ PATHS: Final[dict[str, Schema]] = {
                 "watch",
                 "Server-Sent Events stream of status changes",
                 "StatusEvent",
-                400,
-                *_AUTH,
+                *_API,
                 404,
                 parameters=[
                     _param("pool", "query", _list(STRING), "pools; repeat or comma-separate"),
@@ -512,28 +520,25 @@ PATHS: Final[dict[str, Schema]] = {
                     ),
                     "content": {"text/event-stream": {"schema": _ref("StatusEvent")}},
                 },
-                **_error_responses(400, *_AUTH, 404),
+                **_error_responses(*_API, 404),
             },
         }
     },
-    "/v1/snapshot": {"get": _op("snapshot", "Scheduler snapshot (metrics role)", "Snapshot", *_AUTH)},
-    "/v1/workers": {"get": _op("listWorkers", "Connected workers (metrics role)", "WorkerList", *_AUTH)},
+    "/v1/snapshot": {"get": _op("snapshot", "Scheduler snapshot (metrics role)", "Snapshot", *_API)},
+    "/v1/workers": {"get": _op("listWorkers", "Connected workers (metrics role)", "WorkerList", *_API)},
     "/v1/recurring": {
         "get": _op(
             "listRecurring",
             "Recurring schedules (metrics role); with shards, every shard's",
             "RecurringList",
-            *_AUTH,
+            *_API,
         ),
         "post": _op(
             "addRecurring",
             "Add (or replace, by name) a recurring schedule (admin role); answered once it is durable",
             "RecurringAdded",
-            *_AUTH,
-            400,
+            *_API,
             404,
-            409,
-            413,
             415,
             body="RecurringRequest",
         ),
@@ -543,8 +548,7 @@ PATHS: Final[dict[str, Schema]] = {
             "removeRecurring",
             "Remove a recurring schedule (admin role); occurrences already created stay",
             "RecurringRemoved",
-            400,
-            *_AUTH,
+            *_API,
             parameters=[_param("name", "path", STRING, "schedule name (URL-encoded)")],
         )
     },
@@ -553,7 +557,10 @@ PATHS: Final[dict[str, Schema]] = {
             "operationId": "openapi",
             "summary": "This document",
             "security": [],
-            "responses": {"200": {"description": "OpenAPI 3.0", "content": {"application/json": {}}}},
+            "responses": {
+                "200": {"description": "OpenAPI 3.0", "content": {"application/json": {}}},
+                **_error_responses(*_ANY),
+            },
         }
     },
     "/metrics": {
@@ -562,13 +569,13 @@ PATHS: Final[dict[str, Schema]] = {
             "summary": "Prometheus text format 0.0.4 (metrics role)",
             "responses": {
                 "200": {"description": "metrics", "content": {"text/plain": {"schema": STRING}}},
-                **_error_responses(401, 403, 503, 404),  # not subject to [limits]
+                **_error_responses(*_ANY, 401, 403, 503, 404),  # not subject to [limits]
             },
         }
     },
-    "/healthz": {"get": _op("healthz", "Liveness: 200 while the process runs", "Health", public=True)},
+    "/healthz": {"get": _op("healthz", "Liveness: 200 while the process runs", "Health", *_ANY, public=True)},
     "/readyz": {
-        "get": _op("readyz", "Readiness: 200 only while serving as leader", "Health", 503, public=True)
+        "get": _op("readyz", "Readiness: 200 only while serving as leader", "Health", *_ANY, 503, public=True)
     },
 }
 
@@ -580,10 +587,11 @@ OPENAPI: Final[dict[str, Any]] = {
         "description": (
             "The same requests as the cronoq.v1 gRPC API. Task ids are strings, enums are lower-case names, "
             "durations are seconds, instants RFC 3339 or Unix seconds. Errors are "
-            '{"error": "...", "code": "..."}.'
+            '{"error": "...", "code": "..."}. HEAD is answered wherever GET is.'
         ),
     },
-    "servers": [{"url": "http://127.0.0.1:7071"}],
+    # Relative: the server this document was fetched from, whatever its address.
+    "servers": [{"url": "/"}],
     "security": [{"bearer": []}],
     "paths": PATHS,
     "components": {
