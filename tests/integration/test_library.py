@@ -100,15 +100,26 @@ async def test_heartbeats_keep_a_long_attempt_alive() -> None:
             ctx.heartbeat()
         return threading.current_thread() is not threading.main_thread()
 
+    # More attempts in threads at once than a loop's default thread pool runs (at most 32): the TTL
+    # counts from dispatch, so each must start then rather than wait for a thread.
+    n = 40
     pools = [
         Pool("default", beating, autoscale=False, lease_ttl=0.3, retry=RetryPolicy.none()),
-        Pool("threads", beating_in_a_thread, autoscale=False, lease_ttl=0.3, retry=RetryPolicy.none()),
+        Pool(
+            "threads",
+            beating_in_a_thread,
+            min=n,
+            max=n,
+            autoscale=False,
+            lease_ttl=0.3,
+            retry=RetryPolicy.none(),
+        ),
     ]
     async with Scheduler(pools) as scheduler:
         on_loop = await scheduler.submit(None)
-        in_thread = await scheduler.submit(None, pool="threads")
+        in_threads = [await scheduler.submit(None, pool="threads") for _ in range(n)]
         assert await within(on_loop) == "alive"
-        assert await within(in_thread) is True
+        assert [await within(handle) for handle in in_threads] == [True] * n
         assert (await scheduler.snapshot()).totals["lease_expiries"] == 0
 
 

@@ -277,14 +277,15 @@ _DEP_ON = {on.value: on for on in DepOn} | {f"on_{on.value}": on for on in DepOn
 
 class Dep:
     """A dependency edge: the task waits until ``target`` (an id or a key) ends as ``on`` says —
-    ``success`` (succeeded), ``failure`` (failed or dead-lettered) or ``complete`` (any ending). If the
-    target ends so that the edge can never be met, the dependent is skipped."""
+    ``success`` (succeeded), ``failure`` (failed or dead-lettered) or ``complete`` (any ending), in any
+    case and optionally prefixed ``on_``, as every other enumerated option. If the target ends so that
+    the edge can never be met, the dependent is skipped."""
 
     __slots__ = ("on", "target")
 
     def __init__(self, target: int | str, on: str = "success") -> None:
         self.target = task_ref("target", target)
-        found = _DEP_ON.get(on) if isinstance(on, str) else None
+        found = _DEP_ON.get(on.lower()) if isinstance(on, str) else None
         if found is None:
             raise ValueError(f"on must be one of success, failure, complete (got {on!r})")
         self.on = found.value

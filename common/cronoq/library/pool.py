@@ -23,7 +23,8 @@ class Pool:
     """A pool of in-process capacity running ``executor(ctx, payload)`` for each attempt.
 
     ``executor`` may be a coroutine function (run on the scheduler's loop, cancelled when the attempt is
-    aborted) or a plain function (run in the loop's default thread pool; it cannot be interrupted). The
+    aborted) or a plain function (run in a thread of the pool's own, started whenever all are busy, so an
+    attempt starts when it is dispatched; it cannot be interrupted). The
     capacity starts at ``initial`` (default ``min``); with autoscaling on (``autoscale=None``, the
     default, or an :class:`AutoscaleConfig`) it then follows queue pressure within [min, max] from there
     (so it is at least ``min`` once started), and with ``autoscale=False`` it changes only through
@@ -87,7 +88,9 @@ class Pool:
             max=high,
             min=low,
             lease_ttl=None if lease_ttl is None else validate.positive("lease_ttl", lease_ttl),
-            max_pending=None if max_pending is None else validate.count("max_pending", max_pending, 0),
+            # At least 1: the engine admits a task only while the pool has room for it to wait, so with
+            # 0 every submission would wait or be refused forever, even with idle capacity.
+            max_pending=None if max_pending is None else validate.count("max_pending", max_pending, 1),
             overflow=validate.choice("overflow", overflow, Overflow),
             retry=EngineRetry() if retry is None else parse_retry(retry),
             default_duration=validate.positive("default_duration", default_duration),

@@ -19,12 +19,16 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import functools
 import inspect
 import math
 import random
+import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
+from concurrent.futures import Future as ThreadFuture
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, NoReturn, Unpack
 
 from cronoq.engine import (
@@ -96,6 +100,27 @@ def _submit_error(err: EngineSubmitError) -> SubmitError:
     return SubmitError(err.code, err.message, err.index)
 
 
+def _describe(exc: BaseException, *, named: bool = True) -> str:
+    """How a failed attempt is reported: ``"ValueError: boom"`` (just ``str(exc)`` if not ``named``).
+    An exception whose ``__str__`` raises is reported by its type's name alone, since the attempt must
+    be reported whatever the executor raised."""
+    try:
+        text = str(exc)
+    except Exception:
+        return type(exc).__name__
+    return f"{type(exc).__name__}: {text}" if named else text
+
+
+def _call_sync(executor: Callable[..., Any], ctx: TaskContext, payload: Any) -> Any:
+    """Call a plain-function executor in a thread. A StopIteration it raises could not cross into the
+    asyncio future awaiting the call (asyncio refuses it and the attempt would never be reported), so it
+    comes back as the retryable failure any other exception is."""
+    try:
+        return executor(ctx, payload)
+    except StopIteration as exc:
+        raise Retryable(_describe(exc)) from exc
+
+
 class Scheduler:
     """Runs tasks in this process on the event loop that calls :meth:`start`.
 
@@ -161,6 +186,7 @@ class Scheduler:
         self._timer_at: float | None = None
         self._idle: asyncio.Future[None] | None = None  # shutdown waits on it for running attempts
         self._stopped: asyncio.Future[None] | None = None
+        self._threads: dict[str, ThreadPoolExecutor] = {}  # pool -> its threads, for plain functions
         # Enqueued specs not yet handed to the engine, the id the first one will get, and when it came.
         self._batchable = self._pools[self._default_pool].config.max_pending is None
         self._batch: list[TaskSpec] = []
@@ -191,6 +217,16 @@ class Scheduler:
             raise RuntimeError("scheduler already started")
         self._loop = asyncio.get_running_loop()
         self._thread = threading.get_ident()
+        # A plain-function executor gets threads of its pool's own, started whenever all are busy: the
+        # engine counts an attempt as running (its timeout and lease TTL too) from dispatch, so the call
+        # must start then, never queue behind other pools' calls or a shared pool's size. There is no
+        # cap: each label group may run up to ``max`` attempts, and an aborted call keeps its thread
+        # until it returns while the engine already runs the retry.
+        self._threads = {
+            pool.name: ThreadPoolExecutor(sys.maxsize, thread_name_prefix=f"cronoq-{pool.name}")
+            for pool in self._pools.values()
+            if not pool.is_async
+        }
         now = _time()
         for pool in self._pools.values():
             self._add_capacity(pool, {}, pool.initial, now)
@@ -201,7 +237,11 @@ class Scheduler:
     async def shutdown(self, grace: float = 5.0) -> None:
         """Stop accepting work, let running attempts finish for up to ``grace`` seconds (``inf``: as
         long as they take), then cancel the rest. Handles of tasks that did not finish raise TaskFailed
-        with status "shutdown"; event streams end after the events they buffered."""
+        with status "shutdown"; event streams end after the events they buffered.
+
+        Cancelling the call (an outer timeout, a failing TaskGroup sibling, a second Ctrl-C) cuts the
+        grace period short: the scheduler still stops completely, at once, before the CancelledError
+        propagates, so nothing is left waiting on a scheduler that is half stopped."""
         grace = _grace("grace", grace)
         if self._state == _NEW:
             self._state = _STOPPED
@@ -212,26 +252,38 @@ class Scheduler:
             await asyncio.shield(self._stopped)
             return
         loop = self._loop
-        self._stopped = loop.create_future()
+        stopped = self._stopped = loop.create_future()
         self._state = _STOPPING
-        now = _time()
-        for capacity in self._capacity.values():  # no new attempts; running ones go on
-            self._sync().set_worker_slots(capacity.worker_id, 0, now)
-        for space in self._space.values():  # parked submitters wake up to a refusal
-            if not space.done():
-                space.set_result(None)
-        self._space.clear()
-        self._flush()
-        if self._running:
-            idle = self._idle = loop.create_future()
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(asyncio.shield(idle), None if math.isinf(grace) else grace)
-            self._idle = None
+        try:
+            try:
+                now = _time()
+                for capacity in self._capacity.values():  # no new attempts; running ones go on
+                    self._sync().set_worker_slots(capacity.worker_id, 0, now)
+                for space in self._space.values():  # parked submitters wake up to a refusal
+                    if not space.done():
+                        space.set_result(None)
+                self._space.clear()
+                self._flush()
+                if self._running:
+                    idle = self._idle = loop.create_future()
+                    await asyncio.wait([idle], timeout=None if math.isinf(grace) else grace)
+            finally:
+                jobs = self._stop()
+            if jobs:
+                await asyncio.wait(jobs, timeout=ABORT_WAIT_S)
+        finally:
+            stopped.set_result(None)
+
+    def _stop(self) -> list[asyncio.Task[None]]:
+        """The end of shutdown: abort what still runs and settle everything that waits on the scheduler
+        (handles, streams, threads). Synchronous, so it completes even when shutdown() is cancelled.
+        Returns the aborted attempts' asyncio tasks, which shutdown gives a moment to unwind."""
+        self._idle = None
         self._flush()  # outcomes reported during the grace period
-        jobs = [ctx._job for ctx in self._running.values() if ctx._job is not None]
-        for ctx in self._running.values():
-            ctx._abort()
+        aborted = list(self._running.values())
         self._running.clear()
+        for ctx in aborted:
+            ctx._abort()
         self._state = _STOPPED
         if self._timer is not None:
             self._timer.cancel()
@@ -244,9 +296,9 @@ class Scheduler:
         for stream in self._streams:
             stream.end()
         self._streams.clear()
-        if jobs:
-            await asyncio.wait(jobs, timeout=ABORT_WAIT_S)
-        self._stopped.set_result(None)
+        for threads in self._threads.values():  # a call still running keeps its thread until it returns
+            threads.shutdown(wait=False, cancel_futures=True)
+        return [ctx._job for ctx in aborted if ctx._job is not None]
 
     async def __aenter__(self) -> Scheduler:
         await self.start()
@@ -431,8 +483,7 @@ class Scheduler:
         EventsLagged from the next read (``"raise"``)."""
         if on_lag not in ("skip", "raise"):
             raise ValueError("on_lag must be 'skip' or 'raise'")
-        if self._state != _RUNNING:
-            raise RuntimeError(NOT_STARTED)
+        self._check()
         stream = EventStream(self, self._event_capacity, on_lag == "raise")
         self._streams.append(stream)
         return stream
@@ -474,7 +525,7 @@ class Scheduler:
 
     def _add_capacity(self, pool: Pool, labels: dict[str, str], slots: int, now: float) -> None:
         worker_id = len(self._capacity) + 1
-        capacity = Capacity(worker_id, pool.name, labels, pool.executor, pool.is_async)
+        capacity = Capacity(worker_id, pool.name, labels, pool.executor, self._threads.get(pool.name))
         self._capacity[worker_id] = capacity
         self._groups[(pool.name, frozenset(labels.items()))] = capacity
         self._sync().add_worker(worker_id, pool.name, slots, labels, now)
@@ -589,9 +640,7 @@ class Scheduler:
                 capacity = self._capacity[action.worker_id]
                 ctx = TaskContext(self, task, action.lease, action.attempt, capacity)
                 running[action.lease] = ctx
-                ctx._job = create_task(
-                    self._run(ctx, capacity.executor, task.spec.payload, capacity.is_async)
-                )
+                ctx._job = create_task(self._run(ctx, capacity.executor, task.spec.payload, capacity.threads))
             elif type(action) is Abort:
                 aborted = running.pop(action.lease, None)
                 if aborted is not None:
@@ -648,17 +697,20 @@ class Scheduler:
     # ---------------------------------------------------------------------------------- attempts
 
     async def _run(
-        self, ctx: TaskContext, executor: Callable[..., Any], payload: Any, is_async: bool
+        self,
+        ctx: TaskContext,
+        executor: Callable[..., Any],
+        payload: Any,
+        threads: ThreadPoolExecutor | None,
     ) -> None:
-        """Run one attempt and report how it ended. Nothing an executor does escapes into the loop:
-        every exception becomes a failed attempt."""
+        """Run one attempt (a coroutine executor on the loop, a plain function in one of ``threads``)
+        and report how it ended. Nothing an executor does escapes into the loop: every exception
+        becomes a failed attempt."""
         try:
-            if is_async:
+            if threads is None:
                 value = await executor(ctx, payload)
             else:
-                value = await self._loop.run_in_executor(None, executor, ctx, payload)
-                if inspect.isawaitable(value):
-                    value = await value
+                value = await self._in_thread(ctx, executor, payload, threads)
         except asyncio.CancelledError:
             job = asyncio.current_task()
             if ctx._aborted or (job is not None and job.cancelling()):
@@ -666,17 +718,19 @@ class Scheduler:
             self._failed(ctx, CANCELLED_BY_EXECUTOR, False, None)
             return
         except Permanent as exc:
-            self._failed(ctx, str(exc), True, None)
+            self._failed(ctx, _describe(exc, named=False), True, None)
             return
         except Retryable as exc:
-            self._failed(ctx, str(exc), False, _retry_after(exc.retry_after))
+            self._failed(ctx, _describe(exc, named=False), False, _retry_after(exc.retry_after))
             return
         except Exception as exc:
-            self._failed(ctx, f"{type(exc).__name__}: {exc}", False, None)
+            self._failed(ctx, _describe(exc), False, None)
             return
         except BaseException as exc:  # SystemExit, KeyboardInterrupt: report, then let them stop the loop
-            self._failed(ctx, f"{type(exc).__name__}: {exc}", False, None)
+            self._failed(ctx, _describe(exc), False, None)
             raise
+        finally:
+            ctx._end()
         if self._state == _STOPPED:
             return
         lease = ctx.lease
@@ -690,6 +744,34 @@ class Scheduler:
         if not self._flush_pending:
             self._flush_pending = True
             self._loop.call_soon(self._flush)
+
+    async def _in_thread(
+        self, ctx: TaskContext, executor: Callable[..., Any], payload: Any, threads: ThreadPoolExecutor
+    ) -> Any:
+        """Call a plain-function executor in one of its pool's threads (awaiting what it returns, if
+        awaitable). When the attempt is aborted the call goes on in its thread; what it returns then
+        is still reported, as a late report from a remote worker reaches the server, so the engine
+        fences it by its lease and counts it in ``totals.stale_completions``."""
+        call = threads.submit(_call_sync, executor, ctx, payload)
+        try:
+            value = await asyncio.wrap_future(call, loop=self._loop)
+        except asyncio.CancelledError:
+            if ctx._aborted:
+                call.add_done_callback(functools.partial(self._late, ctx))
+            raise
+        if inspect.isawaitable(value):
+            value = await value
+        return value
+
+    def _late(self, ctx: TaskContext, call: ThreadFuture[Any]) -> None:
+        """An aborted attempt's thread returned (this runs in that thread): report it on the loop."""
+        if not call.cancelled() and self._state != _STOPPED:  # cancelled: it never ran
+            with contextlib.suppress(RuntimeError):  # the loop closed: no scheduler is left to count it
+                self._loop.call_soon_threadsafe(self._report_late, ctx)
+
+    def _report_late(self, ctx: TaskContext) -> None:
+        if self._state != _STOPPED:
+            self._sync().complete(ctx._capacity.worker_id, ctx.lease, _time())  # stale: counted
 
     def _failed(self, ctx: TaskContext, message: str, permanent: bool, retry_after: float | None) -> None:
         if self._state == _STOPPED:
@@ -715,7 +797,7 @@ class Scheduler:
             self._loop.call_soon_threadsafe(self._beat, ctx)
 
     def _beat(self, ctx: TaskContext) -> None:
-        if self._state in (_RUNNING, _STOPPING) and not ctx._aborted:
+        if self._state in (_RUNNING, _STOPPING) and not ctx._ended:  # a lease the attempt still holds
             self._sync().heartbeat(ctx._capacity.worker_id, ctx.lease, _time())
 
     def __repr__(self) -> str:

@@ -37,7 +37,10 @@ def _number(value: object) -> float | None:
     """``value`` as a finite float, or None if it is not a finite int or float (bools are not numbers)."""
     if isinstance(value, bool) or not isinstance(value, int | float):
         return None
-    number = float(value)
+    try:
+        number = float(value)
+    except OverflowError:  # an int beyond float's range is no finite number either
+        return None
     return number if math.isfinite(number) else None
 
 

@@ -82,7 +82,7 @@ def test_priority_refusals() -> None:
 
 
 @pytest.mark.parametrize("field", ["deadline_in", "start_in", "tolerance", "duration_hint", "timeout"])
-@pytest.mark.parametrize("value", [-1, math.nan, math.inf, "3"])
+@pytest.mark.parametrize("value", [-1, math.nan, math.inf, "3", pytest.param(10**400, id="beyond-float")])
 def test_durations_must_be_finite_and_non_negative(field: str, value: object) -> None:
     with pytest.raises(ValueError, match=f"{field} must be a finite, non-negative number of seconds"):
         parse({field: value})
@@ -121,6 +121,8 @@ def test_dependencies_from_after_and_deps() -> None:
         (3, DepOn.COMPLETE),
     ]
     assert parse({"after": "a"}).deps[0].target == "a"
+    # Any case, as every other enumerated option (on_miss, overflow, ...).
+    assert (Dep("a", on="SUCCESS").on, Dep("a", on="On_Failure").on) == ("success", "failure")
     with pytest.raises(ValueError, match="on must be one of success, failure, complete"):
         Dep("a", on="done")
     with pytest.raises(TypeError, match="task id"):
@@ -261,7 +263,8 @@ def test_pool_detects_async_callables() -> None:
         ({"tenant_weights": {"a": 0}}, ValueError, r"tenant_weights\['a'\] must be a finite number > 0"),
         ({"autoscale": "yes"}, TypeError, "autoscale must be an AutoscaleConfig"),
         ({"retry": {"max_attempts": 1}}, TypeError, "retry must be a RetryPolicy"),
-        ({"max_pending": -1}, ValueError, "max_pending must be >= 0"),
+        # 0 would leave no room to wait in: every submission would wait forever or be refused.
+        ({"max_pending": 0}, ValueError, r"max_pending must be >= 1 \(got 0\)"),
     ],
 )
 def test_pool_refusals(kwargs: dict[str, Any], error: type[Exception], message: str) -> None:

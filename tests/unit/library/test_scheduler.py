@@ -17,6 +17,7 @@ import pytest
 from cronoq import (
     Dep,
     EventsLagged,
+    EventStream,
     Permanent,
     Pool,
     Priority,
@@ -25,13 +26,14 @@ from cronoq import (
     RetryPolicy,
     Scheduler,
     SchedulerError,
+    StatusEvent,
     SubmitError,
     Task,
     TaskContext,
     TaskFailed,
 )
 
-from .helpers import QUICK_RETRY, echo, within
+from .helpers import QUICK_RETRY, WAIT_S, echo, within
 
 Executor = Callable[[TaskContext, object], Awaitable[object]]
 
@@ -238,6 +240,68 @@ async def test_sync_executors_run_in_threads_and_may_return_awaitables() -> None
             await within(await scheduler.submit("raise"))
 
 
+async def test_every_dispatched_thread_attempt_starts_at_once() -> None:
+    # More calls at once than a loop's default thread pool runs (at most 32): the engine counts each
+    # attempt as running from dispatch (its timeout and lease TTL too), so none may wait for a thread.
+    n = 40
+    barrier = threading.Barrier(n)
+
+    def meet(ctx: TaskContext, payload: object) -> str:
+        barrier.wait(WAIT_S)  # passes only once all n attempts run at the same time
+        return threading.current_thread().name
+
+    pool = Pool("meet", meet, min=n, max=n, autoscale=False, retry=RetryPolicy.none())
+    async with Scheduler([pool]) as scheduler:
+        handles = [await scheduler.submit(None) for _ in range(n)]
+        names = [await within(handle) for handle in handles]
+    assert all(name.startswith("cronoq-meet") for name in names)  # the pool's own threads
+
+    def pool_threads_left() -> bool:
+        return any(thread.name.startswith("cronoq-meet") for thread in threading.enumerate())
+
+    await within(_until(pool_threads_left, False))  # they end with the scheduler
+
+
+class Unprintable(Exception):
+    def __str__(self) -> str:
+        raise RuntimeError("no text")
+
+
+class UnprintablePermanent(Permanent):
+    def __str__(self) -> str:
+        raise RuntimeError("no text")
+
+
+def stop_iteration(ctx: TaskContext, payload: object) -> object:
+    raise StopIteration("empty")  # asyncio cannot carry it out of the thread into a future
+
+
+async def unprintable(ctx: TaskContext, payload: object) -> object:
+    raise Unprintable
+
+
+async def unprintable_permanent(ctx: TaskContext, payload: object) -> object:
+    raise UnprintablePermanent("never read")
+
+
+@pytest.mark.parametrize(
+    ("executor", "status", "message"),
+    [
+        (stop_iteration, "dead_lettered", "StopIteration: empty"),
+        (unprintable, "dead_lettered", "Unprintable"),
+        (unprintable_permanent, "failed", "UnprintablePermanent"),
+    ],
+)
+async def test_exceptions_that_are_hard_to_report_still_end_the_attempt(
+    executor: Callable[[TaskContext, object], object], status: str, message: str
+) -> None:
+    pool = Pool("default", executor, autoscale=False, retry=RetryPolicy.none())
+    async with Scheduler([pool]) as scheduler:
+        with pytest.raises(TaskFailed) as failed:
+            await within(await scheduler.submit(None))
+    assert (failed.value.status, failed.value.message) == (status, message)
+
+
 # -------------------------------------------------------------------------------------- cancellation
 
 
@@ -262,7 +326,7 @@ async def test_handle_cancel_is_fire_and_forget_and_cancelled_returns() -> None:
 
     async def watch(ctx: TaskContext, payload: object) -> None:
         async def helper() -> None:
-            await ctx.cancelled()
+            assert await ctx.cancelled() is True
             noticed.set()
 
         helper_task = asyncio.create_task(helper())
@@ -282,6 +346,46 @@ async def test_handle_cancel_is_fire_and_forget_and_cancelled_returns() -> None:
         assert (await within(anext(stream))).status == "cancelled"
 
 
+async def test_cancelled_returns_false_once_the_attempt_ends_otherwise() -> None:
+    helpers: list[asyncio.Task[bool]] = []
+    contexts: list[TaskContext] = []
+
+    async def spawn(ctx: TaskContext, payload: object) -> object:
+        contexts.append(ctx)
+        helpers.append(asyncio.create_task(ctx.cancelled()))  # a helper that must end with the attempt
+        await asyncio.sleep(0)  # the helper is now waiting
+        return payload
+
+    async with Scheduler([fixed(spawn)]) as scheduler:
+        assert await within(await scheduler.submit("done")) == "done"
+        assert await within(helpers[0]) is False
+        assert await within(contexts[0].cancelled()) is False  # at once, now that the attempt is over
+        assert not contexts[0].is_cancelled()
+
+
+async def test_cancelled_can_be_awaited_on_an_executors_own_loop() -> None:
+    loop = asyncio.get_running_loop()
+    waiting = asyncio.Event()
+    seen: asyncio.Future[bool] = loop.create_future()
+
+    def watch_in_thread(ctx: TaskContext, payload: object) -> None:
+        async def watch() -> bool:
+            cancelled = asyncio.ensure_future(ctx.cancelled())
+            await asyncio.sleep(0)  # cancelled() is now waiting on this thread's loop
+            loop.call_soon_threadsafe(waiting.set)
+            # Bounded only so the thread ends: past the test's own deadline, so a missed wake-up fails.
+            return await asyncio.wait_for(cancelled, 2 * WAIT_S)
+
+        loop.call_soon_threadsafe(seen.set_result, asyncio.run(watch()))
+
+    pool = Pool("default", watch_in_thread, autoscale=False, retry=RetryPolicy.none())
+    async with Scheduler([pool]) as scheduler:
+        handle = await scheduler.submit(None)
+        await within(waiting.wait())
+        assert await scheduler.cancel(handle.id)
+        assert await within(seen) is True
+
+
 async def test_cancel_a_queued_task() -> None:
     gate = Gate()
     async with Scheduler([fixed(gate, capacity=1)]) as scheduler:
@@ -294,6 +398,32 @@ async def test_cancel_a_queued_task() -> None:
         with pytest.raises(TaskFailed, match="cancelled"):
             await within(queued)
     assert [ctx.id for ctx in gate.contexts] == [1]
+
+
+async def test_a_thread_that_outlives_its_cancelled_attempt_is_a_stale_completion() -> None:
+    loop = asyncio.get_running_loop()
+    started = asyncio.Event()
+    finish = threading.Event()
+
+    def blocking(ctx: TaskContext, payload: object) -> object:
+        loop.call_soon_threadsafe(started.set)
+        finish.wait(WAIT_S)
+        return "too late"
+
+    pool = Pool("default", blocking, autoscale=False, retry=RetryPolicy.none())
+    async with Scheduler([pool]) as scheduler:
+        handle = await scheduler.submit(None)
+        await within(started.wait())
+        assert await scheduler.cancel(handle.id)
+        with pytest.raises(TaskFailed, match="ended as cancelled"):
+            await within(handle)
+        assert await _stale_completions(scheduler) == 0
+        finish.set()  # its report now reaches the engine, which fences it by its lease and counts it
+        await within(_until(lambda: _stale_completions(scheduler), 1))
+
+
+async def _stale_completions(scheduler: Scheduler) -> int:
+    return (await scheduler.snapshot()).totals["stale_completions"]
 
 
 # -------------------------------------------------------------------------------- context and keys
@@ -354,6 +484,20 @@ async def test_a_duplicate_of_a_failed_task_fails_the_same_way() -> None:
         duplicate = await scheduler.submit(None, key="k")
         with pytest.raises(TaskFailed, match="ended as failed: no"):
             await duplicate
+
+
+async def test_a_heartbeat_after_the_attempt_ended_changes_nothing() -> None:
+    contexts: list[TaskContext] = []
+
+    async def keep(ctx: TaskContext, payload: object) -> object:
+        contexts.append(ctx)
+        return payload
+
+    async with Scheduler([fixed(keep)]) as scheduler:
+        await within(await scheduler.submit(None))
+        contexts[0].heartbeat()
+        await within(asyncio.to_thread(contexts[0].heartbeat))  # its hop to the loop comes first
+        assert await _stale_completions(scheduler) == 0  # a heartbeat is no completion, stale or not
 
 
 async def test_status_and_handle_lookups() -> None:
@@ -650,6 +794,36 @@ async def test_shutdown_waits_for_running_attempts_within_the_grace() -> None:
     assert await handle == "x" and not scheduler.started and gate.cancelled == []
 
 
+async def test_a_cancelled_shutdown_still_stops_everything() -> None:
+    # An outer timeout, a failing TaskGroup sibling or a second Ctrl-C in ``async with`` all cancel it.
+    gate = Gate()
+    scheduler = Scheduler([fixed(gate, capacity=1)])
+    await scheduler.start()
+    stream = scheduler.events()
+    running = await scheduler.submit("running")
+    queued = await scheduler.submit("queued")
+    await within(gate.started.wait())
+    first = asyncio.ensure_future(scheduler.shutdown(grace=60))
+    await asyncio.sleep(0)  # it now waits out its grace for "running"
+    second = asyncio.ensure_future(scheduler.shutdown())
+    first.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await first
+    assert not scheduler.started
+    await within(second)  # a caller that was waiting for the first one is released
+    await within(scheduler.shutdown())  # and a later one has nothing left to wait for
+    for handle in (running, queued):
+        with pytest.raises(TaskFailed, match="ended as shutdown: scheduler shut down"):
+            await within(handle)
+    assert await within(_collect(stream)) == []
+    await within(_until(lambda: bool(gate.cancelled)))
+    assert gate.cancelled == [(running.id, True)]
+
+
+async def _collect(stream: EventStream) -> list[StatusEvent]:
+    return [event async for event in stream]
+
+
 async def test_shutdown_aborts_what_outlives_the_grace() -> None:
     gate = Gate()
     async with Scheduler([fixed(gate, capacity=1)], shutdown_grace=0) as scheduler:
@@ -670,6 +844,12 @@ def test_a_scheduler_whose_loop_closed_raises_scheduler_error() -> None:
     asyncio.run(scheduler.start())
     with pytest.raises(SchedulerError, match="event loop this scheduler was started on is closed"):
         asyncio.run(scheduler.status(1))
+
+    async def open_stream() -> EventStream:
+        return scheduler.events()  # a stream on a dead loop would never yield nor end
+
+    with pytest.raises(SchedulerError, match="event loop this scheduler was started on is closed"):
+        asyncio.run(open_stream())
 
 
 async def _until(check: Callable[[], object], expected: object = True) -> None:
