@@ -11,6 +11,7 @@ from cronoq.api.grpc_api import Ctx, authorize, call
 from cronoq.auth import Principal, Role
 from cronoq.errors import ApiError
 from cronoq.logs import get_logger
+from cronoq.transport import grpc_status
 from cronoq.v1 import cronoq_pb2_grpc as pbg
 
 from .service import Service
@@ -44,7 +45,13 @@ class WorkersServicer(pbg.WorkersServicer):  # type: ignore[misc]
                 log.info(
                     "worker_stream_refused", worker_id=stream.worker_id, code=err.code, error=err.message
                 )
-                raise
+                # The status goes out when gRPC can send it, after the handler returned: a worker that
+                # stopped reading may never take it, and awaiting it (abort) would keep this call, and
+                # its place under limits.max_concurrent_streams, until the connection closes.
+                context.set_code(grpc_status(err))
+                context.set_details(err.message)
+                if err.metadata:
+                    context.set_trailing_metadata(err.metadata)
             finally:
                 self.streams.discard(stream)
 

@@ -409,6 +409,15 @@ class Runtime:
         for space in self._space.values():
             space.set()
 
+    def stop_dispatching(self) -> None:
+        """Shutdown: start no new attempt (every worker drained to 0 slots). Running attempts go on
+        and their outcomes are taken during the grace; a slot they free must not start another attempt
+        that the end of the grace would then cut off (losing one of the task's attempts)."""
+        now = self.clock()
+        for worker_id in list(self.sessions):
+            self.engine.set_worker_slots(worker_id, 0, now)
+        self.flush()
+
     async def wait_for_space(self, pool: str, timeout: float) -> None:
         """Park a submission to a full ``overflow = wait`` pool until some pending task leaves."""
         event = self._space.setdefault(pool, asyncio.Event())

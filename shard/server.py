@@ -516,6 +516,7 @@ class ShardServer:
             await self.health.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
         if runtime is not None:
             runtime.stop_accepting()
+            runtime.stop_dispatching()
             grace = self.config.server.shutdown_grace_s
             log.info("shutting_down", reason=reason, running=runtime.busy(), grace_s=grace)
             await runtime.wait_idle(grace)

@@ -84,6 +84,10 @@ class WorkerStream:
         self.queue_limit = 64
         self.failure: ApiError | None = None
         self._writer: asyncio.Task[None] | None = None
+        # The task serving this stream while it waits for the worker's next message: a failure raised
+        # elsewhere (a slow reader) interrupts that wait, so the call ends and frees its stream slot
+        # rather than waiting for a message the stuck worker may never send.
+        self._reading: asyncio.Task[Any] | None = None
 
     # ------------------------------------------------------------------------------ runtime sink
 
@@ -94,6 +98,8 @@ class WorkerStream:
             self.failure = Overflowed("worker did not read its stream (outbound buffer full); disconnected")
             log.warning("worker_disconnected_slow_reader", worker_id=self.worker_id)
             asyncio.get_running_loop().call_soon(self.runtime.detach, self.worker_id)
+            if self._reading is not None:
+                self._reading.cancel()
             return
         self.queue.put_nowait(msg)
 
@@ -228,7 +234,16 @@ class WorkerStream:
         runtime.attach(worker_id, self, pool, granted, labels)
         try:
             while self.failure is None:
-                msg = await context.read()
+                self._reading = asyncio.current_task()
+                try:
+                    msg = await context.read()
+                except asyncio.CancelledError:
+                    if self.failure is None or self._reading is None:
+                        raise  # the call itself was cancelled
+                    self._reading.uncancel()  # interrupted by the failure: end the call with it
+                    break
+                finally:
+                    self._reading = None
                 if msg is grpc.aio.EOF:
                     break
                 self._handle(msg)
@@ -254,6 +269,8 @@ class WorkerStream:
                 await asyncio.wait_for(self.queue.join(), timeout)
 
     def _handle(self, msg: pb.WorkerMessage) -> None:
+        if self.failure is not None:  # the stream is ending; the engine may have dropped the worker
+            return
         runtime = self.runtime
         engine = runtime.engine
         now = runtime.clock()

@@ -52,24 +52,29 @@ def split_list(shards: ShardMap, req: pb.ListTasksRequest) -> list[tuple[Shard, 
 
 
 def merge_pages(answers: Answers, limit: int) -> pb.ListTasksResponse:
-    """The first ``limit`` tasks of all pages in id order. Each shard returned its lowest ids after the
-    cursor, so no task left out has an id below the last one kept: that id is the next cursor whenever
-    anything was left out here or by a shard."""
+    """The first ``limit`` tasks of all pages in id order, with a cursor that skips none.
+
+    Each shard returned its lowest ids after the cursor, but a shard that has more may have returned
+    fewer than ``limit`` (its own ``limits.max_list`` may be smaller): past the last id it returned,
+    its next tasks are unknown, so the page stops there, at the lowest such id of all shards. The last
+    id kept is the next cursor whenever anything was left out here or by a shard."""
     merged: list[pb.TaskInfo] = []
-    more = False
     unavailable: list[str] = []
+    boundary: int | None = None  # the lowest id after which some shard has tasks it did not return
     for shard, answer in answers:
         if unanswered(answer):
             unavailable.append(shard.name)
             continue
         merged.extend(answer.tasks)
-        more = more or answer.next_after != 0
+        if answer.next_after:
+            boundary = answer.next_after if boundary is None else min(boundary, answer.next_after)
     merged.sort(key=lambda info: info.id)
-    more = more or len(merged) > limit
+    if boundary is not None:
+        merged = [info for info in merged if info.id <= boundary]
     page = merged[:limit]
-    return pb.ListTasksResponse(
-        tasks=page, next_after=page[-1].id if more and page else 0, unavailable_shards=unavailable
-    )
+    more = boundary is not None or len(merged) > limit
+    next_after = (page[-1].id if page else boundary or 0) if more else 0
+    return pb.ListTasksResponse(tasks=page, next_after=next_after, unavailable_shards=unavailable)
 
 
 def merge_snapshots(answers: Answers) -> pb.SnapshotResponse:

@@ -71,6 +71,10 @@ PEER_CHANNEL_OPTIONS = (
 # Retried after UNAVAILABLE (the leader moved, or is between leaders) when a retry cannot run a call
 # twice: the call changes nothing, names its tasks by key, or provably never reached a leader.
 RETRY_DELAYS_S = (0.1, 0.25, 0.5, 1.0)
+# A fan-out part (one shard's answer to a listing, a key lookup) must give up well before the caller's
+# own deadline (both default to limits.request_timeout_s): a shard that hangs is then named in
+# unavailable_shards instead of the whole call running out of time with it.
+FANOUT_SHARE = 0.75
 RETRIES = 3  # how many of them a router or a sharded server uses
 _READ_ONLY = frozenset({"Get", "Wait", "ListTasks", "Snapshot", "ListWorkers", "ListRecurring", "Cancel"})
 # How gRPC itself (not a server) fails a call it never sent: the channel could not connect.
@@ -172,13 +176,23 @@ class Peers:
         return ((FORWARDED_KEY, "1"),)
 
     async def call(
-        self, shard: Shard, service: str, method: str, request: Any, caller: Principal, *, wait: float = 0.0
+        self,
+        shard: Shard,
+        service: str,
+        method: str,
+        request: Any,
+        caller: Principal,
+        *,
+        wait: float = 0.0,
+        budget: float | None = None,
     ) -> tuple[Any, str | None]:
         """Forward one unary call (``service`` "tasks" or "admin"); ``wait`` extends the deadline of
-        calls that wait for a task. Returns the answer and the content type of the output it carries,
+        calls that wait for a task; ``budget`` bounds the whole call, retries included (default: each
+        attempt gets ``timeout``). Returns the answer and the content type of the output it carries,
         if the owner said (the wire result has no field for it; HTTP needs it)."""
+        deadline = None if budget is None else asyncio.get_running_loop().time() + budget
         try:
-            answer = await self._call(shard, service, method, request, caller, wait)
+            answer = await self._call(shard, service, method, request, caller, wait, deadline)
         except ApiError as err:
             self.calls[(shard.name, method, err.code)] += 1
             raise
@@ -186,15 +200,28 @@ class Peers:
         return answer
 
     async def _call(
-        self, shard: Shard, service: str, method: str, request: Any, caller: Principal, wait: float
+        self,
+        shard: Shard,
+        service: str,
+        method: str,
+        request: Any,
+        caller: Principal,
+        wait: float,
+        deadline: float | None,
     ) -> tuple[Any, str | None]:
         attempt = 0
+        loop = asyncio.get_running_loop()
         while True:
             url = self.url(shard)
             self.check(shard, caller, url)
             _, tasks, admin = self._stub(url)
+            timeout = self.timeout + wait
+            if deadline is not None:
+                timeout = min(timeout, deadline - loop.time())
+                if timeout <= 0:
+                    raise DeadlineExceeded(f"shard '{shard.name}' did not answer in time")
             call = getattr(tasks if service == "tasks" else admin, method)(
-                request, metadata=self._metadata(caller), timeout=self.timeout + wait
+                request, metadata=self._metadata(caller), timeout=timeout
             )
             try:
                 response = await call
@@ -221,17 +248,37 @@ class Peers:
         return True
 
     async def fan_out(
-        self, shards: Sequence[Shard], service: str, method: str, requests: Sequence[Any], caller: Principal
-    ) -> list[Any | ApiError]:
-        """The same call on several shards at once: each answer, or the error it failed with."""
+        self,
+        shards: Sequence[Shard],
+        service: str,
+        method: str,
+        requests: Sequence[Any],
+        caller: Principal,
+        *,
+        enough: Callable[[Any], bool] | None = None,
+    ) -> list[Any | ApiError | None]:
+        """The same call on several shards at once: each answer, or the error it failed with. With
+        ``enough``, the first answer it accepts ends the fan-out: the calls still out are cancelled and
+        give None (a key lookup need not wait for a slow shard once another holds the key)."""
+        budget = FANOUT_SHARE * self.timeout
 
         async def one(shard: Shard, request: Any) -> Any:
             try:
-                return (await self.call(shard, service, method, request, caller))[0]
+                return (await self.call(shard, service, method, request, caller, budget=budget))[0]
             except ApiError as err:
                 return err
 
-        return list(await asyncio.gather(*(one(s, r) for s, r in zip(shards, requests, strict=True))))
+        calls = [asyncio.ensure_future(one(s, r)) for s, r in zip(shards, requests, strict=True)]
+        try:
+            pending = set(calls)
+            while pending:
+                done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+                if enough is not None and any(enough(call.result()) for call in done):
+                    break
+        finally:
+            for call in calls:
+                call.cancel()
+        return [call.result() if call.done() and not call.cancelled() else None for call in calls]
 
     def stream(self, shard: Shard, method: str, request: Any, caller: Principal) -> PeerStream:
         """A server-streaming Tasks call (Watch) to ``shard``, started by :meth:`PeerStream.open`."""

@@ -274,13 +274,18 @@ class Routing:
             return None
         others = [s for s in self.shards if not self.shards.is_local(s)]
         answers = await self.peers.fan_out(
-            others, "tasks", "Get", [pb.GetRequest(task=ref)] * len(others), caller
+            others,
+            "tasks",
+            "Get",
+            [pb.GetRequest(task=ref)] * len(others),
+            caller,
+            enough=lambda answer: isinstance(answer, pb.TaskInfo),
         )
         down: list[tuple[Shard, ApiError]] = []
         for shard, answer in zip(others, answers, strict=True):
             if isinstance(answer, pb.TaskInfo):
                 return shard
-            if fanout.unreachable(answer):
+            if isinstance(answer, ApiError) and fanout.unreachable(answer):
                 down.append((shard, answer))
             elif isinstance(answer, ApiError) and not isinstance(answer, NotFound):
                 raise answer  # a refusal (FAILED_PRECONDITION for a certificate caller, ...) is the answer

@@ -16,7 +16,7 @@ import aiohttp
 import pytest
 
 from cronoq.client import Client, Lease, task
-from cronoq.errors import Unavailable
+from cronoq.errors import NotFound, Unavailable
 from cronoq.shards import SHARD_SHIFT
 
 from .helpers import scrape_metrics, watch_while, worker
@@ -99,7 +99,9 @@ async def test_producers_and_workers_use_only_the_router(
                 assert done.result is not None and done.result.text() == f"{pool}:x"
                 ids[name] = done.id
                 assert (await client.get(done.id)).pool == pool  # by id: routed by its shard bits
-                assert (await client.get(f"k-{name}")).id == done.id  # by key: asked of every shard
+                assert (await client.get(f"k-{name}")).id == done.id  # by key: asked of the shards
+            with pytest.raises(NotFound):
+                await client.get("held-by-no-shard")  # every shard asked, and every one answers
             batch = await client.submit_batch([task(str(i).encode(), pool="b1") for i in range(5)])
             assert all(s.id >> SHARD_SHIFT == 2 for s in batch)
             results = await asyncio.gather(*(client.wait(s.id, timeout=10) for s in batch))
@@ -119,8 +121,9 @@ async def test_producers_and_workers_use_only_the_router(
                 assert m("cronoq_router_forwarded_total", shard=name, method="Submit", outcome="ok") == 1
                 assert m("cronoq_router_fanout_unavailable_total", shard=name, method="ListTasks") == 0
             assert m("cronoq_router_forwarded_total", shard="b", method="SubmitBatch", outcome="ok") == 1
-            # By key: every shard is asked; the one without the key answers NOT_FOUND.
-            assert m("cronoq_router_forwarded_total", shard="b", method="Get", outcome="not_found") >= 1
+            # By key: every shard is asked; those without the key answer NOT_FOUND.
+            for name in SHARDS:
+                assert m("cronoq_router_forwarded_total", shard=name, method="Get", outcome="not_found") >= 1
             assert m("cronoq_router_fanout_partial_total", method="Snapshot") == 0
 
         async with (

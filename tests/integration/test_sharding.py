@@ -13,6 +13,7 @@ import asyncio
 import contextlib
 import ipaddress
 import re
+import signal
 import socket
 import sys
 import time
@@ -507,6 +508,33 @@ async def test_a_down_shard_is_named_and_the_rest_still_answers(cluster: dict[st
                     await asyncio.wait_for(via_a.get(key), 10)
             done = await via_a.submit(b"still", pool="a2", wait=True, wait_timeout=10)
             assert done.result is not None and done.result.text() == "a2:still"
+
+
+async def test_a_hung_shard_is_named_before_the_callers_deadline(tmp_path: Path) -> None:
+    """A shard that takes connections but never answers (SIGSTOP) is named in ``unavailable_shards``
+    well before the caller's own deadline (both are limits.request_timeout_s), through a router and
+    through another shard; a key lookup stops waiting once a shard that answered holds the key."""
+    limits = "[limits]\nrequest_timeout_s = 3\n"
+    with running_cluster(tmp_path, SHARDS, extra={"a": limits, "b": limits}) as procs:
+        tables = cluster_tables(SHARDS, {name: endpoint(proc) for name, proc in procs.items()})
+        router = router_process(tmp_path / "router", f"{tables}\n{limits}")
+        router.start()
+        try:
+            async with Client(router.target) as via_router, Client(procs["a"].target) as via_a:
+                held = await via_router.submit(b"", pool="a1", key="on-a")
+                procs["b"].signal(signal.SIGSTOP)
+                try:
+                    for client in (via_router, via_a):
+                        page = await client.list_tasks()
+                        assert ([t.id for t in page.tasks], page.unavailable_shards) == ([held.id], ["b"])
+                        assert (await client.snapshot()).unavailable_shards == ["b"]
+                    began = time.monotonic()
+                    assert (await via_router.get("on-a")).id == held.id
+                    assert time.monotonic() - began < 1.5, "the lookup waited for the hung shard"
+                finally:
+                    procs["b"].signal(signal.SIGCONT)
+        finally:
+            router.stop()
 
 
 async def test_a_watch_with_a_shard_down_names_it_and_serves_the_rest(

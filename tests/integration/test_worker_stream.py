@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import signal
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 import grpc
 import pytest
@@ -13,7 +15,7 @@ from cronoq.client import Client
 from cronoq.v1 import cronoq_pb2 as pb
 from cronoq.v1 import cronoq_pb2_grpc as pbg
 
-from .serverproc import ServerProcess
+from .serverproc import ServerProcess, running_server
 
 pytestmark = pytest.mark.asyncio
 
@@ -231,3 +233,33 @@ async def test_worker_that_stops_reading_is_disconnected(server: ServerProcess) 
                 break
         assert (await client.snapshot()).workers_connected == 0
         assert (await client.get(ids[0])).status == "cancelled"
+        # The call ends too, freeing its stream slot (limits.max_concurrent_streams) while the stuck
+        # worker still reads nothing; a message it sends meanwhile changes nothing.
+        w.send(set_slots=pb.SetSlots(slots=2))
+        deadline = asyncio.get_running_loop().time() + 20  # the server gives the stuck write 5 s
+        while server.metric("cronoq_streams_open") != 0:
+            assert asyncio.get_running_loop().time() < deadline, (
+                "the stuck worker's call kept its stream slot"
+            )
+            await asyncio.sleep(0.05)
+        w.reading.set()  # once it reads again, it learns why
+        assert await w.status(timeout=10) == grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert "KeyError" not in server.logs()
+
+
+async def test_shutdown_starts_no_new_attempt_during_its_grace(tmp_path: Path) -> None:
+    """SIGTERM gives running attempts the grace to finish; a slot one of them frees starts nothing
+    (that attempt would be cut off at the end of the grace), and the server ends once none runs."""
+    with running_server(tmp_path, "[server]\nshutdown_grace_s = 60\n") as server:
+        async with grpc.aio.insecure_channel(server.target) as ch, Client(server.target) as client:
+            w = RawWorker(ch)
+            await w.register(slots=1)
+            for _ in range(3):
+                await client.submit(b"")
+            first = (await w.recv()).lease
+            server.signal(signal.SIGTERM)
+            await asyncio.to_thread(server.wait_probe, "/readyz", 503)  # shutting down
+            w.send(complete=pb.Complete(lease=first.lease))
+            after = await w.recv(timeout=10)
+            assert after.WhichOneof("msg") == "shutdown", after
+        assert await asyncio.to_thread(server.wait, 30) == 0

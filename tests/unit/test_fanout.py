@@ -38,16 +38,20 @@ def page_of(ids: list[int], after: int, limit: int) -> pb.ListTasksResponse:
     st.lists(st.integers(1, 10_000), unique=True),
     st.lists(st.integers(1, 10_000), unique=True),
     st.integers(1, 7),
+    st.integers(1, 7),
+    st.integers(1, 7),
 )
 def test_paging_through_merged_pages_yields_every_task_once_in_order(
-    a_ids: list[int], b_ids: list[int], limit: int
+    a_ids: list[int], b_ids: list[int], limit: int, a_cap: int, b_cap: int
 ) -> None:
+    """Each shard may cap its page below ``limit`` (its own ``limits.max_list``); no task is skipped."""
     a_ids = [(1 << 56) | i for i in a_ids]
     b_ids = [(2 << 56) | i for i in b_ids]
     seen: list[int] = []
     after = 0
     for _ in range(len(a_ids) + len(b_ids) + 1):
-        merged = merge_pages([(A, page_of(a_ids, after, limit)), (B, page_of(b_ids, after, limit))], limit)
+        a_page, b_page = page_of(a_ids, after, min(limit, a_cap)), page_of(b_ids, after, min(limit, b_cap))
+        merged = merge_pages([(A, a_page), (B, b_page)], limit)
         assert len(merged.tasks) <= limit
         seen += [t.id for t in merged.tasks]
         after = merged.next_after

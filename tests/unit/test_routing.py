@@ -38,7 +38,15 @@ class Scripted(Peers):
         self.script = script
 
     async def call(
-        self, shard: Shard, service: str, method: str, request: Any, caller: Principal, *, wait: float = 0.0
+        self,
+        shard: Shard,
+        service: str,
+        method: str,
+        request: Any,
+        caller: Principal,
+        *,
+        wait: float = 0.0,
+        budget: float | None = None,
     ) -> tuple[Any, str | None]:
         answer = self.script[(shard.name, method)]
         if isinstance(answer, ApiError):
