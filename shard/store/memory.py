@@ -202,12 +202,22 @@ class MemoryStore:
     async def prune(self, finished_before: float) -> int:
         self._check_open()
         cutoff = ns(finished_before)
+        records = self._db.tasks
+        live = self._decode(task_id for task_id, record in records.items() if not record.row[_TERMINAL])
+        kept, keys = dep_targets(live)  # what live tasks still depend on stays, however old
+        newest: dict[str, int] = {}
+        for task_id, record in records.items():
+            key = record.row[_KEY]
+            if key in keys and task_id > newest.get(key, 0):
+                newest[key] = task_id
+        kept |= set(newest.values())
         doomed = [
             task_id
-            for task_id, record in self._db.tasks.items()
+            for task_id, record in records.items()
             if record.row[_TERMINAL]
             and isinstance(record.row[_FINISHED], int)
             and record.row[_FINISHED] < cutoff
+            and task_id not in kept
         ]
         for task_id in doomed:
             del self._db.tasks[task_id]

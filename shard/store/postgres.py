@@ -311,9 +311,18 @@ def _statements(schema: str) -> _Statements:
             f"SELECT {SELECT_COLUMNS}, output, output_type FROM {{s}}.cronoq_tasks"
             " WHERE key = %s ORDER BY id DESC LIMIT 1"
         ),
+        # Finished before the cutoff, except what a live task still depends on (by id, or as the newest
+        # task holding a key): recovery must find those, however old. deps is JSON text
+        # [[target, condition], ...], a target being an id or a key.
         prune=q(
-            "DELETE FROM {s}.cronoq_tasks WHERE id IN (SELECT id FROM {s}.cronoq_tasks"
-            " WHERE terminal AND finished_ns < %s LIMIT %s)"
+            "WITH edges AS (SELECT e->0 AS target FROM {s}.cronoq_tasks l,"
+            " jsonb_array_elements(l.deps::jsonb) e WHERE NOT l.terminal AND l.deps <> '[]')"
+            " DELETE FROM {s}.cronoq_tasks WHERE id IN (SELECT id FROM {s}.cronoq_tasks"
+            " WHERE terminal AND finished_ns < %s"
+            " AND id NOT IN (SELECT (target #>> '{{}}')::bigint FROM edges WHERE jsonb_typeof(target) = 'number')"
+            " AND id NOT IN (SELECT max(id) FROM {s}.cronoq_tasks WHERE key IN"
+            " (SELECT target #>> '{{}}' FROM edges WHERE jsonb_typeof(target) = 'string') GROUP BY key)"
+            " LIMIT %s)"
         ),
     )
 

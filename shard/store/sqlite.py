@@ -132,6 +132,20 @@ _UPSERT_SCHEDULE = (
     f"ON CONFLICT (name) DO UPDATE SET {', '.join(f'{c} = excluded.{c}' for c in SCHEDULE_COLUMNS[1:])}"
 )
 _RECOVER = f"SELECT {SELECT_COLUMNS} FROM cronoq_tasks WHERE NOT terminal OR finished_ns >= ? ORDER BY id"
+# Finished tasks that finished before the cutoff, except those a live task still depends on (by id, or
+# as the newest task holding a key): recovery must find them, however old (deps are stored as JSON
+# [[target, condition], ...], a target being an id or a key).
+_LIVE_EDGES = (
+    "SELECT json_extract(d.value, '$[0]') AS target, json_type(d.value, '$[0]') AS kind"
+    " FROM cronoq_tasks l, json_each(l.deps) d WHERE NOT l.terminal AND l.deps <> '[]'"
+)
+# (No WITH clause: Python's sqlite3 then reports no rowcount for the DELETE.)
+_PRUNE = (
+    "DELETE FROM cronoq_tasks WHERE terminal AND finished_ns < ?"
+    f" AND id NOT IN (SELECT target FROM ({_LIVE_EDGES}) WHERE kind = 'integer')"
+    " AND id NOT IN (SELECT max(id) FROM cronoq_tasks"
+    f" WHERE key IN (SELECT target FROM ({_LIVE_EDGES}) WHERE kind = 'text') GROUP BY key)"
+)
 # The dependency targets (ids, and the newest task of each key) that _RECOVER with the same cutoff did
 # not load: those finished before it. Ids and keys come as JSON arrays, so that their number is never
 # bounded by SQLite's limit on parameters.
@@ -540,9 +554,7 @@ class SqliteStore:
 
     def _prune(self, before_ns: int | None) -> int:
         with self._write() as conn:
-            return conn.execute(
-                "DELETE FROM cronoq_tasks WHERE terminal AND finished_ns < ?", (before_ns,)
-            ).rowcount
+            return conn.execute(_PRUNE, (before_ns,)).rowcount
 
     def _close(self) -> None:
         conn, self._conn = self._conn, None

@@ -480,6 +480,29 @@ async def test_prune_deletes_only_tasks_that_finished_before_the_cutoff(backend:
     assert await store.fetch(2) is None
 
 
+async def test_prune_keeps_what_live_tasks_depend_on(backend: Backend) -> None:
+    """Pruning spares a finished task that a live task still depends on, by id or as the newest task
+    holding a key (else, after a restart, an edge on a key could wait for ever); once the dependent
+    finished, it goes like any other."""
+    store, _ = await leader(backend)
+    old = NOW - 1000
+    batch = [
+        task(1, Status.SUCCEEDED, finished=old),  # depended on by id
+        task(2, Status.FAILED, key="k", finished=old),  # an older holder of the key: not a target
+        task(3, Status.SUCCEEDED, key="k", finished=old + 1),  # the newest holder of the key
+        task(4, Status.CANCELLED, finished=old),  # nobody depends on it
+        task(5, Status.SUCCEEDED, finished=old),
+        task(6, Status.SUCCEEDED, finished=old, deps=(Dep(5),)),  # finished: its deps keep nothing
+        task(7, Status.BLOCKED, deps=(Dep(1), Dep("k", DepOn.COMPLETE), Dep(404))),
+    ]
+    await store.commit(Batch(batch, max_id=7))
+    assert await store.prune(NOW) == 4
+    assert ids((await store.recover(0)).tasks) == [1, 3, 7]
+    await store.commit(Batch([replace(batch[-1], status=Status.SKIPPED, finished=old)], max_id=7))
+    assert await store.prune(NOW) == 3
+    assert ids((await store.recover(0)).tasks) == []
+
+
 async def test_max_id_is_a_high_water_mark(backend: Backend) -> None:
     """Ids are never reused: the mark only grows, survives the pruning of the tasks that held it, and
     is never below a stored id."""
