@@ -344,7 +344,9 @@ class Engine:
                 pool.queue.push(task, ready_at)
                 if spec.start is not None and not task.attempt and spec.on_miss is not MissPolicy.RUN_LATE:
                     self._arm(spec.start + spec.tolerance, TimerKind.FIXED_MISS, task.id)
-            else:  # RETRYING: its backoff timer died with the old leader
+            elif task.ready_at is not None and task.ready_at > now:  # RETRYING: its backoff goes on
+                self._arm(task.ready_at, TimerKind.RETRY_READY, task.id, task.attempt)
+            else:  # RETRYING, and its backoff is over (or from before backoff ends were stored)
                 self._make_ready(pool, task, now, now)
         for task in blocked:
             if task.status is BLOCKED:
@@ -868,7 +870,10 @@ class Engine:
             StatusEvent(task.id, spec.pool, spec.key, RETRYING, task.attempt, now, message, task)
         )
         if delay > 0.0:
-            self._arm(now + delay, TimerKind.RETRY_READY, task.id, task.attempt)
+            # Kept on the task (and so in the store): a new leader resumes the backoff (a worker's
+            # retry_after too) rather than retry at once.
+            task.ready_at = now + delay
+            self._arm(task.ready_at, TimerKind.RETRY_READY, task.id, task.attempt)
         else:
             self._make_ready(pool, task, now, now)
 

@@ -66,6 +66,18 @@ def test_restore_requeues_pending_retries_running_and_keeps_finished() -> None:
     assert engine.pending_count("p") == 2
 
 
+def test_a_retry_whose_backoff_has_not_ended_waits_it_out_after_a_takeover() -> None:
+    """The end of a backoff (a worker's retry_after included) is kept on the task, and so in the store:
+    a new leader taking over before it resumes the wait rather than retry at once."""
+    engine = new_leader()
+    engine.restore(left_behind(), 2.5)  # b's backoff ends at 3.0
+    b = task_of(engine, "b")
+    assert (b.status, b.attempt, b.ready_at) == (Status.RETRYING, 1, 3.0)
+    assert engine.next_wakeup() == 3.0
+    engine.tick(3.0)
+    assert task_of(engine, "b").status is Status.READY
+
+
 def test_running_attempt_with_retries_left_is_retried_and_counted() -> None:
     tasks = left_behind()
     running = next(t for t in tasks if t.spec.key == "c")
