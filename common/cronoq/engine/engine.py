@@ -1103,6 +1103,8 @@ class Engine:
             for task in created:
                 if task.spec.key in deps.awaiting:
                     deps.arrived(task)
+                    if task.status.terminal:  # shed by a later spec of the batch: judge the edges now
+                        self._cascade(task, now)
         for task in blocked:
             if task.status is BLOCKED:  # not shed by a later spec of the batch
                 self._resolve(task, now)

@@ -183,6 +183,26 @@ def test_awaited_key_unblocks_when_a_task_with_it_arrives() -> None:
     assert task_of(engine, b.id).status is Status.RUNNING
 
 
+def test_an_awaited_key_shed_in_the_batch_that_brings_it_skips_its_dependents() -> None:
+    """The task bringing an awaited key may be shed by a later spec of its own batch (overflow =
+    shed_lowest): the edges linked to it then are judged at once, not left waiting on a task that has
+    already ended."""
+    pool = PoolConfig(
+        "p",
+        retry=FIXED,
+        unknown_dependency=UnknownDependency.AWAIT,
+        max_pending=2,
+        overflow=Overflow.SHED_LOWEST,
+    )
+    engine = make_engine(pool)
+    [b] = engine.submit([with_deps(spec(priority=Priority.CRITICAL), Dep("later"))], 0.0)
+    late, other = engine.submit([spec(key="later", priority=Priority.LOW), spec(priority=Priority.HIGH)], 1.0)
+    assert task_of(engine, late.id).status is Status.SHED
+    task = task_of(engine, b.id)
+    assert (task.status, task.message) == (Status.SKIPPED, f"dependency {late.id} ended as shed")
+    assert task_of(engine, other.id).status is Status.READY
+
+
 def test_awaiting_times_out_as_skipped() -> None:
     engine = make_engine(
         PoolConfig("p", retry=FIXED, unknown_dependency=UnknownDependency.AWAIT, await_timeout=10.0)
