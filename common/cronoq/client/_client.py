@@ -32,7 +32,7 @@ from cronoq.client._models import (
 from cronoq.client._spec import Ref, TaskOptions, task
 from cronoq.client._wire import duration, overlap_value, status_value, task_ref
 from cronoq.errors import Cancelled
-from cronoq.transport import UNAVAILABLE_SHARDS_KEY
+from cronoq.transport import UNAVAILABLE_SHARDS_KEY, metadata_value
 from cronoq.v1 import cronoq_pb2 as pb
 from cronoq.v1 import cronoq_pb2_grpc as pb_grpc
 
@@ -338,8 +338,8 @@ class EventStream:
             metadata = await self._call.initial_metadata()
         except grpc.aio.AioRpcError as err:
             raise api_error(err) from err
-        value = dict(metadata or ()).get(UNAVAILABLE_SHARDS_KEY, "")
-        return [name for name in str(value).split(",") if name]
+        value = metadata_value(metadata, UNAVAILABLE_SHARDS_KEY) or ""
+        return [name for name in value.split(",") if name]
 
     async def aclose(self) -> None:
         """Cancel the call; iterating afterwards ends at once."""
