@@ -158,6 +158,9 @@ class Engine:
         self._numbered: dict[int, _Schedule] = {}  # the same schedules by number, for their timers
         self._next_number = 0
         self._occurrences: dict[int, tuple[_Schedule, int]] = {}  # occurrence id -> schedule, previous id
+        # An occurrence skipped for overlap -> the live one it was skipped for, which the next occurrence
+        # must then not overlap either (the entry goes when that next one is judged).
+        self._overlapped: dict[int, int] = {}
 
     # ------------------------------------------------------------------------------------ pools
 
@@ -375,8 +378,10 @@ class Engine:
         """Add a cron schedule, or replace the one of that name, and create its first occurrence.
 
         Raises RecurringError naming the field (``cron: ...``, ``tz: ...``, ``template.deps: ...``) for a
-        schedule that cannot run; the engine is then unchanged. An occurrence already created by a
-        replaced schedule stays.
+        schedule that cannot run; the engine is then unchanged. The occurrence a replaced schedule
+        created ahead stays; if the new schedule's first start is that occurrence's, it is adopted as
+        the new schedule's own instead of a second one being made for the same start (re-adding a
+        schedule unchanged, as a service does each time it starts, changes nothing).
         """
         try:
             cron = CronSchedule.parse(spec.cron, spec.tz)
@@ -641,9 +646,13 @@ class Engine:
         pools: list[PoolStats] = []
         # READY tasks waiting for a resource are out of their pool's queue (and its count) until woken.
         parked_in = Counter(task.spec.pool for task, _ in self._parked.values())
+        running: dict[str, list[float]] = {}
+        for task in self._leases.values():
+            assert task.started is not None  # set at dispatch
+            running.setdefault(task.spec.pool, []).append(task.started)
         for pool in self._pools.values():
             w = pool.workers
-            window = pool.stats.view(now)  # integrates worker-seconds up to now
+            window = pool.stats.view(now, running.get(pool.name, ()))  # integrates worker-seconds up to now
             holds = [worker.group for worker in self._holds.values() if worker.pool == pool.name]
             held = len(holds)
             scaler = self._autoscalers.get(pool.name)
@@ -738,6 +747,7 @@ class Engine:
                     task.spec.resources
                     and (short := self._resources.take(task.spec.resources, now)) is not None
                 ):
+                    queue.refund(task)
                     self._park(task, short, ready_at, now)
                     continue
                 worker = workers.take(required)
@@ -832,7 +842,7 @@ class Engine:
         if outcome is not None:
             started = task.started
             assert started is not None  # set at dispatch
-            pool.stats.bucket(now).attempt(now - started, outcome)
+            pool.stats.attempt(started, now, outcome)
             if outcome is Status.SUCCEEDED:
                 pool.queue.durations.learn(task.spec.kind, now - started)
             if pool.config.autoscale is not None:
@@ -905,8 +915,8 @@ class Engine:
         if spec.start is not None:
             self._reservations[pool.name].remove(task.id)
             self._drop_hold(pool, task)
-            if self._occurrences:
-                self._occurrences.pop(task.id, None)
+            if self._occurrences and (link := self._occurrences.pop(task.id, None)) is not None:
+                self._overlapped.pop(link[1], None)  # ends unjudged (cancelled): nothing follows the link
         task.status = status
         task.message = message
         task.finished = now
@@ -1277,13 +1287,22 @@ class Engine:
     def _skip_overlap(self, pool: PoolState, task: Task, now: float) -> bool:
         """The start of a fixed-start task came (on time, or passed before it was scheduled): if it is
         an occurrence of an ``overlap = skip`` schedule whose previous occurrence is still live, it ends
-        SKIPPED and this returns True. Either way its link to the previous occurrence is done with."""
+        SKIPPED and this returns True. Either way its link to the previous occurrence is done with.
+
+        A previous occurrence that was itself skipped never ran: what counts is the one it was skipped
+        for, else a minutely schedule whose run takes three minutes would skip one start and then run
+        two occurrences at once."""
         occurrence = self._occurrences.pop(task.id, None)
         if occurrence is None or occurrence[0].recurring.spec.overlap is not Overlap.SKIP:
             return False
-        previous = self._table.by_id.get(occurrence[1])
+        previous_id = occurrence[1]
+        overlapped = self._overlapped
+        while previous_id in overlapped:
+            previous_id = overlapped.pop(previous_id)
+        previous = self._table.by_id.get(previous_id)
         if previous is None or previous.status.terminal:
             return False
+        overlapped[task.id] = previous_id
         self._finish(pool, task, Status.SKIPPED, OVERLAPPED, now)
         self._dirty[pool.name] = pool
         return True
@@ -1378,9 +1397,20 @@ class Engine:
         recurring = schedule.recurring
         recurring.next_start = start
         if start is not None:
-            self._create_occurrence(schedule, start, now)
+            if not self._adopt(schedule, start):
+                self._create_occurrence(schedule, start, now)
             self._arm(start, TimerKind.RECURRING, schedule.number, schedule.generation)
         self._actions.append(ScheduleChanged(recurring.spec.name, recurring))
+
+    def _adopt(self, schedule: _Schedule, start: float) -> bool:
+        """Whether the schedule ``schedule`` replaced already made the occurrence of ``start`` (one not
+        started yet: its link to the previous occurrence is still kept), which is then this one's."""
+        last = schedule.recurring.last_task_id
+        link = self._occurrences.get(last)
+        if link is None or link[0] is schedule or self._table.by_id[last].spec.start != start:
+            return False
+        self._occurrences[last] = (schedule, link[1])
+        return True
 
     def _relink_occurrences(self, restored: Sequence[Task]) -> None:
         """After a takeover, tell each schedule's pending occurrence which one came before it, as

@@ -90,6 +90,28 @@ def test_overlap_skip_skips_an_occurrence_while_the_previous_one_runs() -> None:
     assert e.snapshot(20.0).totals.skipped == 1
 
 
+def test_overlap_skip_keeps_skipping_while_the_occurrence_before_a_skipped_one_runs() -> None:
+    """A skipped occurrence never ran, so the next one is judged against the one still running: the
+    schedule never has two occurrences running at once, however many starts the long run spans."""
+    e = make()
+    e.add_worker(1, "p", 4, {}, 0.0)
+    e.add_recurring(schedule(), 0.0)
+    e.tick(10.0)
+    [(_, first_lease)] = [(d.task.id, d.lease) for d in drain(e).dispatches]
+    e.tick(20.0)
+    e.tick(30.0)
+    e.tick(40.0)
+    first, second, third, fourth, fifth = occurrences(e)
+    assert first.status is Status.RUNNING
+    assert [t.status for t in (second, third, fourth)] == [Status.SKIPPED] * 3
+    assert fifth.status is Status.SCHEDULED
+    assert e.snapshot(40.0).totals.skipped == 3
+    # Once the long run ends, the next start runs again.
+    assert e.complete(1, first_lease, 45.0)
+    e.tick(50.0)
+    assert occurrences(e)[4].status is Status.RUNNING
+
+
 def test_overlap_allow_runs_both() -> None:
     e = make()
     e.add_worker(1, "p", 2, {}, 0.0)
@@ -173,6 +195,38 @@ def test_replacing_keeps_the_name_and_stale_timers_do_nothing() -> None:
     assert recurring.spec.cron == "*/30 * * * * *"
     e.tick(10.0)  # the replaced schedule's timer must not create an occurrence
     assert [t.spec.key for t in occurrences(e)] == ["sh@1970-01-01T00:00:10Z", "v2@1970-01-01T00:00:30Z"]
+
+
+@pytest.mark.parametrize("key", ["", "sh"])
+@pytest.mark.parametrize("overlap", list(Overlap))
+def test_re_adding_a_schedule_unchanged_runs_each_start_once(overlap: Overlap, key: str) -> None:
+    """The new schedule takes over the occurrence the replaced one made for the same start: the start
+    runs once, not twice (without a key nothing else would catch it), and is not skipped or refused as
+    a reservation conflict with itself (a pool of 2 reserves one window)."""
+    e = make(max_workers=2)
+    e.add_worker(1, "p", 2, {}, 0.0)
+    again = schedule(key=key, overlap=overlap)
+    e.add_recurring(again, 1.0)
+    e.add_recurring(again, 2.0)
+    assert len(occurrences(e)) == 1
+    e.tick(10.0)
+    assert len(drain(e).dispatches) == 1
+    e.tick(20.0)  # the adopted occurrence still runs as the new schedule's: its successor follows it
+    first, second, third = occurrences(e)
+    assert [first.spec.start, second.spec.start, third.spec.start] == [10.0, 20.0, 30.0]
+    totals = e.snapshot(20.0).totals
+    assert (totals.recurring_conflicts, totals.recurring_skipped) == (0, 0)
+    if overlap is Overlap.SKIP:  # the first still runs: judged against it, as the new schedule says
+        assert second.status is Status.SKIPPED
+
+
+def test_a_replacing_schedule_with_another_start_keeps_the_created_occurrence() -> None:
+    e = make()
+    e.add_recurring(schedule(), 0.0)
+    e.add_recurring(schedule(EVERY_10S.replace("*/10", "5-59/10")), 1.0)
+    first, second = occurrences(e)
+    assert (first.spec.start, first.status) == (10.0, Status.SCHEDULED)
+    assert (second.spec.start, second.status) == (5.0, Status.SCHEDULED)
 
 
 def test_remove_stops_new_occurrences_but_keeps_the_created_one() -> None:
