@@ -175,9 +175,10 @@ class FairLane(Lane):
     over a tenant never seen, which starts from vtime; ``_sweep`` forgets idle records so that tenants
     seen once cost no memory for ever.
 
-    A task taken and then handed back with ``requeue`` (it waited for a resource) stays charged to its
-    tenant: the turn was used. A labelled lane is dropped when it empties, as in any pool, and its clocks
-    with it.
+    A task taken and then parked because a resource it needs is taken was not dispatched, so its tenant
+    gets the turn back (``refund``): otherwise a tenant whose tasks wait for a resource would lose its
+    share to the others, each parked task costing it a turn. A labelled lane is dropped when it empties,
+    as in any pool, and its clocks with it.
     """
 
     __slots__ = ("order", "queued", "serial", "sweep_at", "tenants", "vtime", "weights")
@@ -277,6 +278,17 @@ class FairLane(Lane):
             tenant.entry = None
             heappop(self.order)
         return task, ready_at
+
+    def refund(self, name: str) -> None:
+        """Undo the charge ``take`` made to tenant ``name`` for a task that was then not dispatched. A
+        tenant that was forgotten, or re-based when it became active again, holds no charge to undo."""
+        tenant = self.tenants.get(name)
+        if tenant is None or not tenant.served:
+            return
+        tenant.served -= 1
+        tenant.clock = tenant.base + tenant.served / tenant.weight
+        if tenant.entry is not None:  # re-keyed by its lower clock; the old entry goes stale
+            self._enter(tenant, tenant.head_seq())
 
     def compact(self) -> None:
         """Drop the tenants' tasks that are no longer READY and rebuild ``order`` from the live keys."""
@@ -489,6 +501,10 @@ class PoolQueue:
             _, _, ready_at, _, task = heappop(best_lane.edf)
         return task, best_lane.required, best_lane.priority > top_class, ready_at
 
+    def refund(self, task: Task) -> None:
+        """``task``, just returned by ``pop_best``, is not dispatched after all (a resource it needs is
+        taken): nothing to undo outside fair-share pools."""
+
     def _deactivate(self, lanes: list[Lane]) -> None:
         """Take empty lanes out of the scan; labelled ones are forgotten, so label sets that stopped
         arriving cost nothing."""
@@ -526,6 +542,15 @@ class FairPoolQueue(PoolQueue):
         self.ready += 1
         if not lane.active:
             self._activate(lane)
+
+    def refund(self, task: Task) -> None:
+        """Give the turn ``pop_best`` charged for ``task`` back to its tenant (deadline tasks are never
+        charged). Its lane is still there: the task is in flight, not finished."""
+        spec = task.spec
+        if spec.deadline is None:
+            lane = self._lane_of(spec)
+            assert type(lane) is FairLane
+            lane.refund(spec.tenant)
 
     def _new_lane(self, priority: int, required: LabelSet) -> FairLane:
         return FairLane(priority, required, self._weights)

@@ -12,10 +12,10 @@ from fractions import Fraction
 
 import pytest
 
-from cronoq.engine import Engine, PoolConfig, Priority, Status, Task, TaskSpec
+from cronoq.engine import Engine, PoolConfig, Priority, Semaphore, Status, Task, TaskSpec
 from cronoq.engine.lanes import FairLane, FairPoolQueue, PoolQueue
 
-from .helpers import FIXED, make_engine, only_dispatch, run_one_at_a_time
+from .helpers import FIXED, drain, make_engine, only_dispatch, run_one_at_a_time
 
 N, H = Priority.NORMAL, Priority.HIGH
 
@@ -236,13 +236,32 @@ def test_shares_that_are_equal_in_exact_arithmetic_tie_exactly() -> None:
     assert [task.seq for task in pop_all(queue)] == expected
 
 
-def test_a_requeued_task_goes_back_at_its_original_place_and_its_turn_stays_used() -> None:
+def test_a_task_parked_for_a_resource_gets_its_turn_back_and_its_place() -> None:
     queue = FairPoolQueue(1.0, {})
     a0, a1, b0 = queued(queue, ["a", "a", "b"])
     best = queue.pop_best(0.0, lambda _: True)
     assert best is not None and best[0] is a0
-    queue.push(a0, 0.0, requeue=True)  # it waited for a resource
-    assert pop_all(queue) == [b0, a0, a1]
+    queue.refund(a0)  # it was not dispatched: a resource it needs is taken
+    queue.push(a0, 0.0, requeue=True)  # the resource came free
+    assert pop_all(queue) == [a0, b0, a1]
+
+
+def test_a_tenant_whose_tasks_wait_for_a_resource_keeps_its_share_of_the_rest() -> None:
+    """Tenant a's first tasks need a semaphore another pool holds: they wait without costing a their
+    turns, so a's runnable tasks still alternate with b's (each parked task once cost a a turn, and b
+    ran three times in a row first)."""
+    engine = Engine(
+        [PoolConfig("p", retry=FIXED, fair_share=True), PoolConfig("other")],
+        resources=[Semaphore("s", 1)],
+        rng=random.Random(0),
+    )
+    engine.add_worker(9, "other", 1, {}, 0.0)
+    engine.submit([TaskSpec("other", key="holder", resources={"s": 1})], 0.0)
+    assert len(drain(engine).dispatches) == 1  # the holder runs, and keeps the permit
+    for i in range(3):
+        engine.submit([TaskSpec("p", key=f"a-waits{i}", tenant="a", resources={"s": 1})], 0.0)
+    submit(engine, ["a0", "b0", "a1", "b1", "a2", "b2"], 0.0)
+    assert run(engine, 1, 0.0) == ["a0", "b0", "a1", "b1", "a2", "b2"]
 
 
 def test_tenants_seen_once_are_forgotten_once_idle() -> None:
@@ -286,6 +305,9 @@ class Model:
             self.clock[tenant] = max(self.clock.get(tenant, Fraction(0)), self.vtime)
         queued.add(seq)
 
+    def refund(self, tenant: str) -> None:
+        self.clock[tenant] -= 1 / self.weights.get(tenant, Fraction(1))
+
     def leave(self, tenant: str, seq: int) -> None:
         self.queued[tenant].discard(seq)
 
@@ -324,6 +346,9 @@ def test_random_pushes_pops_cancels_and_requeues_follow_the_rule(seed: int) -> N
             assert (best[0].seq if best is not None else None) == expected
             if best is not None:
                 taken.append(live.pop(best[0].seq))
+                if rng.random() < 0.2:  # not dispatched after all: it waits for a resource
+                    queue.refund(best[0])
+                    model.refund(best[0].spec.tenant)
         elif op < 0.93 and live:
             task = live.pop(rng.choice(list(live)))
             task.status = Status.CANCELLED
