@@ -6,16 +6,19 @@ not grow with traffic. Wait times and attempt run times each go into a log-bucke
 percentiles are quantized to an eighth of an octave (about 6 % error), which is what a dashboard needs,
 for a few hundred ints; the mean wait is exact (a running sum).
 
-Utilization is the run time of attempts that ended in the window over the worker-seconds of the window,
-as the reference defines it; attempts are credited when they end, so the busy slots of the hot path are
-never integrated. Capacity changes rarely, so the engine calls ``advance(now, capacity)`` just before it
-changes (and before a snapshot) to integrate worker-seconds.
+Utilization is the time spent running attempts within the window over the worker-seconds of the
+window, as the reference defines it. The busy slots of the hot path are never integrated: an attempt is
+credited when it ends, to the slices it ran in (one, for all but long attempts), and ``view`` adds the
+in-window part of the attempts still running, which the engine passes in. Capacity changes rarely, so
+the engine calls ``advance(now, capacity)`` just before it changes (and before a snapshot) to integrate
+worker-seconds.
 """
 
 from __future__ import annotations
 
 import math
 from bisect import bisect_right
+from collections.abc import Iterable
 
 from .model import Status
 
@@ -116,7 +119,8 @@ class Bucket:
             self.fixed_hits += 1
 
     def attempt(self, run: float, outcome: Status) -> None:
-        """An attempt ended after ``run`` seconds as SUCCEEDED, FAILED (retryable or not) or CANCELLED."""
+        """An attempt ended after ``run`` seconds as SUCCEEDED, FAILED (retryable or not) or CANCELLED;
+        its run time is credited here in full (``WindowStats.attempt`` moves what ran before this slice)."""
         self.ended += 1
         self.runs[0 if run < _UNIT else duration_bin(run)] += 1
         self.run_total += run
@@ -154,7 +158,8 @@ class WindowView:
         "wait_p99",
     )
 
-    def __init__(self, buckets: list[Bucket]) -> None:
+    def __init__(self, buckets: list[Bucket], running: float = 0.0) -> None:
+        """``running``: the seconds attempts still running have run within the window."""
         dispatched = inversions = succeeded = failed = retried = ended = fixed_hits = fixed_total = 0
         wait_total = run_total = run_ok = capacity_area = 0.0
         waits = [0] * BINS
@@ -182,8 +187,8 @@ class WindowView:
         self.retried = retried
         self.priority_adherence = 1.0 - inversions / dispatched if dispatched else 1.0
         self.fixed_start_hit_rate = fixed_hits / fixed_total if fixed_total else 1.0
-        # Attempts are credited when they end, so one that began before the window can overshoot.
-        self.utilization = min(1.0, run_total / capacity_area) if capacity_area > 0 else 0.0
+        # (Capped against float rounding, and an attempt outliving its worker's capacity by an instant.)
+        self.utilization = min(1.0, (run_total + running) / capacity_area) if capacity_area > 0 else 0.0
         self.schedule_efficiency = min(self.utilization, run_ok / capacity_area) if capacity_area > 0 else 0.0
         self.wait_mean = wait_total / dispatched if dispatched else 0.0
         self.wait_p50 = quantile(waits, dispatched, 0.50)
@@ -219,6 +224,35 @@ class WindowStats:
             self._until = (index + 1) * self._width
         return b
 
+    def attempt(self, started: float, now: float, outcome: Status) -> None:
+        """An attempt that began at ``started`` ended at ``now`` as ``outcome``: counted in the slice of
+        ``now``, its run time spread over the slices it ran in, as far back as the window reaches."""
+        b = self._current if now < self._until else self.bucket(now)
+        b.attempt(now - started, outcome)
+        since = self._until - self._width  # where that slice begins
+        if started < since:
+            self._backdate(b, started, since, outcome is Status.SUCCEEDED)
+
+    def _backdate(self, b: Bucket, started: float, since: float, succeeded: bool) -> None:
+        """Move the run time before ``since`` (the start of ``b``'s slice) from ``b`` to the slices it
+        was run in; the part before the window is dropped."""
+        early = since - started
+        b.run_total -= early
+        if succeeded:
+            b.run_ok -= early
+        width = self._width
+        start = max(started, since - (SLOTS - 1) * width)
+        while start < since:
+            index = int(start // width)
+            end = min(since, (index + 1) * width)
+            if end <= start:  # float rounding at a slice edge: the rest is in the next slice
+                end = since
+            slot = self._slot(index)
+            slot.run_total += end - start
+            if succeeded:
+                slot.run_ok += end - start
+            start = end
+
     def _slot(self, index: int) -> Bucket:
         b = self._ring[index % SLOTS]
         if b.index < index:
@@ -237,7 +271,9 @@ class WindowStats:
             return
         self.worker_seconds += held * (now - start)
         width = self._width
-        start = max(start, now - SLOTS * width)  # older slices have left the window
+        # Older slices have left the window, whose oldest is the one SLOTS - 1 before the slice of
+        # ``now`` (one slice further back shares a ring bucket with ``now``'s and would land in it).
+        start = max(start, (int(now // width) - SLOTS + 1) * width)
         while start < now:
             index = int(start // width)
             end = min(now, (index + 1) * width)
@@ -246,7 +282,11 @@ class WindowStats:
             self._slot(index).capacity_area += held * (end - start)
             start = end
 
-    def view(self, now: float) -> WindowView:
+    def view(self, now: float, running: Iterable[float] = ()) -> WindowView:
+        """The window's numbers as of ``now``; ``running`` holds when each attempt still running began."""
         self.advance(now, self.capacity)
-        current = int(now // self._width)
-        return WindowView([b for b in self._ring if current - SLOTS < b.index <= current])
+        width = self._width
+        current = int(now // width)
+        window_start = (current - SLOTS + 1) * width
+        busy = sum(now - max(started, window_start) for started in running)
+        return WindowView([b for b in self._ring if current - SLOTS < b.index <= current], busy)

@@ -163,8 +163,48 @@ def test_utilization_is_one_when_every_slot_ran_all_window_and_efficiency_exclud
     bad = drain(engine).dispatches[0]
     engine.fail(1, bad.lease, "x", False, None, 60.0)
     pool = engine.snapshot(60.0).pools[0]
+    # The window is the 60 one-second slices up to now's (1 to 60, the last still empty): 59 s of
+    # capacity, of which the success ran 29 s and the failure 30 s.
     assert pool.utilization == pytest.approx(1.0)
+    assert pool.schedule_efficiency == pytest.approx(29 / 59)
+
+
+def test_an_attempt_still_running_counts_its_time_in_the_window() -> None:
+    """One of two slots busy since 0: half the capacity is used, not none until the attempt ends."""
+    engine = make_engine(PoolConfig("p", retry=FIXED))
+    engine.add_worker(1, "p", 2, {}, 0.0)
+    engine.submit([spec()], 0.0)
+    drain(engine)
+    pool = engine.snapshot(59.0).pools[0]
+    assert pool.utilization == pytest.approx(0.5)
+    assert pool.schedule_efficiency == 0.0  # nothing succeeded yet
+    assert engine.snapshot(300.0).pools[0].utilization == pytest.approx(0.5)  # long after the window began
+
+
+def test_a_long_attempt_is_credited_only_for_the_part_it_ran_within_the_window() -> None:
+    """An attempt that ran 200 s ends: the window (the last 60 s) saw one of two slots busy, so 0.5;
+    crediting its whole run time in the slice where it ended made it 200 s over 120 (capped to 1)."""
+    engine = make_engine(PoolConfig("p", retry=FIXED))
+    engine.add_worker(1, "p", 2, {}, 0.0)
+    engine.submit([spec()], 0.0)
+    lease = only_dispatch(engine)
+    engine.snapshot(59.0)  # integrates capacity up to 59: the window then moves over slices written
+    assert engine.complete(1, lease.lease, 200.0)
+    pool = engine.snapshot(200.0).pools[0]
+    assert pool.utilization == pytest.approx(0.5)
     assert pool.schedule_efficiency == pytest.approx(0.5)
+    # Ten seconds on, the window's first 50 s still saw the slot busy, its last 10 s nothing.
+    assert engine.snapshot(210.0).pools[0].utilization == pytest.approx(49 / 118)
+
+
+def test_window_stats_spread_a_long_run_over_the_slices_it_ran_in() -> None:
+    stats = WindowStats(60.0)
+    stats.advance(0.0, 1)
+    stats.attempt(10.0, 70.5, Status.SUCCEEDED)
+    view = stats.view(70.5)  # slices 11..70: the run covered 11..70.5, all of the window
+    assert view.utilization == pytest.approx(1.0)
+    assert view.schedule_efficiency == pytest.approx(1.0)
+    assert sum(b.run_total for b in stats._ring) == pytest.approx(59.5)
 
 
 def test_running_and_pending_counts() -> None:
