@@ -1,0 +1,83 @@
+{{/*
+The cronoq.toml every server pod reads: the chart's own tables from the values, then the `config`
+value. Strings go through toJson, whose escapes are valid TOML basic strings.
+*/}}
+
+{{/* Where the pods mount what the config names. */}}
+{{- define "cronoq.tlsDir" -}}/etc/cronoq-tls{{- end }}
+{{- define "cronoq.dataDir" -}}/var/lib/cronoq{{- end }}
+
+{{/* The four role tokens: role -> the environment variable the pods receive it in. */}}
+{{- define "cronoq.tokenEnvs" -}}
+{{- dict "client" "CRONOQ_CLIENT_TOKEN" "worker" "CRONOQ_WORKER_TOKEN" "metrics" "CRONOQ_METRICS_TOKEN" "admin" "CRONOQ_ADMIN_TOKEN" | toJson -}}
+{{- end }}
+
+{{- define "cronoq.databaseUrlEnv" -}}CRONOQ_DATABASE_URL{{- end }}
+
+{{- define "cronoq.config" -}}
+# cronoq.toml rendered by the Helm chart {{ .Chart.Name }}-{{ .Chart.Version }} for release {{ .Release.Name }}.
+# The chart's tables come first, the `config` value follows them. Check a change with
+#   cronoq-server --config cronoq.toml --check   (with the token and database variables set)
+
+[server]
+# 0.0.0.0 inside the pod: the server then requires the tokens below.
+grpc_addr = "0.0.0.0:7070"
+http_addr = "0.0.0.0:7071"
+{{- if .Values.metrics.enabled }}
+metrics_addr = "0.0.0.0:{{ .Values.metrics.port }}"
+{{- end }}
+shutdown_grace_s = {{ int64 .Values.shutdownGraceS }}
+{{- if .Values.insecurePeerHttp }}
+insecure_peer_http = true
+{{- end }}
+{{- with .Values.tls.secretName }}
+
+[server.tls]
+cert_path = "{{ include "cronoq.tlsDir" $ }}/tls.crt"
+key_path = "{{ include "cronoq.tlsDir" $ }}/tls.key"
+{{- if $.Values.tls.clientCerts }}
+# mTLS: clients present a certificate signed by ca.crt ([[auth.certs]] in config maps them to roles).
+client_ca_path = "{{ include "cronoq.tlsDir" $ }}/ca.crt"
+{{- end }}
+{{- if $.Values.shards }}
+
+[server.peer_tls]
+# Other shards' certificates must chain to this CA.
+ca_path = "{{ include "cronoq.tlsDir" $ }}/ca.crt"
+{{- if $.Values.tls.clientCerts }}
+# What this server presents to other shards, which require client certificates too.
+cert_path = "{{ include "cronoq.tlsDir" $ }}/tls.crt"
+key_path = "{{ include "cronoq.tlsDir" $ }}/tls.key"
+{{- end }}
+{{- end }}
+{{- end }}
+{{- range $role, $env := include "cronoq.tokenEnvs" . | fromJson }}
+
+[[auth.tokens]]
+token_env = {{ $env | toJson }}
+role = {{ $role | toJson }}
+{{- end }}
+
+[store]
+kind = {{ .Values.store.kind | toJson }}
+{{- if eq .Values.store.kind "postgres" }}
+url_env = {{ include "cronoq.databaseUrlEnv" . | toJson }}
+schema = {{ include "cronoq.pgSchema" . | toJson }}
+{{- else }}
+path = "{{ include "cronoq.dataDir" . }}/state.db"
+{{- end }}
+keep_finished_s = {{ int64 .Values.store.keepFinishedS }}
+{{- range .Values.shards }}
+
+[[shards]]
+name = {{ .name | toJson }}
+number = {{ int64 .number }}
+endpoint = {{ include "cronoq.shardEndpoint" (dict "root" $ "shard" .name) | toJson }}
+pools = {{ .pools | default list | toJson }}
+{{- end }}
+{{- with .Values.config }}
+
+# ---- the `config` value ----
+{{ . }}
+{{- end }}
+{{- end }}

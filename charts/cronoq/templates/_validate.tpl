@@ -1,0 +1,111 @@
+{{/*
+What the chart refuses to render, each with a message naming the value. values.schema.json already
+rejects wrong types, unknown keys and out-of-range numbers; these are the rules that span several
+values, and the mistakes that would otherwise only show as crash-looping pods.
+*/}}
+{{- define "cronoq.validate" -}}
+{{- $v := .Values -}}
+{{- if not $v.auth.existingSecret -}}
+{{- fail "auth.existingSecret is required: the servers listen on 0.0.0.0, which needs credentials; create a Secret with the keys client, worker, metrics and admin (one token each) and name it here" -}}
+{{- end -}}
+{{- if and $v.tls.clientCerts (not $v.tls.secretName) -}}
+{{- fail "tls.clientCerts needs tls.secretName: client certificates are checked against its ca.crt" -}}
+{{- end -}}
+{{- include "cronoq.validateStore" . -}}
+{{- include "cronoq.validateShards" . -}}
+{{- include "cronoq.validateConfig" . -}}
+{{- end }}
+
+{{- define "cronoq.validateStore" -}}
+{{- $v := .Values -}}
+{{- $schema := include "cronoq.pgSchema" . -}}
+{{- if eq $v.store.kind "postgres" -}}
+{{- if not $v.store.postgres.urlSecret.name -}}
+{{- fail "store.postgres.urlSecret.name is required with store.kind postgres: name the Secret holding the database URL (postgres://USER:PASSWORD@HOST:5432/DB?sslmode=verify-full)" -}}
+{{- end -}}
+{{- if and $v.shards (not (contains "{shard}" $schema)) -}}
+{{- fail (printf "store.postgres.schema %q must contain {shard} when shards are set (e.g. cronoq_{shard}): servers sharing a schema form one leader group, so every shard needs its own" $schema) -}}
+{{- end -}}
+{{- if and (not $v.shards) (contains "{shard}" $schema) -}}
+{{- fail (printf "store.postgres.schema %q uses {shard} but no shards are set" $schema) -}}
+{{- end -}}
+{{- else -}}
+{{- if ne (int $v.replicas) 1 -}}
+{{- fail (printf "store.kind sqlite needs replicas: 1 (got %v): the database file lives on one volume; use store.kind postgres for standbys" $v.replicas) -}}
+{{- end -}}
+{{- if $v.shards -}}
+{{- fail "store.kind sqlite does not support shards in this chart: use store.kind postgres" -}}
+{{- end -}}
+{{- end -}}
+{{- end }}
+
+{{- define "cronoq.validateShards" -}}
+{{- $v := .Values -}}
+{{- if and $v.shards (not $v.tls.secretName) (not $v.insecurePeerHttp) -}}
+{{- fail "shards need tls.secretName or insecurePeerHttp: true: servers forward callers' tokens to other shards and workers follow redirects to them, so shard endpoints must be encrypted (tls.secretName) or explicitly trusted (insecurePeerHttp, trusted cluster networks only)" -}}
+{{- end -}}
+{{- $names := dict -}}
+{{- $numbers := dict -}}
+{{- $owners := dict -}}
+{{- range $i, $shard := $v.shards -}}
+{{- if hasKey $names $shard.name -}}
+{{- fail (printf "shards[%d]: name %q is used twice (also shards[%v])" $i $shard.name (get $names $shard.name)) -}}
+{{- end -}}
+{{- $_ := set $names $shard.name $i -}}
+{{- $number := toString (int64 $shard.number) -}}
+{{- if hasKey $numbers $number -}}
+{{- fail (printf "shards[%d] (%s): number %s is used twice (also shard %s); every shard needs its own number" $i $shard.name $number (get $numbers $number)) -}}
+{{- end -}}
+{{- $_ := set $numbers $number $shard.name -}}
+{{- range $pool := $shard.pools | default list -}}
+{{- if hasKey $owners $pool -}}
+{{- fail (printf "shards[%d] (%s): pool %q is already in shard %s; a pool belongs to exactly one shard" $i $shard.name $pool (get $owners $pool)) -}}
+{{- end -}}
+{{- $_ := set $owners $pool $shard.name -}}
+{{- end -}}
+{{- $service := include "cronoq.shardName" (dict "root" $ "shard" $shard.name) -}}
+{{- if gt (len $service) 63 -}}
+{{- fail (printf "shards[%d] (%s): its Service name %s is longer than 63 characters; use a shorter shard name or fullnameOverride" $i $shard.name $service) -}}
+{{- end -}}
+{{- end -}}
+{{- end }}
+
+{{/*
+The `config` value must be TOML, must not redefine the tables the chart writes, and with shards must
+declare exactly the pools the shards own (the server refuses a pool owned by no shard, or a shard
+owning an undeclared pool).
+*/}}
+{{- define "cronoq.validateConfig" -}}
+{{- $v := .Values -}}
+{{- $config := fromToml $v.config -}}
+{{- if hasKey $config "Error" -}}
+{{- fail (printf "config is not valid TOML: %s" $config.Error) -}}
+{{- end -}}
+{{- range $table := list "server" "store" "shards" -}}
+{{- if hasKey $config $table -}}
+{{- fail (printf "config must not contain [%s]: the chart writes it from its values (see values.yaml)" $table) -}}
+{{- end -}}
+{{- end -}}
+{{- if $v.shards -}}
+{{- $declared := list -}}
+{{- range $config.pools | default (list (dict "name" "default")) -}}
+{{- $declared = append $declared (toString .name) -}}
+{{- end -}}
+{{- range $i, $shard := $v.shards -}}
+{{- range $pool := $shard.pools | default list -}}
+{{- if not (has $pool $declared) -}}
+{{- fail (printf "shards[%d] (%s): pool %q is not declared in config (add a [[pools]] table named %q)" $i $shard.name $pool $pool) -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+{{- $owned := list -}}
+{{- range $v.shards -}}
+{{- $owned = concat $owned (.pools | default list) -}}
+{{- end -}}
+{{- range $declared -}}
+{{- if not (has . $owned) -}}
+{{- fail (printf "config: pool %q belongs to no shard; list it in one shard's pools" .) -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+{{- end }}

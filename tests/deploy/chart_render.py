@@ -1,0 +1,140 @@
+"""Render ``charts/cronoq`` with the real ``helm`` binary and read what came out.
+
+The chart cannot render without the two Secrets it names (tokens, database URL), so every scenario
+starts from :data:`REQUIRED` and overlays what it changes with :func:`merge`.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import tomllib
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from .conftest import REPO
+
+CHART = REPO / "charts" / "cronoq"
+TOKENS_SECRET = "cronoq-tokens"
+DB_SECRET = "cronoq-db"
+NAMESPACE = "jobs"
+REQUIRED: dict[str, Any] = {
+    "auth": {"existingSecret": TOKENS_SECRET},
+    "store": {"postgres": {"urlSecret": {"name": DB_SECRET}}},
+}
+# The role → environment variable the pods receive each token in (and the config's token_env).
+TOKEN_ENVS = {
+    "client": "CRONOQ_CLIENT_TOKEN",
+    "worker": "CRONOQ_WORKER_TOKEN",
+    "metrics": "CRONOQ_METRICS_TOKEN",
+    "admin": "CRONOQ_ADMIN_TOKEN",
+}
+DATABASE_URL_ENV = "CRONOQ_DATABASE_URL"
+
+Doc = dict[str, Any]
+
+
+def merge(base: Mapping[str, Any], extra: Mapping[str, Any]) -> dict[str, Any]:
+    """``base`` with ``extra`` laid over it, mappings merged key by key (as Helm merges values)."""
+    merged = dict(base)
+    for key, value in extra.items():
+        below = merged.get(key)
+        if isinstance(value, Mapping) and isinstance(below, Mapping):
+            merged[key] = merge(below, value)
+        else:
+            merged[key] = value
+    return merged
+
+
+def ci_values(name: str) -> dict[str, Any]:
+    """A values file from the chart's ``ci/`` folder (the examples ``helm lint`` also checks)."""
+    loaded: dict[str, Any] = yaml.safe_load((CHART / "ci" / name).read_text())
+    return loaded
+
+
+def helm_template(
+    helm: Path, values: Mapping[str, Any], *, release: str = "rel"
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [str(helm), "template", release, str(CHART), "--namespace", NAMESPACE, "-f", "-"],
+        input=yaml.safe_dump(dict(values)),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+def render(helm: Path, values: Mapping[str, Any], *, release: str = "rel") -> Rendered:
+    done = helm_template(helm, values, release=release)
+    assert done.returncode == 0, f"helm template failed:\n{done.stderr}"
+    return Rendered([doc for doc in yaml.safe_load_all(done.stdout) if doc])
+
+
+def refusal(helm: Path, values: Mapping[str, Any]) -> str:
+    """What ``helm template`` says when it refuses ``values`` (fails the test if it renders)."""
+    done = helm_template(helm, values)
+    assert done.returncode != 0, f"helm template rendered values it should refuse: {values}"
+    return done.stderr
+
+
+def selects(selector: Mapping[str, str], labels: Mapping[str, str]) -> bool:
+    """Whether a ``matchLabels`` selector matches ``labels``."""
+    return all(labels.get(key) == value for key, value in selector.items())
+
+
+@dataclass(frozen=True)
+class Rendered:
+    """The manifests of one ``helm template`` run."""
+
+    docs: list[Doc]
+
+    def of_kind(self, kind: str) -> list[Doc]:
+        return [doc for doc in self.docs if doc["kind"] == kind]
+
+    def one(self, kind: str, name: str) -> Doc:
+        found = [doc for doc in self.of_kind(kind) if doc["metadata"]["name"] == name]
+        assert len(found) == 1, f"expected one {kind} {name}, found {len(found)}"
+        return found[0]
+
+    @property
+    def deployments(self) -> list[Doc]:
+        return self.of_kind("Deployment")
+
+    @property
+    def config_text(self) -> str:
+        """The ``cronoq.toml`` of the chart's ConfigMap."""
+        (config_map,) = self.of_kind("ConfigMap")
+        text: str = config_map["data"]["cronoq.toml"]
+        return text
+
+    @property
+    def config(self) -> dict[str, Any]:
+        return tomllib.loads(self.config_text)
+
+
+def pod_spec(deployment: Doc) -> Doc:
+    spec: Doc = deployment["spec"]["template"]["spec"]
+    return spec
+
+
+def server_container(deployment: Doc) -> Doc:
+    (container,) = pod_spec(deployment)["containers"]
+    assert container["name"] == "server"
+    return dict(container)
+
+
+def env_of(deployment: Doc) -> dict[str, Doc]:
+    """The server container's environment, by variable name."""
+    return {var["name"]: var for var in server_container(deployment)["env"]}
+
+
+def pod_labels(deployment: Doc) -> dict[str, str]:
+    labels: dict[str, str] = deployment["spec"]["template"]["metadata"]["labels"]
+    return labels
+
+
+def names(docs: Iterable[Doc]) -> set[str]:
+    return {doc["metadata"]["name"] for doc in docs}

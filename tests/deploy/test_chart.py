@@ -1,0 +1,655 @@
+"""The Helm chart ``charts/cronoq``, rendered by the real ``helm`` binary: lint, Kubernetes schemas,
+selectors, probes, pod security, tokens, the refusals, and the rendered ``cronoq.toml`` checked (and
+run) by the real ``cronoq-server``."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import ssl
+import subprocess
+import sys
+import urllib.error
+import urllib.request
+from collections.abc import Iterator, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import kubernetes_validate  # type: ignore[import-untyped]  # ships no type information
+import pytest
+import yaml
+
+from cronoq.shards import SHARD_SHIFT
+from tests.integration.serverproc import ServerProcess, free_ports
+from tests.integration.test_tls import _issue, _openssl
+
+from .chart_render import (
+    CHART,
+    DATABASE_URL_ENV,
+    NAMESPACE,
+    REQUIRED,
+    TOKEN_ENVS,
+    TOKENS_SECRET,
+    Doc,
+    Rendered,
+    ci_values,
+    env_of,
+    merge,
+    names,
+    pod_labels,
+    pod_spec,
+    refusal,
+    render,
+    selects,
+    server_container,
+)
+from .conftest import KUBERNETES_VERSION
+
+SHARDED_TLS = ci_values("sharded-tls-values.yaml")
+SHARDED_INSECURE = merge({k: v for k, v in SHARDED_TLS.items() if k != "tls"}, {"insecurePeerHttp": True})
+SCENARIOS: dict[str, dict[str, Any]] = {
+    "default": REQUIRED,
+    "sharded-tls": SHARDED_TLS,
+    "sharded-insecure": SHARDED_INSECURE,
+    "readiness-leader": merge(REQUIRED, {"readiness": "leader"}),
+    "sqlite": merge(REQUIRED, {"store": {"kind": "sqlite"}, "replicas": 1}),
+    "sharded-mtls": merge(
+        SHARDED_TLS,
+        {
+            "tls": {"clientCerts": True},
+            "config": SHARDED_TLS["config"]
+            + '[[auth.certs]]\ndns_name = "worker-1.internal"\nrole = "worker"\n',
+        },
+    ),
+}
+SHARD_POOLS = {"cpu": ["default"], "gpu": ["llm"]}  # the shards of ci/sharded-tls-values.yaml
+APP_VERSION = yaml.safe_load((CHART / "Chart.yaml").read_text())["appVersion"]  # the default image tag
+
+
+@pytest.fixture(scope="module", params=sorted(SCENARIOS))
+def scenario(request: pytest.FixtureRequest, helm: Path) -> tuple[str, Rendered]:
+    name: str = request.param
+    return name, render(helm, SCENARIOS[name])
+
+
+def _tokens() -> dict[str, str]:
+    return {env: os.urandom(24).hex() for env in TOKEN_ENVS.values()}
+
+
+# ---------------------------------------------------------------- lint and Kubernetes schemas
+
+
+@pytest.mark.parametrize("values", ["default-values.yaml", "sharded-tls-values.yaml"])
+def test_helm_lint_strict_passes(helm: Path, values: str) -> None:
+    done = subprocess.run(
+        [str(helm), "lint", "--strict", str(CHART), "-f", str(CHART / "ci" / values)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "0 chart(s) failed" in done.stdout
+
+
+def test_every_manifest_is_valid_for_kubernetes(scenario: tuple[str, Rendered]) -> None:
+    _, rendered = scenario
+    assert rendered.docs
+    for doc in rendered.docs:
+        kubernetes_validate.validate(doc, KUBERNETES_VERSION, strict=True)
+
+
+# ---------------------------------------------------------------- what selects what
+
+
+def test_each_deployment_owns_its_pods_and_has_a_disruption_budget(scenario: tuple[str, Rendered]) -> None:
+    _, rendered = scenario
+    deployments = rendered.deployments
+    budgets = {pdb["metadata"]["name"]: pdb for pdb in rendered.of_kind("PodDisruptionBudget")}
+    assert set(budgets) == names(deployments)
+    for deployment in deployments:
+        selector = deployment["spec"]["selector"]["matchLabels"]
+        assert selects(selector, pod_labels(deployment))
+        budget = budgets[deployment["metadata"]["name"]]["spec"]
+        assert budget["selector"]["matchLabels"] == selector
+        assert budget["maxUnavailable"] == 1
+        for other in deployments:  # no Deployment (nor its budget) claims another's pods
+            if other is not deployment:
+                assert not selects(selector, pod_labels(other))
+
+
+def test_main_service_reaches_every_server_and_each_shard_service_only_its_own(helm: Path) -> None:
+    rendered = render(helm, SHARDED_TLS)
+    main = rendered.one("Service", "rel-cronoq")["spec"]["selector"]
+    shard_deployments = {d["metadata"]["name"]: d for d in rendered.deployments}
+    assert set(shard_deployments) == {"rel-cronoq-cpu", "rel-cronoq-gpu"}
+    assert all(selects(main, pod_labels(d)) for d in shard_deployments.values())
+    for shard in SHARD_POOLS:
+        service = rendered.one("Service", f"rel-cronoq-{shard}")["spec"]
+        for name, deployment in shard_deployments.items():
+            assert selects(service["selector"], pod_labels(deployment)) == (name == f"rel-cronoq-{shard}")
+        assert {p["name"]: p["port"] for p in service["ports"]} == {"grpc": 7070, "http": 7071}
+    assert shard_deployments["rel-cronoq-gpu"]["spec"]["replicas"] == 3  # its own replicas
+    assert shard_deployments["rel-cronoq-cpu"]["spec"]["replicas"] == 2  # the chart's
+
+
+def test_shard_names_drop_cronoq_when_the_release_name_has_it(helm: Path) -> None:
+    rendered = render(helm, SHARDED_TLS, release="cronoq")
+    assert names(rendered.of_kind("Service")) == {"cronoq", "cronoq-cpu", "cronoq-gpu"}
+    endpoints = {s["name"]: s["endpoint"] for s in rendered.config["shards"]}
+    assert endpoints == {
+        shard: f"https://cronoq-{shard}.{NAMESPACE}.svc.cluster.local:7070" for shard in SHARD_POOLS
+    }
+
+
+def test_each_shard_pod_serves_its_shard_from_one_shared_config(helm: Path) -> None:
+    rendered = render(helm, SHARDED_INSECURE)
+    config = rendered.config
+    assert {s["name"]: s["pools"] for s in config["shards"]} == SHARD_POOLS
+    assert {s["name"]: s["endpoint"] for s in config["shards"]} == {
+        shard: f"http://rel-cronoq-{shard}.{NAMESPACE}.svc.cluster.local:7070" for shard in SHARD_POOLS
+    }
+    assert config["server"]["insecure_peer_http"] is True
+    assert config["store"]["schema"] == "cronoq_{shard}"
+    assert config["resources"][0]["shard"] == "gpu"  # [[resources]] shard, through `config`
+    for deployment in rendered.deployments:
+        shard = deployment["metadata"]["name"].removeprefix("rel-cronoq-")
+        assert env_of(deployment)["CRONOQ_SHARD"]["value"] == shard
+        assert pod_labels(deployment)["cronoq.io/shard"] == shard
+
+
+TLS_FILES = {"cert_path": "/etc/cronoq-tls/tls.crt", "key_path": "/etc/cronoq-tls/tls.key"}
+CA_FILE = "/etc/cronoq-tls/ca.crt"
+
+
+@pytest.mark.parametrize(
+    ("name", "server_tls", "peer_tls"),
+    [
+        ("sharded-tls", TLS_FILES, {"ca_path": CA_FILE}),
+        ("sharded-mtls", {**TLS_FILES, "client_ca_path": CA_FILE}, {"ca_path": CA_FILE, **TLS_FILES}),
+        ("sharded-insecure", None, None),
+    ],
+)
+def test_tls_secret_becomes_server_and_peer_tls(
+    helm: Path, name: str, server_tls: dict[str, str] | None, peer_tls: dict[str, str] | None
+) -> None:
+    rendered = render(helm, SCENARIOS[name])
+    server = rendered.config["server"]
+    assert server.get("tls") == server_tls
+    assert server.get("peer_tls") == peer_tls
+    for deployment in rendered.deployments:
+        mounts = {m["name"]: m["mountPath"] for m in server_container(deployment)["volumeMounts"]}
+        volumes = {v["name"]: v for v in pod_spec(deployment)["volumes"]}
+        if server_tls is None:
+            assert "tls" not in mounts
+        else:
+            assert mounts["tls"] == "/etc/cronoq-tls"
+            assert volumes["tls"]["secret"]["secretName"] == "cronoq-tls"
+
+
+# ---------------------------------------------------------------- probes and rollout
+
+
+def _probe(deployment: Doc, kind: str) -> Doc:
+    probe: Doc = server_container(deployment)[kind]["httpGet"]
+    return probe
+
+
+@pytest.mark.parametrize(
+    ("name", "readiness_path", "strategy", "scheme"),
+    [
+        ("default", "/healthz", "RollingUpdate", "HTTP"),
+        ("sharded-tls", "/healthz", "RollingUpdate", "HTTPS"),
+        ("readiness-leader", "/readyz", "Recreate", "HTTP"),
+        ("sqlite", "/healthz", "Recreate", "HTTP"),
+    ],
+)
+def test_probes_and_update_strategy(
+    helm: Path, name: str, readiness_path: str, strategy: str, scheme: str
+) -> None:
+    rendered = render(helm, SCENARIOS[name])
+    grace = rendered.config["server"]["shutdown_grace_s"]
+    for deployment in rendered.deployments:
+        for kind in ("startupProbe", "livenessProbe"):
+            assert _probe(deployment, kind) == {"path": "/healthz", "port": "http", "scheme": scheme}
+        assert _probe(deployment, "readinessProbe") == {
+            "path": readiness_path,
+            "port": "http",
+            "scheme": scheme,
+        }
+        assert deployment["spec"]["strategy"]["type"] == strategy
+        if strategy == "RollingUpdate":
+            assert deployment["spec"]["strategy"]["rollingUpdate"]["maxUnavailable"] == 0
+        ports = {p["name"]: p["containerPort"] for p in server_container(deployment)["ports"]}
+        assert ports["grpc"] == 7070 and ports["http"] == 7071
+        # shutdown_grace_s for running attempts, then up to 5 s of listener drain.
+        assert pod_spec(deployment)["terminationGracePeriodSeconds"] > grace + 5
+
+
+def test_termination_grace_follows_shutdown_grace(helm: Path) -> None:
+    rendered = render(helm, merge(REQUIRED, {"shutdownGraceS": 45}))
+    assert rendered.config["server"]["shutdown_grace_s"] == 45
+    (deployment,) = rendered.deployments
+    assert pod_spec(deployment)["terminationGracePeriodSeconds"] > 50
+
+
+# ---------------------------------------------------------------- pods
+
+
+def test_pods_run_locked_down(scenario: tuple[str, Rendered]) -> None:
+    _, rendered = scenario
+    for deployment in rendered.deployments:
+        pod = pod_spec(deployment)
+        assert pod["automountServiceAccountToken"] is False
+        assert pod["securityContext"]["runAsNonRoot"] is True
+        assert pod["securityContext"]["runAsUser"] == 65532
+        assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+        security = server_container(deployment)["securityContext"]
+        assert security["readOnlyRootFilesystem"] is True
+        assert security["allowPrivilegeEscalation"] is False
+        assert security["capabilities"]["drop"] == ["ALL"]
+        assert security["seccompProfile"] == {"type": "RuntimeDefault"}
+        mounts = {m["mountPath"]: m["name"] for m in server_container(deployment)["volumeMounts"]}
+        volumes = {v["name"]: v for v in pod["volumes"]}
+        assert volumes[mounts["/etc/cronoq"]]["configMap"]["name"] == "rel-cronoq-config"
+        assert server_container(deployment)["args"] == ["--config", "/etc/cronoq/cronoq.toml"]
+        assert server_container(deployment)["image"] == f"cronoq:{APP_VERSION}"
+
+
+def test_a_config_change_rolls_the_pods(helm: Path) -> None:
+    def checksum(values: Mapping[str, Any]) -> str:
+        (deployment,) = render(helm, values).deployments
+        value: str = deployment["spec"]["template"]["metadata"]["annotations"]["checksum/config"]
+        return value
+
+    before = checksum(REQUIRED)
+    assert checksum(REQUIRED) == before
+    assert checksum(merge(REQUIRED, {"config": '[[pools]]\nname = "default"\nmax = 7\n'})) != before
+
+
+def test_sqlite_keeps_its_database_on_a_claim(helm: Path) -> None:
+    rendered = render(helm, SCENARIOS["sqlite"])
+    claim = rendered.one("PersistentVolumeClaim", "rel-cronoq-data")
+    assert claim["metadata"]["annotations"]["helm.sh/resource-policy"] == "keep"
+    (deployment,) = rendered.deployments
+    assert deployment["spec"]["replicas"] == 1
+    mounts = {m["name"]: m["mountPath"] for m in server_container(deployment)["volumeMounts"]}
+    volumes = {v["name"]: v for v in pod_spec(deployment)["volumes"]}
+    assert volumes["data"]["persistentVolumeClaim"]["claimName"] == "rel-cronoq-data"
+    assert rendered.config["store"] == {
+        "kind": "sqlite",
+        "path": f"{mounts['data']}/state.db",
+        "keep_finished_s": 604800,
+    }
+    assert DATABASE_URL_ENV not in env_of(deployment)
+
+
+def test_scheduling_service_and_metrics_values_reach_the_manifests(helm: Path) -> None:
+    values = merge(
+        SHARDED_TLS,
+        {
+            "nodeSelector": {"pool": "system"},
+            "tolerations": [{"key": "dedicated", "operator": "Exists", "effect": "NoSchedule"}],
+            "podAnnotations": {"team": "jobs"},
+            "resources": {"limits": {"memory": "1Gi"}},
+            "service": {"type": "LoadBalancer", "annotations": {"lb": "internal"}},
+            "metrics": {"serviceMonitor": {"enabled": True, "labels": {"release": "prometheus"}}},
+        },
+    )
+    rendered = render(helm, values)
+    for deployment in rendered.deployments:
+        pod = pod_spec(deployment)
+        assert pod["nodeSelector"] == {"pool": "system"}
+        assert pod["tolerations"][0]["key"] == "dedicated"
+        assert deployment["spec"]["template"]["metadata"]["annotations"]["team"] == "jobs"
+        assert server_container(deployment)["resources"]["limits"] == {"memory": "1Gi"}
+        assert {p["name"]: p["containerPort"] for p in server_container(deployment)["ports"]}[
+            "metrics"
+        ] == 7072
+    assert rendered.config["server"]["metrics_addr"] == "0.0.0.0:7072"
+    main = rendered.one("Service", "rel-cronoq")
+    assert main["spec"]["type"] == "LoadBalancer" and main["metadata"]["annotations"] == {"lb": "internal"}
+    assert "metrics" in {p["name"] for p in main["spec"]["ports"]}
+    (monitor,) = rendered.of_kind("ServiceMonitor")
+    assert monitor["metadata"]["labels"]["release"] == "prometheus"
+    (endpoint,) = monitor["spec"]["endpoints"]
+    assert endpoint["port"] == "metrics" and endpoint["scheme"] == "https"
+    assert endpoint["tlsConfig"]["ca"]["secret"] == {"name": "cronoq-tls", "key": "ca.crt"}
+    # It selects the main Service (the only one with the metrics port), not the shard Services.
+    selector = monitor["spec"]["selector"]
+    for service in rendered.of_kind("Service"):
+        labels = service["metadata"]["labels"]
+        excluded = any(e["key"] in labels for e in selector["matchExpressions"])
+        chosen = selects(selector["matchLabels"], labels) and not excluded
+        assert chosen == (service["metadata"]["name"] == "rel-cronoq")
+
+
+# ---------------------------------------------------------------- tokens and secrets
+
+
+def test_tokens_and_database_url_only_through_secret_refs(scenario: tuple[str, Rendered]) -> None:
+    name, rendered = scenario
+    assert not rendered.of_kind("Secret")
+    config = rendered.config
+    assert sorted(config["auth"]["tokens"], key=lambda t: t["role"]) == sorted(
+        ({"role": role, "token_env": env} for role, env in TOKEN_ENVS.items()), key=lambda t: t["role"]
+    )
+    if config["store"]["kind"] == "postgres":
+        assert "url" not in config["store"] and config["store"]["url_env"] == DATABASE_URL_ENV
+    for deployment in rendered.deployments:
+        env = env_of(deployment)
+        for role, variable in TOKEN_ENVS.items():
+            assert env[variable] == {
+                "name": variable,
+                "valueFrom": {"secretKeyRef": {"name": TOKENS_SECRET, "key": role}},
+            }
+        if name != "sqlite":
+            assert env[DATABASE_URL_ENV]["valueFrom"]["secretKeyRef"] == {"name": "cronoq-db", "key": "url"}
+        literal = {var["name"] for var in env.values() if "value" in var}
+        assert literal <= {"CRONOQ_LOG", "CRONOQ_SHARD"}
+
+
+# ---------------------------------------------------------------- refusals
+
+TWO_SHARDS = [
+    {"name": "cpu", "number": 1, "pools": ["default"]},
+    {"name": "gpu", "number": 2, "pools": ["llm"]},
+]
+POOLS = '[[pools]]\nname = "default"\n[[pools]]\nname = "llm"\n'
+SHARDED = merge(REQUIRED, {"shards": TWO_SHARDS, "insecurePeerHttp": True, "config": POOLS})
+
+
+def _shards(*entries: dict[str, Any]) -> dict[str, Any]:
+    return merge(SHARDED, {"shards": list(entries)})
+
+
+@pytest.mark.parametrize(
+    ("values", "message"),
+    [
+        pytest.param({"store": REQUIRED["store"]}, "auth.existingSecret is required", id="no-tokens"),
+        pytest.param({"auth": REQUIRED["auth"]}, "store.postgres.urlSecret.name is required", id="no-db-url"),
+        pytest.param(
+            merge(SHARDED, {"insecurePeerHttp": False}),
+            "shards need tls.secretName or insecurePeerHttp",
+            id="shards-without-tls",
+        ),
+        pytest.param(
+            _shards(TWO_SHARDS[0], {"name": "cpu", "number": 2, "pools": ["llm"]}),
+            'shards[1]: name "cpu" is used twice',
+            id="duplicate-name",
+        ),
+        pytest.param(
+            _shards(TWO_SHARDS[0], {"name": "gpu", "number": 1, "pools": ["llm"]}),
+            "shards[1] (gpu): number 1 is used twice",
+            id="duplicate-number",
+        ),
+        pytest.param(
+            _shards(TWO_SHARDS[0], {"name": "gpu", "number": 256, "pools": ["llm"]}),
+            "shards.1.number: Must be less than or equal to 255",
+            id="number-too-large",
+        ),
+        pytest.param(
+            _shards({"name": "cpu", "number": -1, "pools": ["default", "llm"]}),
+            "shards.0.number: Must be greater than or equal to 0",
+            id="number-negative",
+        ),
+        pytest.param(
+            _shards(TWO_SHARDS[0], {"name": "gpu", "number": 2, "pools": ["llm", "default"]}),
+            'shards[1] (gpu): pool "default" is already in shard cpu',
+            id="pool-in-two-shards",
+        ),
+        pytest.param(
+            _shards(TWO_SHARDS[0], {"name": "gpu", "number": 2, "pools": ["llm", "batch"]}),
+            'shards[1] (gpu): pool "batch" is not declared in config',
+            id="undeclared-pool",
+        ),
+        pytest.param(
+            _shards(TWO_SHARDS[0]), 'config: pool "llm" belongs to no shard', id="pool-without-shard"
+        ),
+        pytest.param(
+            _shards({"name": "GPU", "number": 2, "pools": []}),
+            "shards.0.name: Does not match pattern",
+            id="bad-name",
+        ),
+        pytest.param(
+            merge(SHARDED, {"fullnameOverride": "x" * 60}),
+            "longer than 63 characters",
+            id="long-service-name",
+        ),
+        pytest.param(
+            merge(SHARDED, {"store": {"postgres": {"schema": "cronoq"}}}),
+            'store.postgres.schema "cronoq" must contain {shard}',
+            id="shared-schema",
+        ),
+        pytest.param(
+            merge(REQUIRED, {"store": {"postgres": {"schema": "cronoq_{shard}"}}}),
+            "uses {shard} but no shards are set",
+            id="shard-schema-unsharded",
+        ),
+        pytest.param(
+            merge(REQUIRED, {"store": {"kind": "sqlite"}}),
+            "store.kind sqlite needs replicas: 1 (got 2)",
+            id="sqlite-standby",
+        ),
+        pytest.param(
+            merge(SHARDED, {"store": {"kind": "sqlite"}, "replicas": 1}),
+            "store.kind sqlite does not support shards",
+            id="sqlite-shards",
+        ),
+        pytest.param(merge(REQUIRED, {"config": "[[pools]\n"}), "config is not valid TOML", id="bad-toml"),
+        pytest.param(
+            merge(REQUIRED, {"config": '[server]\ngrpc_addr = "0.0.0.0:1"\n'}),
+            "config must not contain [server]",
+            id="config-server",
+        ),
+        pytest.param(
+            merge(REQUIRED, {"config": '[store]\nkind = "memory"\n'}),
+            "config must not contain [store]",
+            id="config-store",
+        ),
+        pytest.param(
+            merge(REQUIRED, {"metrics": {"serviceMonitor": {"enabled": True}}}),
+            "metrics.serviceMonitor.enabled needs metrics.enabled",
+            id="monitor-without-metrics",
+        ),
+        pytest.param(
+            merge(REQUIRED, {"tls": {"clientCerts": True}}),
+            "tls.clientCerts needs tls.secretName",
+            id="mtls-without-tls",
+        ),
+        pytest.param(merge(REQUIRED, {"replicas": "two"}), "replicas: Invalid type", id="replicas-string"),
+        pytest.param(
+            merge(REQUIRED, {"readiness": "some"}), "readiness: readiness must be one of", id="readiness"
+        ),
+        pytest.param(
+            merge(REQUIRED, {"replica": 3}), "Additional property replica is not allowed", id="typo"
+        ),
+    ],
+)
+def test_refused(helm: Path, values: dict[str, Any], message: str) -> None:
+    assert message in refusal(helm, values)
+
+
+def test_the_base_of_the_refusals_renders(helm: Path) -> None:
+    """The base the refusals start from renders, so each refusal is caused by what it changes."""
+    render(helm, SHARDED)
+    render(helm, merge(REQUIRED, {"store": {"kind": "sqlite"}, "replicas": 1}))
+
+
+# ---------------------------------------------------------------- the real server reads the config
+
+
+def _pki(directory: Path, hosts: list[str]) -> Path:
+    """A CA and a server certificate naming ``hosts`` (and 127.0.0.1), laid out as the kubernetes.io/tls
+    Secret the pods mount: ``tls.crt``, ``tls.key``, ``ca.crt``."""
+    directory.mkdir(parents=True, exist_ok=True)
+    ca, ca_key = directory / "ca.crt", directory / "ca.key"
+    _openssl(
+        "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=cronoq chart test CA",
+        "-keyout", str(ca_key), "-out", str(ca),
+    )  # fmt: skip
+    san = ",".join(["IP:127.0.0.1", *(f"DNS:{host}" for host in hosts)])
+    cert, key = _issue(directory, "server", "/CN=cronoq", san, ca, ca_key)
+    cert.rename(directory / "tls.crt")
+    key.rename(directory / "tls.key")
+    return directory
+
+
+def _with_tls_dir(config_text: str, tls_dir: Path | None) -> str:
+    """The TLS files where this test wrote them, not where the pods mount the Secret (``--check`` and
+    the servers read them)."""
+    assert "/etc/cronoq-tls/" in config_text or tls_dir is None
+    return config_text if tls_dir is None else config_text.replace("/etc/cronoq-tls/", f"{tls_dir}/")
+
+
+# What the pods receive, so that none of it leaks into a check from the environment running the tests.
+OWN_ENV = {*TOKEN_ENVS.values(), DATABASE_URL_ENV, "CRONOQ_SHARD"}
+
+
+def _check(config: Path, env: Mapping[str, str], shard: str | None) -> subprocess.Popen[str]:
+    shard_env = {"CRONOQ_SHARD": shard} if shard else {}
+    return subprocess.Popen(
+        [sys.executable, "-m", "cronoq.shard.main", "--config", str(config), "--check"],
+        env={**{k: v for k, v in os.environ.items() if k not in OWN_ENV}, **env, **shard_env},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+
+
+def test_rendered_config_passes_the_servers_check(helm: Path, tmp_path: Path) -> None:
+    """Each distinct config of the scenarios, checked as the pods run it (each shard with
+    CRONOQ_SHARD), all at once. A control run without one token variable must fail, so the check is a
+    real one."""
+    env = {**_tokens(), DATABASE_URL_ENV: "postgres://cronoq:secret@db:5432/cronoq?sslmode=verify-full"}
+    tls_dir = _pki(tmp_path / "tls", [])
+    checks: dict[str, subprocess.Popen[str]] = {}
+    seen: set[str] = set()
+    for name, values in SCENARIOS.items():
+        rendered = render(helm, values)
+        server = rendered.config["server"]
+        assert (server["grpc_addr"], server["http_addr"]) == ("0.0.0.0:7070", "0.0.0.0:7071")  # in the pod
+        schemes = {s["endpoint"].split("://")[0] for s in rendered.config.get("shards", [])}
+        assert schemes <= ({"https"} if "tls" in values else {"http"})
+        if rendered.config_text in seen:  # readiness changes the probes, not the config
+            continue
+        seen.add(rendered.config_text)
+        config = tmp_path / f"{name}.toml"
+        config.write_text(_with_tls_dir(rendered.config_text, tls_dir if "tls" in values else None))
+        if name == "sqlite":  # --check wants the database's directory: the pod's volume, here tmp_path
+            config.write_text(config.read_text().replace("/var/lib/cronoq/", f"{tmp_path}/"))
+        for shard in [s["name"] for s in rendered.config.get("shards", [])] or [None]:
+            checks[f"{name}/{shard}"] = _check(config, env, shard)
+    without_worker_token = {k: v for k, v in env.items() if k != "CRONOQ_WORKER_TOKEN"}
+    control = _check(tmp_path / "default.toml", without_worker_token, None)
+    for label, proc in checks.items():
+        output, _ = proc.communicate(timeout=60)
+        assert proc.returncode == 0, f"{label}: {output}"
+        assert "configuration ok" in output
+    output, _ = control.communicate(timeout=60)
+    assert control.returncode == 1 and "CRONOQ_WORKER_TOKEN is not set" in output
+
+
+# ---------------------------------------------------------------- the real servers run it
+
+
+def _replace_once(text: str, old: str, new: str) -> str:
+    """An adjustment that must apply exactly once, so a changed chart cannot make it a silent no-op."""
+    assert text.count(old) == 1, f"{old} occurs {text.count(old)} times in the rendered config"
+    return text.replace(old, new)
+
+
+@contextlib.contextmanager
+def _cluster_from_chart(
+    rendered: Rendered, tmp_path: Path, tls_dir: Path, env: Mapping[str, str]
+) -> Iterator[dict[str, list[ServerProcess]]]:
+    """Two servers per shard, as the shard Deployments' pods would run, from the chart's config.
+
+    The adjustments, all explicit: the TLS files where this test wrote them; each process's own
+    loopback ports instead of 0.0.0.0:7070/7071 (pods have their own IPs, processes here do not);
+    each shard's endpoint (its Service) pointing at that shard's first server, which leads.
+    """
+    context = ssl.create_default_context(cafile=str(tls_dir / "ca.crt"))
+    shards = [s["name"] for s in rendered.config["shards"]]
+    picked = iter(free_ports(4 * len(shards)))
+    ports = {shard: [(next(picked), next(picked)) for _ in range(2)] for shard in shards}
+    base = _with_tls_dir(rendered.config_text, tls_dir)
+    for shard in rendered.config["shards"]:
+        leader_grpc = ports[shard["name"]][0][0]
+        base = _replace_once(
+            base, json.dumps(shard["endpoint"]), json.dumps(f"https://127.0.0.1:{leader_grpc}")
+        )
+    procs: dict[str, list[ServerProcess]] = {}
+    for shard in shards:
+        procs[shard] = []
+        for index, (grpc_port, http_port) in enumerate(ports[shard]):
+            folder = tmp_path / f"{shard}-{index}"
+            folder.mkdir()
+            text = _replace_once(base, '"0.0.0.0:7070"', f'"127.0.0.1:{grpc_port}"')
+            text = _replace_once(text, '"0.0.0.0:7071"', f'"127.0.0.1:{http_port}"')
+            (folder / "cronoq.toml").write_text(text)
+            procs[shard].append(
+                ServerProcess(
+                    folder / "cronoq.toml",
+                    folder / "server.log",
+                    env={**env, "CRONOQ_SHARD": shard},
+                    grpc_port=grpc_port,
+                    http_port=http_port,
+                    ssl_context=context,
+                )
+            )
+    everyone = [proc for group in procs.values() for proc in group]
+    try:
+        with ThreadPoolExecutor() as pool:  # the shards start side by side
+            list(pool.map(lambda group: group[0].start(), procs.values()))  # the first of each leads...
+            list(
+                pool.map(lambda group: group[1].start(ready=False), procs.values())
+            )  # ...the second stands by
+        yield procs
+    except BaseException:
+        for proc in everyone:
+            print(f"----- {proc.log_path} -----\n{proc.logs()}")
+        raise
+    finally:
+        for proc in everyone:
+            proc.stop()
+
+
+def _submit(server: ServerProcess, token: str, pool: str) -> tuple[int, dict[str, Any]]:
+    request = urllib.request.Request(
+        f"{server.http}/v1/tasks",
+        data=json.dumps({"pool": pool, "payload": {"from": "chart"}}).encode(),
+        headers={"authorization": f"Bearer {token}", "content-type": "application/json"},
+        method="POST",
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=15, context=server.ssl_context) as answer:
+            return answer.status, json.loads(answer.read())
+    except urllib.error.HTTPError as err:
+        return err.code, {}
+
+
+def test_servers_started_from_the_rendered_config_lead_stand_by_and_forward(
+    helm: Path, tmp_path: Path, postgres_url: str, pg_schema: str
+) -> None:
+    values = merge(
+        SHARDED_TLS,
+        {"store": {"postgres": {"schema": f"{pg_schema}_{{shard}}"}}, "metrics": {"enabled": False}},
+    )
+    rendered = render(helm, values)
+    hosts = [re.sub(r"^https://|:7070$", "", s["endpoint"]) for s in rendered.config["shards"]]
+    tls_dir = _pki(tmp_path / "tls", hosts)
+    env = {**_tokens(), DATABASE_URL_ENV: postgres_url}
+    with _cluster_from_chart(rendered, tmp_path, tls_dir, env) as procs:
+        for leader, standby in procs.values():
+            assert (leader.probe("/readyz"), leader.probe("/healthz")) == (200, 200)
+            assert (standby.probe("/readyz"), standby.probe("/healthz")) == (503, 200)
+        # A task for the gpu shard's pool, sent to the cpu shard's leader, is forwarded over https to
+        # the gpu leader (verified with ca.crt, as [server.peer_tls] says) and gets a gpu task id.
+        status, answer = _submit(procs["cpu"][0], env["CRONOQ_CLIENT_TOKEN"], "llm")
+        assert status == 200, answer
+        gpu_number = next(s["number"] for s in rendered.config["shards"] if s["name"] == "gpu")
+        assert int(answer["id"]) >> SHARD_SHIFT == gpu_number
+        assert _submit(procs["gpu"][0], "not-a-token-at-all-0000", "llm")[0] == 401
