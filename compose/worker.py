@@ -1,0 +1,71 @@
+"""An example cronoq worker for the development cluster: serves one pool with the Python SDK.
+
+compose.yaml runs it from the cronoq image (``/opt/cronoq/bin/python3 /srv/cronoq/worker.py``), once
+per pool. It connects to the router, which redirects it to the leader of the shard owning its pool, and
+follows that leader across failovers. Settings come from the environment:
+
+- ``CRONOQ_TARGET``: the gRPC address to connect to (default ``127.0.0.1:7070``);
+- ``CRONOQ_TOKEN``: a bearer token with the ``worker`` role;
+- ``CRONOQ_POOL``: the pool to serve (default ``default``);
+- ``CRONOQ_SLOTS``: how many tasks run at once (default 4);
+- ``CRONOQ_WORKER_NAME``: the name shown by ``cronoq workers`` and in results (default: the host name);
+- ``CRONOQ_INSECURE_REDIRECT_HTTP``: ``1`` to follow redirects that send the token over plain http to
+  another host, as on the Compose network, which has no TLS.
+
+A task's JSON payload is echoed back in its result. ``{"sleep": 2}`` makes the attempt last 2 s (to
+watch busy slots and autoscaling on the dashboards), ``{"fail": "why"}`` fails it as retryable (to
+watch retries and dead letters). On SIGTERM (``docker compose stop``) the worker stops taking leases
+and lets running ones finish before it exits.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import socket
+from typing import Any
+
+import cronoq
+from cronoq.client import Lease, Worker
+
+NAME = os.environ.get("CRONOQ_WORKER_NAME") or socket.gethostname()
+
+
+async def handle(lease: Lease) -> dict[str, Any]:
+    """Echo the payload, naming who ran it, so a caller sees which pool and worker did the work."""
+    body = lease.json() if lease.content_type == "application/json" else lease.text()
+    if isinstance(body, dict):
+        if "sleep" in body:
+            await asyncio.sleep(float(body["sleep"]))
+        if "fail" in body:
+            raise cronoq.Retryable(str(body["fail"]))
+    return {"pool": lease.pool, "worker": NAME, "attempt": lease.attempt, "echo": body}
+
+
+async def main() -> None:
+    worker = Worker(
+        os.environ.get("CRONOQ_TARGET", "127.0.0.1:7070"),
+        os.environ.get("CRONOQ_POOL", "default"),
+        handle,
+        slots=int(os.environ.get("CRONOQ_SLOTS", "4")),
+        token=os.environ.get("CRONOQ_TOKEN") or None,
+        name=NAME,
+        insecure_redirect_http=os.environ.get("CRONOQ_INSECURE_REDIRECT_HTTP") == "1",
+    )
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    print(f"worker {NAME}: serving pool {worker.pool}", flush=True)
+    running = asyncio.create_task(worker.run())
+    stopping = asyncio.create_task(stop.wait())
+    await asyncio.wait({running, stopping}, return_when=asyncio.FIRST_COMPLETED)
+    if not running.done():
+        await worker.stop()  # lets running handlers finish (the SDK's grace, 10 s)
+    stopping.cancel()
+    await running  # raises what ended the worker, e.g. a rejected token
+
+
+if __name__ == "__main__":
+    asyncio.run(main())

@@ -1,0 +1,286 @@
+"""The container image (``Dockerfile``, ``.dockerignore``, ``deploy/image/cronoq.toml``), without a
+Docker engine: linted, checked against the shared contract and the project's metadata, its build
+context rebuilt and turned into the wheel the image installs, and its entrypoint run here with the
+image's configuration and environment (:mod:`.compose_run`)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+import tomllib
+import urllib.error
+import urllib.request
+import zipfile
+from collections.abc import Iterator
+from pathlib import Path, PurePosixPath
+from typing import Any
+
+import pytest
+
+from .compose_image import REPO, VENV_BIN, DockerIgnore, Image, local_program, stage_context
+from .compose_run import Container, LocalProcess, Loopback
+
+PYPROJECT = tomllib.loads((REPO / "pyproject.toml").read_text())
+SCRIPTS: dict[str, str] = PYPROJECT["project"]["scripts"]
+TOKENS = {
+    name: f"image-test-{name.lower()}-0123456789"
+    for name in ("CRONOQ_CLIENT_TOKEN", "CRONOQ_WORKER_TOKEN", "CRONOQ_METRICS_TOKEN", "CRONOQ_ADMIN_TOKEN")
+}
+
+
+@pytest.fixture(scope="module")
+def image() -> Image:
+    return Image.read()
+
+
+@pytest.fixture(scope="module")
+def wheel(image: Image, tmp_path_factory: pytest.TempPathFactory) -> zipfile.ZipFile:
+    """The wheel the build stage makes, built here from exactly what its COPY instructions take from the
+    build context (so a file ``.dockerignore`` drops, or a folder no COPY names, is missing from it)."""
+    root = tmp_path_factory.mktemp("build-stage")
+    build = image.stage("build")
+    stage_context(image, build, root)
+    (run,) = (i.args for i in build.all("RUN") if "pip wheel" in i.args)
+    assert str(build.workdir()) in run.split(), "the build stage builds its WORKDIR into a wheel"
+    out = root / "wheels"
+    done = subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--no-build-isolation",
+         "--wheel-dir", str(out), str(root / build.workdir().relative_to("/"))],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 0, f"no wheel from what the build stage copies:\n{done.stdout}{done.stderr}"
+    (found,) = out.glob("cronoq-*.whl")
+    return zipfile.ZipFile(found)
+
+
+def test_hadolint_passes_with_only_justified_ignores(hadolint: Path, tmp_path: Path) -> None:
+    """No finding at any level (style included), with no configuration of ours that could hide one;
+    each inline ignore is explained by the comment right above it."""
+    config = tmp_path / "hadolint.yaml"
+    config.write_text("failure-threshold: style\n")
+    done = subprocess.run(
+        [str(hadolint), "--config", str(config), "--no-color", str(REPO / "Dockerfile")],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    lines = (REPO / "Dockerfile").read_text().splitlines()
+    for number, line in enumerate(lines):
+        if line.startswith("# hadolint ignore="):
+            above = lines[number - 1]
+            assert above.startswith("# ") and "hadolint" not in above, f"line {number + 1} is not explained"
+
+
+def test_hadolint_finds_what_it_should(hadolint: Path, tmp_path: Path) -> None:
+    """The check above is not vacuous: the same Dockerfile without its ignore pragmas is flagged."""
+    stripped = tmp_path / "Dockerfile"
+    stripped.write_text(
+        "".join(
+            line
+            for line in (REPO / "Dockerfile").read_text().splitlines(keepends=True)
+            if "hadolint" not in line
+        )
+    )
+    done = subprocess.run(
+        [str(hadolint), "--no-color", str(stripped)], capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode != 0 and "DL3008" in done.stdout
+
+
+def test_image_follows_the_shared_contract(image: Image) -> None:
+    build, final = image.stages[0], image.final
+    assert build.base == "debian:12-slim" and build.name == "build"
+    assert "python3-venv" in " ".join(i.args for i in build.all("RUN"))
+    assert final.base == "gcr.io/distroless/python3-debian12:nonroot"
+    assert image.user == "65532:65532"
+    assert image.exposed == [7070, 7071]
+    assert image.volumes == ["/var/lib/cronoq"]
+    assert image.env == {
+        "CRONOQ_CONFIG": "/etc/cronoq/cronoq.toml",
+        "PYTHONDONTWRITEBYTECODE": "1",
+        "PYTHONUNBUFFERED": "1",
+    }
+    # The venv and the volume's mount point come from the build stage, the latter owned by the user.
+    from_build = {c.sources: c for c in final.copies() if c.source_stage == "build"}
+    assert from_build[("/opt/cronoq",)].destination == "/opt/cronoq"
+    assert from_build[("/rootfs/var/lib/cronoq",)].destination == image.volumes[0]
+    assert from_build[("/rootfs/var/lib/cronoq",)].chown == image.user
+
+
+def test_byte_code_is_compiled_at_build_time(image: Image) -> None:
+    """Nothing writes .pyc at run time (read-only root): the build compiles it, in a form that stays
+    valid whatever the timestamps of the copied sources."""
+    run = " ".join(i.args for i in image.stage("build").all("RUN"))
+    assert "compileall" in run and "--invalidation-mode unchecked-hash" in run
+    assert image.env["PYTHONDONTWRITEBYTECODE"] == "1"
+
+
+def test_labels_match_the_project(image: Image) -> None:
+    labels = image.labels
+    assert labels["org.opencontainers.image.title"] == PYPROJECT["project"]["name"]
+    assert labels["org.opencontainers.image.version"] == PYPROJECT["project"]["version"]
+    assert labels["org.opencontainers.image.licenses"] == PYPROJECT["project"]["license"]
+    assert labels["org.opencontainers.image.base.name"] == image.final.base
+    assert labels["org.opencontainers.image.description"]
+
+
+def test_programs_are_the_console_scripts(image: Image, wheel: zipfile.ZipFile) -> None:
+    """The entrypoint is the cronoq-server console script, and the wheel the image installs declares
+    exactly the project's console scripts, which the venv puts in /opt/cronoq/bin."""
+    (entrypoint,) = image.entrypoint
+    assert PurePosixPath(entrypoint) == VENV_BIN / "cronoq-server"
+    assert set(SCRIPTS) == {"cronoq-server", "cronoq-router", "cronoq-operator", "cronoq"}
+    (entry_points,) = (n for n in wheel.namelist() if n.endswith(".dist-info/entry_points.txt"))
+    declared = wheel.read(entry_points).decode()
+    for name, target in SCRIPTS.items():
+        assert f"{name} = {target}" in declared
+        local_program(str(VENV_BIN / name))  # and this checkout's venv has the same program
+
+
+def test_copy_sources_are_in_the_build_context(image: Image) -> None:
+    """Every file COPY takes from the context exists and is not excluded; and the build stage copies
+    every folder pyproject.toml maps to a package, and the README it names."""
+    ignore = DockerIgnore.read()
+    context_copies = [c for stage in image.stages for c in stage.copies() if c.source_stage is None]
+    for copy in context_copies:
+        for source in copy.sources:
+            assert (REPO / source).exists(), f"COPY {source}: no such file"
+            assert not ignore.excludes(source), f"COPY {source}: excluded by .dockerignore"
+    copied = {s for c in image.stage("build").copies() for s in c.sources}
+    package_dirs = set(PYPROJECT["tool"]["setuptools"]["package-dir"].values())
+    for folder in package_dirs:
+        assert folder.split("/")[0] in copied, f"{folder} (a package of pyproject.toml) is not copied"
+    assert {"pyproject.toml", PYPROJECT["project"]["readme"]} <= copied
+
+
+@pytest.mark.parametrize(
+    "path",
+    [
+        ".git/HEAD",
+        ".venv/bin/python",
+        "common/cronoq/__pycache__/auth.cpython-311.pyc",
+        "shard/store/x.pyc",
+        ".mypy_cache/3.11/cache.db",
+        ".ruff_cache/content",
+        ".pytest_cache/v/cache",
+        ".hypothesis/examples/x",
+        "build/lib/cronoq/__init__.py",
+        "dist/cronoq-0.1.0-py3-none-any.whl",
+        "cronoq.egg-info/PKG-INFO",
+        "compose/.env",
+    ],
+)
+def test_dockerignore_keeps_out(path: str) -> None:
+    assert DockerIgnore.read().excludes(path)
+
+
+def test_wheel_holds_every_package(wheel: zipfile.ZipFile) -> None:
+    """The image's wheel has every package with all its modules (none lost to .dockerignore), and the
+    data files the server reads: the embedded .proto, py.typed."""
+    names = set(wheel.namelist())
+    for package, folder in PYPROJECT["tool"]["setuptools"]["package-dir"].items():
+        prefix = package.replace(".", "/")
+        for module in (REPO / folder).glob("*.py"):
+            assert f"{prefix}/{module.name}" in names, f"{module} is missing from the image's wheel"
+    for package in PYPROJECT["tool"]["setuptools"]["packages"]:
+        assert f"{package.replace('.', '/')}/__init__.py" in names
+    assert {"cronoq/v1/cronoq.proto", "cronoq/py.typed"} <= names
+
+
+# --- the image's example configuration, run as the image runs it ------------------------------------
+
+
+def docker_run(
+    image: Image, tmp_path: Path, *args: str, env: dict[str, str], mount: bool = False
+) -> LocalProcess:
+    """``docker run [-e ...] [-v deploy/image/cronoq.toml:/c.toml:ro] cronoq args...`` on loopback."""
+    container = Container.of_image(image, args, env)
+    if mount:
+        container.files[PurePosixPath("/c.toml")] = REPO / "deploy" / "image" / "cronoq.toml"
+    return container.local(Loopback.allocate(["cronoq"], image.exposed), tmp_path)
+
+
+def test_example_config_binds_every_interface_with_tokens_from_the_environment() -> None:
+    """Reachable from outside its container, so its credentials are required, and none is in the file."""
+    config = tomllib.loads((REPO / "deploy" / "image" / "cronoq.toml").read_text())
+    assert config["server"]["grpc_addr"] == "0.0.0.0:7070"
+    assert config["server"]["http_addr"] == "0.0.0.0:7071"
+    assert [t["token_env"] for t in config["auth"]["tokens"]] == list(TOKENS)
+    assert all("token" not in t for t in config["auth"]["tokens"])
+    assert config["store"]["path"].startswith("/var/lib/cronoq/")  # the image's volume
+
+
+def test_example_config_passes_check(image: Image, tmp_path: Path) -> None:
+    """The seed's ``docker run --rm -v $PWD/cronoq.toml:/c.toml:ro cronoq --config /c.toml --check``,
+    with the four tokens the example names."""
+    done = docker_run(image, tmp_path, "--config", "/c.toml", "--check", env=TOKENS, mount=True).run()
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "configuration ok" in done.stdout
+
+
+def test_example_config_names_every_missing_token(image: Image, tmp_path: Path) -> None:
+    """It binds 0.0.0.0, so its credentials are required: without the variables --check fails and
+    names each; with all but one, it names that one only."""
+    done = docker_run(image, tmp_path / "none", "--check", env={}).run()
+    assert done.returncode == 1
+    for name in TOKENS:
+        assert f"environment variable {name} is not set" in done.stderr, done.stderr
+    partial = {k: v for k, v in TOKENS.items() if k != "CRONOQ_METRICS_TOKEN"}
+    done = docker_run(image, tmp_path / "one", "--check", env=partial).run()
+    assert done.returncode == 1
+    assert "CRONOQ_METRICS_TOKEN is not set" in done.stderr
+    assert sum(f"{name} is not set" in done.stderr for name in TOKENS) == 1
+
+
+def _http(url: str, body: dict[str, Any] | None = None, token: str | None = None) -> tuple[int, Any]:
+    """The status and JSON answer of a GET (or a POST of ``body``); status 0 when nothing answers."""
+    request = urllib.request.Request(url, data=None if body is None else json.dumps(body).encode())
+    request.add_header("content-type", "application/json")
+    if token is not None:
+        request.add_header("authorization", f"Bearer {token}")
+    try:
+        with urllib.request.urlopen(request, timeout=5) as response:
+            text = response.read().decode()
+            return response.status, json.loads(text) if text.startswith("{") else text
+    except urllib.error.HTTPError as err:
+        return err.code, None
+    except OSError:  # nothing listens yet (URLError is an OSError)
+        return 0, None
+
+
+@pytest.fixture
+def served(image: Image, tmp_path: Path) -> Iterator[tuple[LocalProcess, str]]:
+    """``docker run -e CRONOQ_..._TOKEN ... cronoq``: the entrypoint with no arguments, so the image's
+    CRONOQ_CONFIG (its example configuration) and its volume; yields the process and its HTTP URL."""
+    loopback = Loopback.allocate(["cronoq"], image.exposed)
+    process = Container.of_image(image, env=TOKENS).local(loopback, tmp_path)
+    process.start()
+    url = f"http://{loopback.address('cronoq', 7071)}"
+    try:
+        deadline = time.monotonic() + 30
+        while _http(f"{url}/readyz")[0] != 200:
+            assert process.proc is not None and process.proc.poll() is None, process.logs()
+            assert time.monotonic() < deadline, f"not ready after 30 s:\n{process.logs()}"
+            time.sleep(0.05)
+        yield process, url
+    finally:
+        process.stop()
+
+
+def test_image_serves_its_example_config(served: tuple[LocalProcess, str]) -> None:
+    """Up, authenticating every call, durable in the volume: what `docker run` of the image gives."""
+    process, url = served
+    assert _http(f"{url}/healthz")[0] == 200
+    task = {"pool": "default", "payload": {"hello": "image"}}
+    assert _http(f"{url}/v1/tasks", task)[0] == 401
+    assert _http(f"{url}/v1/tasks", task, token=TOKENS["CRONOQ_WORKER_TOKEN"])[0] == 403
+    status, submitted = _http(f"{url}/v1/tasks", task, token=TOKENS["CRONOQ_CLIENT_TOKEN"])
+    assert status == 200 and submitted["id"], submitted
+    status, info = _http(f"{url}/v1/tasks/{submitted['id']}", token=TOKENS["CRONOQ_CLIENT_TOKEN"])
+    assert status == 200 and info["pool"] == "default"
+    assert _http(f"{url}/metrics", token=TOKENS["CRONOQ_METRICS_TOKEN"])[0] == 200
+    # The SQLite state is in the image's volume, and nowhere else the process could have written.
+    volume = process.paths["/var/lib/cronoq"]
+    assert (volume / "state.db").exists()
+    assert process.cwd == volume
