@@ -1,0 +1,90 @@
+{{/*
+Names, labels and the operator's configuration file, shared by the other templates.
+*/}}
+
+{{/* The chart's short name, for the app.kubernetes.io/name label. */}}
+{{- define "cronoq-operator.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" -}}
+{{- end }}
+
+{{/*
+Base name of every resource: <release>-cronoq-operator, or just <release> when the release name already
+contains the chart name, so `helm install cronoq-operator` does not create "cronoq-operator-cronoq-operator".
+*/}}
+{{- define "cronoq-operator.fullname" -}}
+{{- if .Values.fullnameOverride -}}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" -}}
+{{- else -}}
+{{- $name := default .Chart.Name .Values.nameOverride -}}
+{{- if contains $name .Release.Name -}}
+{{- .Release.Name | trunc 63 | trimSuffix "-" -}}
+{{- else -}}
+{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+{{- end -}}
+{{- end }}
+
+{{/* Labels that identify the operator's pod; its Deployment selects on them. */}}
+{{- define "cronoq-operator.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "cronoq-operator.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/component: operator
+{{- end }}
+
+{{/* Labels of every resource the chart creates. */}}
+{{- define "cronoq-operator.labels" -}}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+{{ include "cronoq-operator.selectorLabels" . }}
+app.kubernetes.io/version: {{ .Values.image.tag | default .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+{{- end }}
+
+{{- define "cronoq-operator.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create -}}
+{{- default (include "cronoq-operator.fullname" .) .Values.serviceAccount.name -}}
+{{- else -}}
+{{- required "serviceAccount.name: name the existing ServiceAccount when serviceAccount.create is false" .Values.serviceAccount.name -}}
+{{- end -}}
+{{- end }}
+
+{{/* The environment variable that carries servers[i]'s token (from its Secret, by secretKeyRef). */}}
+{{- define "cronoq-operator.tokenEnv" -}}
+{{- printf "CRONOQ_OPERATOR_TOKEN_%d" . -}}
+{{- end }}
+
+{{/* Where servers[i]'s CA certificate is mounted, when it has a caSecret. */}}
+{{- define "cronoq-operator.caDir" -}}
+{{- printf "/etc/cronoq-operator/ca/%d" . -}}
+{{- end }}
+
+{{/*
+The operator's configuration (operator.toml). Strings are written with toJson: a JSON string is a
+valid TOML basic string. Tokens are never in it, only the names of the variables that hold them.
+*/}}
+{{- define "cronoq-operator.config" -}}
+{{- if not .Values.servers -}}
+{{- fail "servers: name at least one cronoq server (name, url, tokenSecret.name, tokenSecret.key) for scalers to read" -}}
+{{- end -}}
+{{- $seen := dict -}}
+# cronoq-operator configuration, rendered by the cronoq-operator chart (docs/operator.md).
+interval_s = {{ .Values.intervalSeconds }}
+timeout_s = {{ .Values.timeoutSeconds }}
+namespaces = {{ .Values.namespaces | toJson }}
+{{- range $i, $server := .Values.servers }}
+{{- if hasKey $seen $server.name }}
+{{- fail (printf "servers[%d].name: %q is already the name of another server" $i $server.name) }}
+{{- end }}
+{{- $_ := set $seen $server.name true }}
+
+[[servers]]
+name = {{ $server.name | toJson }}
+url = {{ $server.url | toJson }}
+token_env = {{ include "cronoq-operator.tokenEnv" $i | toJson }}
+{{- if $server.caSecret }}
+{{- if not (hasPrefix "https://" $server.url) }}
+{{- fail (printf "servers[%d].caSecret: only used with an https:// url" $i) }}
+{{- end }}
+ca_file = {{ printf "%s/ca.crt" (include "cronoq-operator.caDir" $i) | toJson }}
+{{- end }}
+{{- end }}
+{{- end }}

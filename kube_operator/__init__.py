@@ -1,0 +1,9 @@
+"""cronoq-operator: sets each worker Deployment's replicas from its pool's desired capacity
+(``CronoqWorkerScaler`` resources; ``docs/operator.md``).
+
+Installed as ``cronoq.operator`` (the folder is not called ``operator``, which would shadow the standard
+library's module). The decision is made without I/O (:mod:`.decision`, on :mod:`.scaler` specs and
+:mod:`.readings`); the loop around it (:mod:`.reconciler`) reads the cronoq servers (:mod:`.servers`)
+and the Kubernetes API (:mod:`.kube`); :mod:`.config` is its configuration file, :mod:`.main` the
+``cronoq-operator`` command.
+"""

@@ -1,0 +1,199 @@
+"""The operator's configuration file: which cronoq servers scalers may name, and how to reach them.
+
+A scaler names a server, never a URL or a token: only servers listed here can be read, with the token
+given here. Tokens come from the environment (``token_env``, filled from a Secret by ``secretKeyRef``)
+or from a file (``token_file``, a mounted Secret, read again every round so a rotated token is picked
+up); they never appear in the file itself. The file is TOML, read with the same key and type checks as
+``cronoq.toml`` (unknown keys are errors, with a suggestion), and every mistake is reported at once,
+naming its key (``servers[1].url: ...``).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import ssl
+import tomllib
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from urllib.parse import urlsplit
+
+from cronoq.config import ConfigError, Problem
+from cronoq.config.problems import Problems, show
+from cronoq.config.reader import read_table
+from cronoq.config.rules import check_env_name, check_name
+
+DEFAULT_INTERVAL_S = 15.0
+DEFAULT_TIMEOUT_S = 5.0
+MAX_INTERVAL_S = 3600.0
+MAX_TIMEOUT_S = 300.0
+# A Kubernetes namespace name (RFC 1123 label).
+_NAMESPACE = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
+
+
+@dataclass(frozen=True, slots=True)
+class ServerEntry:
+    """A cronoq server (or router) the operator may read: ``[[servers]]`` in the file."""
+
+    name: str
+    url: str
+    token_env: str | None = None
+    token_file: str | None = None
+    ca_file: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class OperatorConfig:
+    """The whole file. ``interval_s`` applies to scalers without ``intervalSeconds``; ``timeout_s``
+    bounds one snapshot read; ``namespaces`` (empty: all) restricts the scalers the operator acts on."""
+
+    servers: tuple[ServerEntry, ...] = ()
+    interval_s: float = DEFAULT_INTERVAL_S
+    timeout_s: float = DEFAULT_TIMEOUT_S
+    namespaces: tuple[str, ...] = ()
+
+    def server(self, name: str) -> ServerEntry | None:
+        return next((entry for entry in self.servers if entry.name == name), None)
+
+
+def parse_operator_config(
+    text: str, *, source: str = "<string>", env: Mapping[str, str] | None = None
+) -> OperatorConfig:
+    """The configuration in ``text``, checked: keys, types, ranges, names, URLs, and the secrets and
+    files it names (every ``token_env`` set, every ``token_file`` and ``ca_file`` readable), so that a
+    file that loads is one the operator can run with. ``env`` defaults to the process environment."""
+    problems = Problems()
+    try:
+        document = tomllib.loads(text)
+    except (tomllib.TOMLDecodeError, ValueError) as err:  # ValueError: an integer of > 4300 digits
+        problems.add("", f"not valid TOML: {err}")
+        raise problems.error(source) from None
+    config = read_table(OperatorConfig, document, "", problems)
+    _check(config, os.environ if env is None else env, problems)
+    if problems:
+        raise problems.error(source)
+    return config
+
+
+def load_operator_config(
+    path: str | os.PathLike[str], *, env: Mapping[str, str] | None = None
+) -> OperatorConfig:
+    """:func:`parse_operator_config` on a file."""
+    try:
+        text = Path(path).read_text(encoding="utf-8-sig")
+    except (OSError, UnicodeDecodeError) as err:
+        raise ConfigError([Problem("", f"cannot read the configuration: {err}")], os.fspath(path)) from err
+    return parse_operator_config(text, source=os.fspath(path), env=env)
+
+
+def _check(config: OperatorConfig, env: Mapping[str, str], problems: Problems) -> None:
+    _range("interval_s", config.interval_s, 1.0, MAX_INTERVAL_S, problems)
+    _range("timeout_s", config.timeout_s, 0.1, MAX_TIMEOUT_S, problems)
+    if not config.servers and not problems.failed("servers"):
+        problems.add("servers", "required: at least one [[servers]] entry for scalers to name")
+    seen: dict[str, str] = {}
+    for index, entry in enumerate(config.servers):
+        path = f"servers[{index}]"
+        _check_server(path, entry, env, problems)
+        name = f"{path}.name"
+        if not problems.failed(name):
+            earlier = seen.setdefault(entry.name, name)
+            if earlier != name:
+                problems.add(name, f"duplicate server name {show(entry.name)} (also at {earlier})")
+    for index, namespace in enumerate(config.namespaces):
+        if not problems.failed(f"namespaces[{index}]") and not _NAMESPACE.fullmatch(namespace):
+            problems.add(
+                f"namespaces[{index}]", f"expected a Kubernetes namespace name (got {show(namespace)})"
+            )
+
+
+def _range(key: str, value: float, low: float, high: float, problems: Problems) -> None:
+    if not problems.failed(key) and not low <= value <= high:
+        problems.add(key, f"must be at least {show(low)} and at most {show(high)} (got {show(value)})")
+
+
+def _check_server(path: str, entry: ServerEntry, env: Mapping[str, str], problems: Problems) -> None:
+    """Each key's problem, unless reading already reported that key (a wrong type, a missing name)."""
+    found = [
+        ("name", _quoted(check_name(entry.name), entry.name)),
+        ("url", _quoted(check_server_url(entry.url), entry.url)),
+        _token_problem(entry, env),
+        ("ca_file", _ca_problem(entry)),
+    ]
+    # Judged before adding any: a problem about the entry as a whole is no reason to hide its keys'.
+    keep = [
+        (here, problem)
+        for key, problem in found
+        if problem is not None and not problems.failed(here := f"{path}.{key}" if key else path)
+    ]
+    for here, problem in keep:
+        problems.add(here, problem)
+
+
+def _quoted(problem: str | None, value: str) -> str | None:
+    return None if problem is None else f"{problem} (got {show(value)})"
+
+
+def _token_problem(entry: ServerEntry, env: Mapping[str, str]) -> tuple[str, str | None]:
+    """The key at fault and its problem: exactly one of ``token_env`` (set in ``env``) and
+    ``token_file`` (readable, not empty)."""
+    if entry.token_env is not None and entry.token_file is not None:
+        return "token_file", "token_env and token_file are exclusive: set one"
+    if entry.token_env is not None:
+        wrong = _quoted(check_env_name(entry.token_env), entry.token_env)
+        if wrong is None and not env.get(entry.token_env, "").strip():
+            wrong = f"environment variable {entry.token_env} is not set"
+        return "token_env", wrong
+    if entry.token_file is not None:
+        return "token_file", check_token_file(entry.token_file)
+    return "", "set token_env or token_file: the token (metrics role) the operator reads with"
+
+
+def _ca_problem(entry: ServerEntry) -> str | None:
+    if entry.ca_file is None:
+        return None
+    if not entry.url.startswith("https://"):
+        return "only used with an https:// url"
+    return check_ca_file(entry.ca_file)
+
+
+def check_server_url(url: str) -> str | None:
+    """A server's gRPC address as ``http://host:port`` or ``https://host:port``: the port is required
+    (gRPC would otherwise pick 443 for both), and nothing may follow it (gRPC has no path)."""
+    expected = "expected http://host:port or https://host:port (the server's gRPC port)"
+    try:
+        parts = urlsplit(url)
+        port = parts.port
+    except ValueError:
+        return expected
+    if parts.scheme not in ("http", "https") or not parts.hostname or port is None:
+        return expected
+    if parts.username is not None or parts.path not in ("", "/") or parts.query or parts.fragment:
+        return expected
+    return None
+
+
+def read_token_file(path: str) -> str:
+    """The token in a file (a mounted Secret key), without the trailing newline editors add; OSError
+    when unreadable, ValueError when empty."""
+    token = Path(path).read_text(encoding="utf-8").strip()
+    if not token:
+        raise ValueError(f"{path} is empty")
+    return token
+
+
+def check_token_file(path: str) -> str | None:
+    try:
+        read_token_file(path)
+    except (OSError, UnicodeDecodeError, ValueError) as err:
+        return f"cannot read a token from {path} ({err})"
+    return None
+
+
+def check_ca_file(path: str) -> str | None:
+    try:
+        ssl.create_default_context(cafile=path)
+    except (OSError, ssl.SSLError) as err:
+        return f"not a readable PEM CA certificate: {path} ({err})"
+    return None

@@ -1,0 +1,166 @@
+"""``cronoq-operator``: sets worker Deployments' replicas from their pools' desired capacity (SPEC §2,
+``CronoqWorkerScaler`` resources; ``docs/operator.md``)."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import ssl
+import sys
+from collections.abc import Mapping
+from pathlib import Path
+from urllib.parse import urlsplit
+
+from cronoq import __version__
+from cronoq.config import ConfigError
+from cronoq.config.startup import refuse
+from cronoq.logs import configure, get_logger
+from cronoq.process import serve_until_signalled
+
+from .config import OperatorConfig, check_token_file, load_operator_config
+from .kube import KubeApi, KubeTarget, in_cluster
+
+log = get_logger("cronoq.operator")
+
+CONFIG_ENV = "CRONOQ_OPERATOR_CONFIG"
+# How long a stopping operator lets a round in progress finish before cancelling it.
+STOP_GRACE_S = 5.0
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="cronoq-operator",
+        description="Run the cronoq operator: for each CronoqWorkerScaler, read its pool's desired "
+        "capacity from a configured cronoq server and set its Deployment's replicas to match.",
+    )
+    p.add_argument("--version", action="version", version=f"cronoq-operator {__version__}")
+    p.add_argument(
+        "-c",
+        "--config",
+        metavar="PATH",
+        default=os.environ.get(CONFIG_ENV),
+        help=f"the operator's TOML configuration: its servers and their tokens (env {CONFIG_ENV})",
+    )
+    p.add_argument(
+        "--check",
+        action="store_true",
+        help="validate the configuration (and the tokens and files it names), print every problem, "
+        "exit 0 if valid and 1 if not",
+    )
+    p.add_argument(
+        "--kube-api",
+        metavar="URL",
+        help="the Kubernetes API server (default: the cluster the pod runs in, from its service account)",
+    )
+    p.add_argument(
+        "--kube-token-file",
+        metavar="PATH",
+        help="with --kube-api: a file holding the bearer token, read again for every request "
+        "(default: no token, as behind kubectl proxy)",
+    )
+    p.add_argument(
+        "--kube-ca",
+        metavar="PATH",
+        help="with --kube-api: the CA certificate that signed the API server's certificate "
+        "(default: the system's CAs)",
+    )
+    return p
+
+
+def kube_target(args: argparse.Namespace, env: Mapping[str, str]) -> KubeTarget:
+    """The API server from the flags, or the pod's own; ValueError saying what is wrong."""
+    if args.kube_api is None:
+        if args.kube_token_file or args.kube_ca:
+            raise ValueError("--kube-token-file and --kube-ca go with --kube-api")
+        target = in_cluster(env)
+        ca_source = f"{target.ca_file} (the service account's CA)"
+    else:
+        target = _explicit_target(args.kube_api, args.kube_token_file, args.kube_ca)
+        ca_source = "--kube-ca"
+    if target.ca_file is not None:
+        try:
+            ssl.create_default_context(cafile=str(target.ca_file))
+        except (OSError, ssl.SSLError) as err:
+            raise ValueError(
+                f"{ca_source}: not a readable PEM CA certificate: {target.ca_file} ({err})"
+            ) from None
+    return target
+
+
+def _explicit_target(url: str, token_file: str | None, ca_file: str | None) -> KubeTarget:
+    try:
+        parts = urlsplit(url)
+        valid = parts.scheme in ("http", "https") and bool(parts.hostname) and parts.username is None
+        parts.port  # noqa: B018 - raises ValueError for a port that is not a number in range
+    except ValueError:
+        valid = False
+    if not valid:
+        raise ValueError(f"--kube-api: expected an http:// or https:// URL (got {url!r})")
+    if token_file is not None and (wrong := check_token_file(token_file)):
+        raise ValueError(f"--kube-token-file: {wrong}")
+    return KubeTarget(url, Path(token_file) if token_file else None, Path(ca_file) if ca_file else None)
+
+
+async def serve(config: OperatorConfig, target: KubeTarget) -> None:
+    """Reconcile until SIGTERM or SIGINT; the round in progress then gets :data:`STOP_GRACE_S`."""
+    from .reconciler import Reconciler
+    from .servers import Servers
+
+    kube = KubeApi(target)
+    servers = Servers(config, os.environ)
+    stop = asyncio.Event()
+    running: list[asyncio.Task[None]] = []
+
+    async def start() -> None:
+        running.append(asyncio.create_task(Reconciler(config, kube, servers).run(stop)))
+        log.info(
+            "operator_started",
+            kube_api=target.url,
+            servers=[entry.name for entry in config.servers],
+            namespaces=list(config.namespaces) or "all",
+            interval_s=config.interval_s,
+        )
+
+    async def halt() -> None:
+        stop.set()
+        try:
+            await asyncio.wait_for(running[0], STOP_GRACE_S)
+        except TimeoutError:
+            log.warning("operator_round_cancelled", grace_s=STOP_GRACE_S)
+        finally:
+            await servers.close()
+            await kube.close()
+        log.info("operator_stopped")
+
+    await serve_until_signalled(start, halt)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    configure()
+    if not args.config:
+        print(
+            f"cronoq-operator: --config (or {CONFIG_ENV}) is required: it names the servers", file=sys.stderr
+        )
+        return 1
+    try:
+        config = load_operator_config(args.config)
+    except ConfigError as err:
+        return refuse(f"cronoq-operator: invalid configuration {args.config}:", err.problems)
+    if args.check:
+        print(
+            f"configuration ok: {len(config.servers)} server(s): {', '.join(e.name for e in config.servers)}"
+        )
+        return 0
+    try:
+        target = kube_target(args, os.environ)
+    except ValueError as err:
+        print(f"cronoq-operator: {err}", file=sys.stderr)
+        return 1
+    asyncio.run(serve(config, target))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,203 @@
+"""The operator's loop: the reads and writes around :func:`~.decision.decide`.
+
+A round lists the scalers, picks those that are due (their ``intervalSeconds``, else the operator's
+``interval_s``, has passed since they were last reconciled, or their spec changed), reads the snapshot of
+each server they name once, then for each due scaler reads its Deployment's scale, decides, sets the
+replicas when they differ and writes the status when it changed. Every scaler is handled on its own: an
+error in one is logged and recorded, and the others go on. The loop sleeps until the next scaler is due
+(at most ``interval_s``, so new scalers are found within that time) or until it is told to stop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any, Protocol
+
+from cronoq.client import Snapshot
+from cronoq.logs import get_logger
+
+from .config import OperatorConfig
+from .decision import Decision, Observation, decide, status_changed
+from .kube import KubeApi, KubeError, Scale
+from .readings import (
+    DEPLOYMENT_NOT_FOUND,
+    KUBERNETES_ERROR,
+    SCALED,
+    Unknown,
+    pool_reading,
+    unknown,
+)
+from .scaler import InvalidSpec, ScalerRef, ScalerSpec, parse_spec
+
+log = get_logger("cronoq.operator")
+
+_EARLY = 0.001  # a wake-up this close to a due time counts as on time (timers fire a little early)
+
+
+class SnapshotSource(Protocol):
+    """Where a round's snapshots come from (:class:`~.servers.Servers`)."""
+
+    async def snapshots(self, names: Iterable[str]) -> dict[str, Snapshot | Unknown]: ...
+
+
+@dataclass(frozen=True, slots=True)
+class _Seen:
+    """When a scaler was last reconciled (monotonic seconds) and at which generation."""
+
+    at: float
+    generation: int
+
+
+@dataclass(frozen=True, slots=True)
+class _Scaler:
+    """A listed scaler: where it is, the object as listed, and its spec as the operator reads it."""
+
+    ref: ScalerRef
+    obj: Mapping[str, Any]
+    spec: ScalerSpec | InvalidSpec
+
+
+class Reconciler:
+    """Runs rounds until stopped. ``clock`` (monotonic) times the intervals, ``wall`` stamps statuses."""
+
+    def __init__(
+        self,
+        config: OperatorConfig,
+        kube: KubeApi,
+        servers: SnapshotSource,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        wall: Callable[[], datetime] = lambda: datetime.now(UTC),
+    ) -> None:
+        self._config = config
+        self._kube = kube
+        self._servers = servers
+        self._clock = clock
+        self._wall = wall
+        self._seen: dict[str, _Seen] = {}
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Rounds until ``stop`` is set; a round that fails as a whole (a bug, not a scaler's problem)
+        is logged and tried again after ``interval_s``."""
+        while not stop.is_set():
+            try:
+                pause = await self.round()
+            except Exception:
+                log.exception("round_failed")
+                pause = self._config.interval_s
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), pause)
+
+    async def round(self) -> float:
+        """Reconcile every due scaler; the seconds until the next one is due."""
+        try:
+            listed = await self._list()
+        except KubeError as err:
+            log.warning("scalers_unlisted", error=str(err))
+            return self._config.interval_s
+        now = self._clock()
+        scalers = [_Scaler(ScalerRef.of(obj), obj, parse_spec(obj)) for obj in listed]
+        due = [item for item in scalers if self._is_due(item, now)]
+        named = {item.spec.server for item in due if isinstance(item.spec, ScalerSpec)}
+        snapshots = await self._servers.snapshots(named)
+        for item in due:
+            try:
+                await self._reconcile(item, snapshots)
+            except Exception:  # one scaler's failure must not stop the others
+                log.exception("scaler_failed", scaler=str(item.ref))
+            self._seen[item.ref.key] = _Seen(now, item.ref.generation)
+        present = {item.ref.key for item in scalers}
+        self._seen = {key: seen for key, seen in self._seen.items() if key in present}
+        return self._pause(scalers, self._clock())
+
+    async def _list(self) -> list[dict[str, Any]]:
+        if not self._config.namespaces:
+            return await self._kube.list_scalers()
+        found: list[dict[str, Any]] = []
+        for namespace in self._config.namespaces:
+            found += await self._kube.list_scalers(namespace)
+        return found
+
+    def _interval(self, item: _Scaler) -> float:
+        """The scaler's own ``intervalSeconds`` when its spec is valid, else the operator's ``interval_s``."""
+        if isinstance(item.spec, ScalerSpec) and item.spec.interval_s is not None:
+            return float(item.spec.interval_s)
+        return self._config.interval_s
+
+    def _is_due(self, item: _Scaler, now: float) -> bool:
+        seen = self._seen.get(item.ref.key)
+        return (
+            seen is None
+            or seen.generation != item.ref.generation
+            or now + _EARLY >= seen.at + self._interval(item)
+        )
+
+    def _pause(self, scalers: Sequence[_Scaler], now: float) -> float:
+        pause = self._config.interval_s
+        for item in scalers:
+            seen = self._seen.get(item.ref.key)
+            if seen is not None:
+                pause = min(pause, seen.at + self._interval(item) - now)
+        return max(pause, 0.0)
+
+    async def _reconcile(self, item: _Scaler, snapshots: Mapping[str, Snapshot | Unknown]) -> None:
+        ref, spec = item.ref, item.spec
+        status = item.obj.get("status")
+        previous: Mapping[str, Any] = status if isinstance(status, Mapping) else {}
+        if isinstance(spec, InvalidSpec):
+            decision = self._decide(spec, ref, previous)
+        else:
+            reading = pool_reading(spec.server, spec.pool, snapshots.get(spec.server))
+            scale = await self._scale(ref.namespace, spec.deployment)
+            current = scale.replicas if isinstance(scale, Scale) else scale
+            decision = self._decide(Observation(spec, reading, current), ref, previous)
+            if decision.replicas is not None and isinstance(scale, Scale):
+                try:
+                    await self._kube.set_scale(
+                        ref.namespace, spec.deployment, decision.replicas, scale.resource_version
+                    )
+                except KubeError as err:
+                    why = unknown(KUBERNETES_ERROR, f"cannot scale deployment {spec.deployment!r}: {err}")
+                    decision = self._decide(Observation(spec, reading, why), ref, previous)
+                else:
+                    log.info(
+                        "deployment_scaled",
+                        scaler=str(ref),
+                        deployment=spec.deployment,
+                        replicas=decision.replicas,
+                        previous=scale.replicas,
+                        desired_slots=decision.status["desiredSlots"],
+                    )
+        if status_changed(previous, decision.status):
+            await self._kube.patch_status(ref.namespace, ref.name, decision.status)
+            self._log_status(ref, previous, decision)
+
+    def _decide(
+        self, seen: Observation | InvalidSpec, ref: ScalerRef, previous: Mapping[str, Any]
+    ) -> Decision:
+        return decide(seen, generation=ref.generation, previous=previous, now=self._wall())
+
+    async def _scale(self, namespace: str, deployment: str) -> Scale | Unknown:
+        try:
+            return await self._kube.get_scale(namespace, deployment)
+        except KubeError as err:
+            if err.status == 404:
+                return unknown(
+                    DEPLOYMENT_NOT_FOUND, f"no deployment {deployment!r} in namespace {namespace!r}"
+                )
+            return unknown(KUBERNETES_ERROR, f"cannot read the scale of deployment {deployment!r}: {err}")
+
+    @staticmethod
+    def _log_status(ref: ScalerRef, previous: Mapping[str, Any], decision: Decision) -> None:
+        """A line when a scaler's reason changes (not at every round: a server that stays down is
+        logged once, when its scalers start saying so)."""
+        reason = decision.status["reason"]
+        if previous.get("reason") == reason:
+            return
+        emit = log.info if reason == SCALED else log.warning
+        emit("scaler_status", scaler=str(ref), reason=reason, message=decision.status["message"])

@@ -1,0 +1,333 @@
+"""The ``charts/cronoq-operator`` Helm chart, checked statically: it lints, its manifests are valid
+Kubernetes objects, its CRD accepts the seed's scaler (and what the operator writes to a status) and
+refuses bad ones, its RBAC is exactly what the seed promises, and the configuration it renders is one
+the operator itself loads."""
+
+from __future__ import annotations
+
+import functools
+import subprocess
+from collections.abc import Sequence
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import jsonschema  # type: ignore[import-untyped]  # no types-jsonschema among the dev dependencies
+import kubernetes_validate  # type: ignore[import-untyped]  # ships no type information
+import pytest
+import yaml
+
+from kube_operator.config import parse_operator_config
+from kube_operator.decision import Observation, decide
+from kube_operator.readings import Desired, Unknown
+from kube_operator.scaler import ScalerSpec, parse_spec
+
+from .conftest import KUBERNETES_VERSION, REPO
+
+CHART = REPO / "charts" / "cronoq-operator"
+DEFAULT_VALUES = CHART / "ci" / "default-values.yaml"
+TLS_VALUES = CHART / "ci" / "tls-namespaces-values.yaml"
+# The seed's install command, as --set flags.
+SEED_SETS = (
+    "servers[0].name=main",
+    "servers[0].url=http://cronoq.cronoq:7070",
+    "servers[0].tokenSecret.name=cronoq-tokens",
+    "servers[0].tokenSecret.key=metrics",
+)
+SEED_SCALER = """
+apiVersion: cronoq.io/v1alpha1
+kind: CronoqWorkerScaler
+metadata: { name: default-workers }
+spec:
+  server: main              # a server from the operator's configuration
+  pool: default
+  deployment: default-workers
+  slotsPerReplica: 4        # the slots each worker pod registers
+  minReplicas: 0
+  maxReplicas: 100
+"""
+# Exactly what the seed says: read scalers, write their status, read and change deployments/scale.
+EXPECTED_RULES = [
+    {"apiGroups": ["cronoq.io"], "resources": ["cronoqworkerscalers"], "verbs": ["get", "list", "watch"]},
+    {
+        "apiGroups": ["cronoq.io"],
+        "resources": ["cronoqworkerscalers/status"],
+        "verbs": ["get", "update", "patch"],
+    },
+    {"apiGroups": ["apps"], "resources": ["deployments/scale"], "verbs": ["get", "update", "patch"]},
+]
+
+
+def helm_run(helm: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([str(helm), *args], capture_output=True, text=True, timeout=60, check=False)
+
+
+def render(
+    helm: Path, values: Sequence[Path] = (DEFAULT_VALUES,), sets: Sequence[str] = ()
+) -> list[dict[str, Any]]:
+    """The chart's manifests for these values files and --set flags (parsed afresh for each caller)."""
+    return [doc for doc in yaml.safe_load_all(_rendered(helm, tuple(values), tuple(sets))) if doc]
+
+
+@functools.cache
+def _rendered(helm: Path, values: tuple[Path, ...], sets: tuple[str, ...]) -> str:
+    """helm template's output, once per combination: the same values always render the same text."""
+    args = ["template", "ops", str(CHART), "--namespace", "cronoq-system"]
+    for path in values:
+        args += ["-f", str(path)]
+    for item in sets:
+        args += ["--set", item]
+    done = helm_run(helm, *args)
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+def refused(helm: Path, *sets: str) -> str:
+    """helm's error for values the chart must refuse."""
+    args = ["template", "ops", str(CHART)]
+    for item in sets:
+        args += ["--set", item]
+    done = helm_run(helm, *args)
+    assert done.returncode != 0, done.stdout
+    return done.stderr
+
+
+def one(docs: list[dict[str, Any]], kind: str) -> dict[str, Any]:
+    [found] = [doc for doc in docs if doc["kind"] == kind]
+    return found
+
+
+def crd_schema(helm: Path) -> dict[str, Any]:
+    [version] = one(render(helm), "CustomResourceDefinition")["spec"]["versions"]
+    schema: dict[str, Any] = version["schema"]["openAPIV3Schema"]
+    return schema
+
+
+@pytest.mark.parametrize("values", [DEFAULT_VALUES, TLS_VALUES], ids=["default", "tls-namespaces"])
+def test_helm_lint(helm: Path, values: Path) -> None:
+    done = helm_run(helm, "lint", "--strict", str(CHART), "-f", str(values))
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "1 chart(s) linted, 0 chart(s) failed" in done.stdout
+
+
+@pytest.mark.parametrize("values", [DEFAULT_VALUES, TLS_VALUES], ids=["default", "tls-namespaces"])
+def test_rendered_manifests_are_valid_kubernetes_objects(helm: Path, values: Path) -> None:
+    docs = render(helm, [values])
+    assert {doc["kind"] for doc in docs} >= {
+        "CustomResourceDefinition",
+        "ServiceAccount",
+        "ConfigMap",
+        "ClusterRole",
+        "Deployment",
+    }
+    for doc in docs:
+        kubernetes_validate.validate(doc, KUBERNETES_VERSION, strict=True)
+
+
+def test_the_seed_install_command_renders_the_default_values(helm: Path) -> None:
+    assert render(helm, [], SEED_SETS) == render(helm, [DEFAULT_VALUES])
+
+
+def test_the_crd_accepts_the_seed_scaler(helm: Path) -> None:
+    scaler = yaml.safe_load(SEED_SCALER)
+    jsonschema.validate(scaler, crd_schema(helm))
+    assert parse_spec(scaler) == ScalerSpec("main", "default", "default-workers", 4, 0, 100)
+
+
+@pytest.mark.parametrize(
+    ("change", "field"),
+    [
+        ({"slotsPerReplica": 0}, "slotsPerReplica"),
+        ({"minReplicas": -1}, "minReplicas"),
+        ({"maxReplicas": 0}, "maxReplicas"),
+        ({"intervalSeconds": 0}, "intervalSeconds"),
+        ({"slotsPerReplica": "4"}, "slotsPerReplica"),
+        ({"deployment": "Default_Workers"}, "deployment"),
+        ({"pool": "a pool"}, "pool"),
+        ({"server": None}, "server"),
+    ],
+)
+def test_the_crd_refuses_a_bad_scaler_as_the_operator_does(
+    helm: Path, change: dict[str, Any], field: str
+) -> None:
+    scaler = yaml.safe_load(SEED_SCALER)
+    scaler["spec"] = {key: value for key, value in (scaler["spec"] | change).items() if value is not None}
+    with pytest.raises(jsonschema.ValidationError) as caught:
+        jsonschema.validate(scaler, crd_schema(helm))
+    where = list(caught.value.absolute_path)
+    assert where == ["spec", field] or (where == ["spec"] and field in caught.value.message)
+    assert parse_spec(scaler).__class__.__name__ == "InvalidSpec"  # the operator's own check agrees
+
+
+def test_the_crd_checks_min_against_max(helm: Path) -> None:
+    """JSON Schema cannot compare two fields; the API server's CEL rule does."""
+    [rule] = crd_schema(helm)["properties"]["spec"]["x-kubernetes-validations"]
+    assert rule == {
+        "rule": "!has(self.minReplicas) || self.minReplicas <= self.maxReplicas",
+        "message": "minReplicas must not exceed maxReplicas",
+    }
+
+
+def test_statuses_the_operator_writes_fit_the_crd(helm: Path) -> None:
+    schema = crd_schema(helm)
+    spec = ScalerSpec("main", "default", "default-workers", 4, 0, 100)
+    now = datetime(2026, 1, 1, tzinfo=UTC)
+    for reading in (Desired(9), Unknown("ServerUnavailable", "down")):
+        status = decide(Observation(spec, reading, 1), generation=2, previous={}, now=now).status
+        written = {key: value for key, value in status.items() if value is not None}
+        jsonschema.validate({"spec": yaml.safe_load(SEED_SCALER)["spec"], "status": written}, schema)
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate(
+            {"spec": yaml.safe_load(SEED_SCALER)["spec"], "status": {"replicas": "3"}}, schema
+        )
+
+
+def test_kubectl_get_shows_desired_replicas_and_why(helm: Path) -> None:
+    [version] = one(render(helm), "CustomResourceDefinition")["spec"]["versions"]
+    assert version["subresources"] == {"status": {}}
+    columns = {column["name"]: column for column in version["additionalPrinterColumns"]}
+    shown = {name: column["jsonPath"] for name, column in columns.items() if not column.get("priority")}
+    assert shown["Desired"] == ".status.desiredSlots"
+    assert shown["Replicas"] == ".status.replicas"
+    assert shown["Reason"] == ".status.reason"
+
+
+def test_the_cluster_role_grants_exactly_what_the_seed_says(helm: Path) -> None:
+    docs = render(helm)
+    role = one(docs, "ClusterRole")
+    assert role["rules"] == EXPECTED_RULES
+    binding = one(docs, "ClusterRoleBinding")
+    account = one(docs, "ServiceAccount")
+    assert binding["roleRef"] == {
+        "apiGroup": "rbac.authorization.k8s.io",
+        "kind": "ClusterRole",
+        "name": role["metadata"]["name"],
+    }
+    assert binding["subjects"] == [
+        {"kind": "ServiceAccount", "name": account["metadata"]["name"], "namespace": "cronoq-system"}
+    ]
+    for doc in docs:
+        if doc["kind"] in ("ClusterRole", "Role"):
+            for rule in doc["rules"]:
+                assert not {"secrets", "*"} & set(rule["resources"]), rule
+                assert "*" not in rule["verbs"] and "*" not in rule["apiGroups"]
+
+
+def test_restricted_to_namespaces_the_role_is_bound_only_there(helm: Path) -> None:
+    docs = render(helm, [TLS_VALUES])
+    assert not [doc for doc in docs if doc["kind"] == "ClusterRoleBinding"]
+    bindings = [doc for doc in docs if doc["kind"] == "RoleBinding"]
+    assert sorted(doc["metadata"]["namespace"] for doc in bindings) == ["batch", "workers"]
+    assert {doc["roleRef"]["kind"] for doc in bindings} == {"ClusterRole"}
+    assert one(docs, "ClusterRole")["rules"] == EXPECTED_RULES
+
+
+def test_the_operator_pod_runs_locked_down(helm: Path) -> None:
+    deployment = one(render(helm), "Deployment")
+    assert deployment["spec"]["replicas"] == 1 and deployment["spec"]["strategy"] == {"type": "Recreate"}
+    pod = deployment["spec"]["template"]["spec"]
+    assert pod["securityContext"] == {
+        "runAsNonRoot": True,
+        "runAsUser": 65532,
+        "runAsGroup": 65532,
+        "seccompProfile": {"type": "RuntimeDefault"},
+    }
+    assert pod["automountServiceAccountToken"] is True
+    [container] = pod["containers"]
+    assert container["image"].startswith("cronoq:")
+    assert container["command"] == ["/opt/cronoq/bin/cronoq-operator"]
+    assert container["securityContext"] == {
+        "allowPrivilegeEscalation": False,
+        "readOnlyRootFilesystem": True,
+        "runAsNonRoot": True,
+        "capabilities": {"drop": ["ALL"]},
+    }
+    assert container["resources"]["limits"]["memory"] == "128Mi"
+
+
+def _issue_ca(directory: Path) -> Path:
+    directory.mkdir(parents=True, exist_ok=True)
+    subprocess.run(
+        ["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
+         "-days", "1", "-subj", "/CN=test CA", "-keyout", str(directory / "ca.key"), "-out", str(directory / "ca.crt")],
+        check=True,
+        capture_output=True,
+    )  # fmt: skip
+    return directory / "ca.crt"
+
+
+@pytest.mark.parametrize("values", [DEFAULT_VALUES, TLS_VALUES], ids=["default", "tls-namespaces"])
+def test_the_rendered_configuration_loads_in_the_operator(helm: Path, values: Path, tmp_path: Path) -> None:
+    """The ConfigMap's operator.toml is loaded by the operator's own loader, in the environment and with
+    the files the pod gets: each server's token variable filled from its Secret by secretKeyRef, each
+    CA certificate at its Secret volume's mount path (a real certificate here, under tmp_path)."""
+    docs = render(helm, [values])
+    config_map = one(docs, "ConfigMap")
+    pod = one(docs, "Deployment")["spec"]["template"]["spec"]
+    [container] = pod["containers"]
+    assert container["args"] == ["--config", "/etc/cronoq-operator/config/operator.toml"]
+    assert {"name": "config", "mountPath": "/etc/cronoq-operator/config", "readOnly": True} in container[
+        "volumeMounts"
+    ]
+
+    env = {
+        item["name"]: f"token-from-{item['valueFrom']['secretKeyRef']['name']}-0123456789"
+        for item in container["env"]
+        if "valueFrom" in item
+    }
+    text = config_map["data"]["operator.toml"]
+    for mount in container["volumeMounts"]:
+        if mount["name"].startswith("ca-"):
+            text = text.replace(f'"{mount["mountPath"]}/ca.crt"', f'"{_issue_ca(tmp_path / mount["name"])}"')
+    config = parse_operator_config(text, source="operator.toml", env=env)
+
+    chart_values = yaml.safe_load(values.read_text())
+    assert [server.name for server in config.servers] == [
+        server["name"] for server in chart_values["servers"]
+    ]
+    refs = {
+        item["name"]: item["valueFrom"]["secretKeyRef"] for item in container["env"] if "valueFrom" in item
+    }
+    for server, given in zip(config.servers, chart_values["servers"], strict=True):
+        assert server.url == given["url"]
+        assert server.token_env is not None and refs[server.token_env] == given["tokenSecret"]
+        assert (server.ca_file is not None) == ("caSecret" in given)
+    assert config.interval_s == chart_values.get("intervalSeconds", 15)
+    assert list(config.namespaces) == chart_values.get("namespaces", [])
+
+
+@pytest.mark.parametrize(
+    ("sets", "message"),
+    [
+        ((), "servers: name at least one cronoq server"),
+        (
+            (
+                *SEED_SETS,
+                "servers[1].name=main",
+                "servers[1].url=http://other:7070",
+                "servers[1].tokenSecret.name=t",
+                "servers[1].tokenSecret.key=k",
+            ),
+            'servers[1].name: "main" is already the name of another server',
+        ),
+        (
+            (*SEED_SETS, "servers[0].caSecret.name=ca", "servers[0].caSecret.key=ca.crt"),
+            "servers[0].caSecret: only used with an https:// url",
+        ),
+        (
+            (
+                "servers[0].name=main",
+                "servers[0].url=http://cronoq.cronoq",
+                "servers[0].tokenSecret.name=t",
+                "servers[0].tokenSecret.key=k",
+            ),
+            "servers.0.url",
+        ),
+        ((*SEED_SETS, "intervalSeconds=0"), "intervalSeconds"),
+        ((*SEED_SETS, "replicas=2"), "replicas"),
+    ],
+)
+def test_the_chart_refuses_values_the_operator_could_not_run_with(
+    helm: Path, sets: tuple[str, ...], message: str
+) -> None:
+    assert message in refused(helm, *sets)

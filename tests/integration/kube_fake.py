@@ -1,0 +1,268 @@
+"""A fake Kubernetes API server for the operator's integration tests, run as its own process:
+
+    python -m tests.integration.kube_fake --port PORT [--cert PEM --key PEM] [--page-size N]
+
+with the bearer token it accepts in ``KUBE_FAKE_TOKEN``. It keeps ``CronoqWorkerScaler`` resources and
+Deployments in memory and serves what the operator uses, the way the API server does: lists (cluster-wide
+and per namespace, paged with ``limit``/``continue``), the ``status`` subresource of scalers (only the
+status changes; merge patches only), and the ``scale`` subresource of Deployments (``autoscaling/v1``,
+``replicas`` omitted when 0, a ``resourceVersion`` in a patch is a precondition: 409 when stale). Tests
+create and change objects through the same API. Every request with a valid token is recorded, and
+``GET /_fake/requests`` returns them (method, path, user agent), so a test can tell what the operator did and did
+not do. ``GET /_fake/ready`` needs no token.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import os
+import ssl
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from aiohttp import web
+
+SCALERS = "/apis/cronoq.io/v1alpha1"
+APPS = "/apis/apps/v1"
+MERGE_PATCH = "application/merge-patch+json"
+
+Objects = dict[tuple[str, str], dict[str, Any]]
+
+
+def merge_patch(target: Any, patch: Any) -> Any:
+    """RFC 7386: objects merge key by key, null removes a key, anything else replaces."""
+    if not isinstance(patch, dict):
+        return patch
+    merged = dict(target) if isinstance(target, dict) else {}
+    for key, value in patch.items():
+        if value is None:
+            merged.pop(key, None)
+        else:
+            merged[key] = merge_patch(merged.get(key), value)
+    return merged
+
+
+def status(code: int, message: str) -> web.Response:
+    """A ``Status`` object, as the API server explains a refusal."""
+    reason = {401: "Unauthorized", 404: "NotFound", 409: "Conflict", 415: "UnsupportedMediaType"}.get(
+        code, ""
+    )
+    body = {
+        "kind": "Status",
+        "apiVersion": "v1",
+        "status": "Failure",
+        "message": message,
+        "reason": reason,
+        "code": code,
+    }
+    return web.json_response(body, status=code)
+
+
+class FakeApi:
+    def __init__(self, token: str, page_size: int) -> None:
+        self.token = token
+        self.page_size = page_size
+        self.scalers: Objects = {}
+        self.deployments: Objects = {}
+        self.requests: list[dict[str, str]] = []
+        self._versions = itertools.count(1)
+
+    def version(self) -> str:
+        return str(next(self._versions))
+
+    @web.middleware
+    async def authenticate(
+        self, request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+    ) -> web.StreamResponse:
+        if request.path == "/_fake/ready":
+            return await handler(request)
+        if request.headers.get("Authorization") != f"Bearer {self.token}":
+            return status(401, "Unauthorized")
+        if not request.path.startswith("/_fake/"):
+            agent = request.headers.get("User-Agent", "")
+            self.requests.append({"method": request.method, "path": request.path, "agent": agent})
+        return await handler(request)
+
+    # ------------------------------------------------------------------------------------- scalers
+
+    async def list_scalers(self, request: web.Request) -> web.Response:
+        namespace = request.match_info.get("ns")
+        items = [obj for (ns, _), obj in sorted(self.scalers.items()) if namespace in (None, ns)]
+        limit = int(request.query.get("limit", "0")) or len(items)
+        limit = min(limit, self.page_size) if self.page_size else limit
+        start = int(request.query.get("continue", "0"))
+        page = items[start : start + limit]
+        more = str(start + limit) if start + limit < len(items) else ""
+        return web.json_response(
+            {
+                "kind": "CronoqWorkerScalerList",
+                "apiVersion": "cronoq.io/v1alpha1",
+                "metadata": {"resourceVersion": self.version(), "continue": more},
+                "items": page,
+            }
+        )
+
+    async def create_scaler(self, request: web.Request) -> web.Response:
+        return await self._create(request, self.scalers)
+
+    async def get_scaler(self, request: web.Request) -> web.Response:
+        obj = self.scalers.get(_key(request))
+        return web.json_response(obj) if obj else status(404, "scaler not found")
+
+    async def patch_scaler(self, request: web.Request) -> web.Response:
+        """A merge patch of the main resource changes the spec (and metadata), never the status, and a
+        spec change bumps the generation."""
+        obj = self.scalers.get(_key(request))
+        if obj is None:
+            return status(404, "scaler not found")
+        patch = await _merge_patch_body(request)
+        if isinstance(patch, web.Response):
+            return patch
+        patch.pop("status", None)
+        updated = merge_patch(obj, patch)
+        if updated.get("spec") != obj.get("spec"):
+            updated["metadata"]["generation"] = obj["metadata"]["generation"] + 1
+        updated["metadata"]["resourceVersion"] = self.version()
+        self.scalers[_key(request)] = updated
+        return web.json_response(updated)
+
+    async def delete_scaler(self, request: web.Request) -> web.Response:
+        obj = self.scalers.pop(_key(request), None)
+        return web.json_response(obj) if obj else status(404, "scaler not found")
+
+    async def patch_scaler_status(self, request: web.Request) -> web.Response:
+        obj = self.scalers.get(_key(request))
+        if obj is None:
+            return status(404, "scaler not found")
+        patch = await _merge_patch_body(request)
+        if isinstance(patch, web.Response):
+            return patch
+        obj["status"] = merge_patch(obj.get("status", {}), patch.get("status", {}))
+        obj["metadata"]["resourceVersion"] = self.version()
+        return web.json_response(obj)
+
+    # --------------------------------------------------------------------------------- deployments
+
+    async def create_deployment(self, request: web.Request) -> web.Response:
+        return await self._create(request, self.deployments)
+
+    async def get_deployment(self, request: web.Request) -> web.Response:
+        obj = self.deployments.get(_key(request))
+        return web.json_response(obj) if obj else status(404, "deployment not found")
+
+    async def get_scale(self, request: web.Request) -> web.Response:
+        obj = self.deployments.get(_key(request))
+        return web.json_response(self._scale(obj)) if obj else status(404, "deployment not found")
+
+    async def patch_scale(self, request: web.Request) -> web.Response:
+        obj = self.deployments.get(_key(request))
+        if obj is None:
+            return status(404, "deployment not found")
+        patch = await _merge_patch_body(request)
+        if isinstance(patch, web.Response):
+            return patch
+        wanted_version = patch.get("metadata", {}).get("resourceVersion")
+        if wanted_version is not None and wanted_version != obj["metadata"]["resourceVersion"]:
+            return status(
+                409, "the object has been modified; please apply your changes to the latest version"
+            )
+        replicas = merge_patch(self._scale(obj), patch).get("spec", {}).get("replicas", 0)
+        if replicas != obj["spec"].get("replicas"):
+            obj["spec"]["replicas"] = replicas
+            obj["metadata"]["generation"] += 1
+            obj["metadata"]["resourceVersion"] = self.version()
+        return web.json_response(self._scale(obj))
+
+    @staticmethod
+    def _scale(deployment: dict[str, Any]) -> dict[str, Any]:
+        meta = deployment["metadata"]
+        replicas = deployment["spec"].get("replicas", 1)
+        spec = {"replicas": replicas} if replicas else {}  # omitempty, as autoscaling/v1 does
+        return {
+            "kind": "Scale",
+            "apiVersion": "autoscaling/v1",
+            "metadata": {k: meta[k] for k in ("name", "namespace", "uid", "resourceVersion")},
+            "spec": spec,
+            "status": {"replicas": replicas, "selector": f"app={meta['name']}"},
+        }
+
+    async def _create(self, request: web.Request, objects: Objects) -> web.Response:
+        """Stores the posted object with the metadata the API server fills in."""
+        obj = await request.json()
+        namespace = request.match_info["ns"]
+        name = obj["metadata"]["name"]
+        if (namespace, name) in objects:
+            return status(409, f"{name} already exists")
+        obj["metadata"].update(
+            namespace=namespace,
+            uid=f"uid-{namespace}-{name}-{self.version()}",
+            generation=1,
+            resourceVersion=self.version(),
+            creationTimestamp="2026-01-01T00:00:00Z",
+        )
+        obj.setdefault("spec", {})
+        objects[(namespace, name)] = obj
+        return web.json_response(obj, status=201)
+
+    # ------------------------------------------------------------------------------------- fake's own
+
+    async def recorded(self, request: web.Request) -> web.Response:
+        return web.json_response(self.requests)
+
+    async def ready(self, request: web.Request) -> web.Response:
+        return web.json_response({"ok": True})
+
+
+def _key(request: web.Request) -> tuple[str, str]:
+    return request.match_info["ns"], request.match_info["name"]
+
+
+async def _merge_patch_body(request: web.Request) -> dict[str, Any] | web.Response:
+    if request.content_type != MERGE_PATCH:
+        return status(415, f"the fake accepts only {MERGE_PATCH} patches (got {request.content_type})")
+    body = json.loads(await request.read())
+    return body if isinstance(body, dict) else status(400, "a patch must be a JSON object")
+
+
+def make_app(token: str, page_size: int = 0) -> web.Application:
+    """The fake as an aiohttp application; ``page_size`` caps list pages (0: no cap) so that the
+    operator has to follow ``continue``."""
+    api = FakeApi(token, page_size)
+    app = web.Application(middlewares=[api.authenticate])
+    scalers = f"{SCALERS}/namespaces/{{ns}}/cronoqworkerscalers"
+    deployments = f"{APPS}/namespaces/{{ns}}/deployments"
+    app.router.add_get(f"{SCALERS}/cronoqworkerscalers", api.list_scalers)
+    app.router.add_get(scalers, api.list_scalers)
+    app.router.add_post(scalers, api.create_scaler)
+    app.router.add_get(f"{scalers}/{{name}}", api.get_scaler)
+    app.router.add_patch(f"{scalers}/{{name}}", api.patch_scaler)
+    app.router.add_delete(f"{scalers}/{{name}}", api.delete_scaler)
+    app.router.add_patch(f"{scalers}/{{name}}/status", api.patch_scaler_status)
+    app.router.add_post(deployments, api.create_deployment)
+    app.router.add_get(f"{deployments}/{{name}}", api.get_deployment)
+    app.router.add_get(f"{deployments}/{{name}}/scale", api.get_scale)
+    app.router.add_patch(f"{deployments}/{{name}}/scale", api.patch_scale)
+    app.router.add_get("/_fake/requests", api.recorded)
+    app.router.add_get("/_fake/ready", api.ready)
+    return app
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description="a fake Kubernetes API server for the operator's tests")
+    p.add_argument("--port", type=int, required=True)
+    p.add_argument("--cert", help="serve https with this certificate (PEM)")
+    p.add_argument("--key", help="the certificate's private key (PEM)")
+    p.add_argument("--page-size", type=int, default=0)
+    args = p.parse_args()
+    context = None
+    if args.cert:
+        context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        context.load_cert_chain(args.cert, args.key)
+    app = make_app(os.environ["KUBE_FAKE_TOKEN"], args.page_size)
+    web.run_app(app, host="127.0.0.1", port=args.port, ssl_context=context, print=None, access_log=None)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,348 @@
+"""``cronoq-operator`` as a real process between a real ``cronoq-server`` and a fake Kubernetes API
+(:mod:`.kube_fake`, its own process): Deployments follow their pool's desired capacity through the scale
+subresource, and every case the operator must not scale in is left alone with a status that says why."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import re
+import ssl
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from cronoq.client import Client, task
+
+from .operator_proc import FakeKube, OperatorProcess, until
+from .serverproc import ServerProcess, new_server
+from .test_tls import _issue, _openssl
+
+pytestmark = pytest.mark.asyncio
+
+CLIENT_TOKEN = "client-token-0123456789abcdef"
+METRICS_TOKEN = "metrics-token-0123456789abcdef"
+KUBE_TOKEN = "kube-token-0123456789abcdef"
+
+# Desired capacity reacts within a second or two: no worker ever connects, so 20 queued tasks are a
+# backlog of 20 one-second tasks to drain in one second (well above max = 8), and the autoscaler steps up
+# by 4 per one-second evaluation. min = 0: with nothing queued the pool wants no slots at all.
+SERVER_CONFIG = """
+[server]
+shutdown_grace_s = 1
+
+[[auth.tokens]]
+token_env = "CLIENT_TOKEN"
+role = "client"
+
+[[auth.tokens]]
+token_env = "METRICS_TOKEN"
+role = "metrics"
+
+[[pools]]
+name = "jobs"
+min = 0
+max = 8
+autoscale = true
+drain_time_s = 1
+default_duration_s = 1
+"""
+SERVER_ENV = {"CLIENT_TOKEN": CLIENT_TOKEN, "METRICS_TOKEN": METRICS_TOKEN}
+
+
+def operator_config(server: ServerProcess, wrong_token_file: Path) -> str:
+    """Four names for the same server: with the metrics token, a wrong token, and the client token
+    (a role without Snapshot). ``interval_s`` 1 is the shortest the operator accepts."""
+    url = f"http://{server.target}"
+    return f"""
+interval_s = 1
+timeout_s = 2
+
+[[servers]]
+name = "main"
+url = "{url}"
+token_env = "OPERATOR_METRICS_TOKEN"
+
+[[servers]]
+name = "badtoken"
+url = "{url}"
+token_file = "{wrong_token_file}"
+
+[[servers]]
+name = "clientrole"
+url = "{url}"
+token_env = "OPERATOR_CLIENT_TOKEN"
+"""
+
+
+def scaler(server: str, pool: str, deployment: str, slots: int, low: int, high: int) -> dict[str, Any]:
+    return {
+        "server": server,
+        "pool": pool,
+        "deployment": deployment,
+        "slotsPerReplica": slots,
+        "minReplicas": low,
+        "maxReplicas": high,
+        "intervalSeconds": 1,
+    }
+
+
+@dataclass
+class Cluster:
+    kube: FakeKube
+    server: ServerProcess
+    operator: OperatorProcess
+
+    async def status(self, namespace: str, name: str) -> dict[str, Any]:
+        return await self.kube.scaler_status(namespace, name)
+
+    async def status_where(self, namespace: str, name: str, **expected: object) -> dict[str, Any]:
+        """Wait until the scaler's status has these field values."""
+
+        def matches(status: dict[str, Any]) -> bool:
+            return all(status.get(key) == value for key, value in expected.items())
+
+        return await until(
+            lambda: self.status(namespace, name), matches, f"{namespace}/{name} with {expected}"
+        )
+
+    async def replicas_become(self, namespace: str, deployment: str, replicas: int) -> None:
+        await until(
+            lambda: self.kube.replicas(namespace, deployment),
+            lambda n: n == replicas,
+            f"{deployment} at {replicas}",
+        )
+
+    async def scale_writes(self, deployment: str) -> int:
+        return sum(
+            1
+            for method, path in await self.kube.operator_requests()
+            if method == "PATCH" and path.endswith(f"/deployments/{deployment}/scale")
+        )
+
+    async def scale_reads(self, deployment: str) -> int:
+        return sum(
+            1
+            for method, path in await self.kube.operator_requests()
+            if method == "GET" and path.endswith(f"/deployments/{deployment}/scale")
+        )
+
+
+async def populate(kube: FakeKube) -> None:
+    """Deployments at replicas the operator must change (or keep), and one scaler per case, in two
+    namespaces (the fake pages lists by 2, so the operator follows ``continue`` too)."""
+    for namespace, deployment, replicas in [
+        ("team-a", "jobs-workers", 5),
+        ("team-a", "capped-workers", 0),
+        ("team-b", "ghost-workers", 2),
+        ("team-b", "elsewhere-workers", 2),
+        ("team-b", "wrong-token-workers", 2),
+        ("team-b", "client-token-workers", 2),
+        ("team-b", "invalid-workers", 2),
+    ]:
+        await kube.create_deployment(namespace, deployment, replicas)
+    for namespace, name, spec in [
+        ("team-a", "jobs", scaler("main", "jobs", "jobs-workers", 3, 1, 10)),
+        ("team-a", "capped", scaler("main", "jobs", "capped-workers", 1, 0, 2)),
+        ("team-b", "ghost", scaler("main", "no-such-pool", "ghost-workers", 1, 0, 10)),
+        ("team-b", "elsewhere", scaler("nowhere", "jobs", "elsewhere-workers", 1, 0, 10)),
+        ("team-b", "wrong-token", scaler("badtoken", "jobs", "wrong-token-workers", 1, 0, 10)),
+        ("team-b", "client-token", scaler("clientrole", "jobs", "client-token-workers", 1, 0, 10)),
+        ("team-b", "invalid", scaler("main", "jobs", "invalid-workers", 1, 3, 2)),
+        ("team-b", "no-deployment", scaler("main", "jobs", "missing-workers", 1, 0, 10)),
+    ]:
+        await kube.create_scaler(namespace, name, spec)
+
+
+@contextlib.asynccontextmanager
+async def running(cluster: Cluster, objects: Callable[[FakeKube], Awaitable[None]]) -> AsyncIterator[Cluster]:
+    """The fake API with ``objects`` in it, then the server, then the operator; all stopped after."""
+    try:
+        cluster.kube.start()
+        await objects(cluster.kube)
+        cluster.server.start()
+        cluster.operator.start()
+        yield cluster
+    finally:
+        cluster.operator.stop()
+        cluster.server.stop()
+        await cluster.kube.stop()
+
+
+@pytest.fixture
+async def cluster(tmp_path: Path) -> AsyncIterator[Cluster]:
+    kube = FakeKube(tmp_path / "kube", KUBE_TOKEN, page_size=2)
+    server = new_server(tmp_path / "server", SERVER_CONFIG, env=SERVER_ENV)
+    wrong_token = tmp_path / "wrong-token"
+    wrong_token.write_text("not-the-metrics-token-0123456789\n")
+    operator = OperatorProcess(
+        tmp_path / "operator",
+        operator_config(server, wrong_token),
+        kube,
+        env={"OPERATOR_METRICS_TOKEN": METRICS_TOKEN, "OPERATOR_CLIENT_TOKEN": CLIENT_TOKEN},
+    )
+    async with running(Cluster(kube, server, operator), populate) as started:
+        yield started
+
+
+async def test_replicas_follow_desired_capacity(cluster: Cluster) -> None:
+    # Nothing queued: 0 desired slots, so the Deployment goes from 5 down to minReplicas 1 ...
+    await cluster.replicas_become("team-a", "jobs-workers", 1)
+    jobs = await cluster.status_where("team-a", "jobs", reason="Scaled", desiredSlots=0, replicas=1)
+    assert jobs["message"] == "0 desired slots / 3 per replica = 0 replicas, raised to minReplicas 1"
+    assert jobs["observedGeneration"] == 1 and jobs["lastScaleTime"]
+    assert jobs["conditions"][0]["type"] == "Ready" and jobs["conditions"][0]["status"] == "True"
+    # ... and the one already at 0 (the scale omits replicas then) is not written to at all.
+    await cluster.status_where("team-a", "capped", reason="Scaled", desiredSlots=0, replicas=0)
+    reads = await cluster.scale_reads("capped-workers")
+    await until(lambda: cluster.scale_reads("capped-workers"), lambda n: n >= reads + 2, "two more rounds")
+    assert await cluster.scale_writes("capped-workers") == 0
+    assert await cluster.scale_writes("jobs-workers") == 1
+
+    # Queue pressure: desired climbs to the pool's max of 8 slots -> ceil(8 / 3) = 3 replicas, and the
+    # scaler allowing at most 2 stops there.
+    async with Client(cluster.server.target, token=CLIENT_TOKEN) as client:
+        await client.submit_batch([task(str(i), pool="jobs") for i in range(20)])
+    jobs = await cluster.status_where("team-a", "jobs", desiredSlots=8, replicas=3)
+    assert await cluster.kube.replicas("team-a", "jobs-workers") == 3
+    assert jobs["message"] == "8 desired slots / 3 per replica = 3 replicas"
+    capped = await cluster.status_where("team-a", "capped", desiredSlots=8, replicas=2)
+    assert capped["message"] == "8 desired slots / 1 per replica = 8 replicas, capped at maxReplicas 2"
+    assert await cluster.kube.replicas("team-a", "capped-workers") == 2
+
+    # The server stops: nothing is scaled, and the status says why.
+    await asyncio.to_thread(cluster.server.stop)
+    jobs = await cluster.status_where("team-a", "jobs", reason="ServerUnavailable")
+    assert jobs["message"].startswith("server 'main' did not answer")
+    assert jobs["message"].endswith("deployment 'jobs-workers' left at 3 replicas")
+    assert "desiredSlots" not in jobs and jobs["replicas"] == 3
+    assert jobs["conditions"][0]["status"] == "False"
+    assert await cluster.kube.replicas("team-a", "jobs-workers") == 3
+
+    # Back with an empty queue (memory store): down to minReplicas again.
+    await asyncio.to_thread(cluster.server.start)
+    await cluster.replicas_become("team-a", "jobs-workers", 1)
+    await cluster.replicas_become("team-a", "capped-workers", 0)
+    await cluster.status_where("team-a", "jobs", reason="Scaled", desiredSlots=0, replicas=1)
+
+    assert cluster.operator.terminate() == 0
+    logs = cluster.operator.logs()
+    assert "deployment_scaled" in logs and "operator_stopped" in logs
+    for secret in (METRICS_TOKEN, CLIENT_TOKEN, KUBE_TOKEN, "not-the-metrics-token"):
+        assert secret not in logs
+
+
+async def test_scalers_it_cannot_act_on_are_left_alone_and_say_why(cluster: Cluster) -> None:
+    cases = {
+        "ghost": ("PoolNotReported", "server 'main' does not report pool 'no-such-pool'"),
+        "elsewhere": (
+            "UnknownServer",
+            "spec.server: no server named 'nowhere' in the operator's configuration",
+        ),
+        "wrong-token": ("Unauthenticated", "server 'badtoken' refused the operator's token"),
+        "client-token": (
+            "PermissionDenied",
+            "server 'clientrole' does not let the operator's token read snapshots",
+        ),
+        "invalid": ("InvalidSpec", "spec.minReplicas (3) must not exceed spec.maxReplicas (2)"),
+        "no-deployment": ("DeploymentNotFound", "no deployment 'missing-workers' in namespace 'team-b'"),
+    }
+    for name, (reason, message) in cases.items():
+        status = await cluster.status_where("team-b", name, reason=reason)
+        assert status["message"].startswith(message), status
+        assert status["conditions"][0]["status"] == "False"
+        assert status["observedGeneration"] == 1
+    for deployment in (
+        "ghost-workers",
+        "elsewhere-workers",
+        "wrong-token-workers",
+        "client-token-workers",
+        "invalid-workers",
+    ):
+        assert await cluster.kube.replicas("team-b", deployment) == 2
+        assert await cluster.scale_writes(deployment) == 0
+    assert (await cluster.status("team-b", "ghost"))["replicas"] == 2  # read, not changed
+
+    # Fixing the spec is picked up (a new generation) and the Deployment then follows the pool.
+    await cluster.kube.patch_scaler("team-b", "invalid", {"spec": {"minReplicas": 1}})
+    fixed = await cluster.status_where("team-b", "invalid", reason="Scaled", observedGeneration=2)
+    assert fixed["replicas"] == 1 and await cluster.kube.replicas("team-b", "invalid-workers") == 1
+
+    # What the operator asked the API for is what its ClusterRole grants, and nothing more.
+    allowed = {
+        ("GET", r"/apis/cronoq\.io/v1alpha1/cronoqworkerscalers"),
+        ("PATCH", r"/apis/cronoq\.io/v1alpha1/namespaces/[^/]+/cronoqworkerscalers/[^/]+/status"),
+        ("GET", r"/apis/apps/v1/namespaces/[^/]+/deployments/[^/]+/scale"),
+        ("PATCH", r"/apis/apps/v1/namespaces/[^/]+/deployments/[^/]+/scale"),
+    }
+    requested = set(await cluster.kube.operator_requests())
+    assert requested
+    for method, path in requested:
+        assert any(method == verb and re.fullmatch(pattern, path) for verb, pattern in allowed), (
+            method,
+            path,
+        )
+
+
+@dataclass(frozen=True)
+class Certificates:
+    ca: Path
+    cert: Path  # for 127.0.0.1: the server's listeners and the fake API's
+    key: Path
+
+
+@pytest.fixture(scope="module")
+def certificates(tmp_path_factory: pytest.TempPathFactory) -> Certificates:
+    directory = tmp_path_factory.mktemp("operator-pki")
+    ca, ca_key = directory / "ca.pem", directory / "ca.key"
+    _openssl(
+        "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=operator test CA",
+        "-keyout", str(ca_key), "-out", str(ca),
+    )  # fmt: skip
+    cert, key = _issue(directory, "local", "/CN=127.0.0.1", "IP:127.0.0.1,DNS:localhost", ca, ca_key)
+    return Certificates(ca, cert, key)
+
+
+async def test_over_tls_to_the_server_and_to_the_kubernetes_api(
+    tmp_path: Path, certificates: Certificates
+) -> None:
+    """An https:// server read with ca_file, and the API server over https trusted with --kube-ca; the
+    same server without its CA is not trusted, so that scaler is left alone."""
+    tls = f'\n[server.tls]\ncert_path = "{certificates.cert}"\nkey_path = "{certificates.key}"\n'
+    trusted = ssl.create_default_context(cafile=str(certificates.ca))
+    server = new_server(tmp_path / "server", SERVER_CONFIG + tls, env=SERVER_ENV, ssl_context=trusted)
+    kube = FakeKube(
+        tmp_path / "kube", KUBE_TOKEN, cert=(certificates.cert, certificates.key), ca=certificates.ca
+    )
+    url = f"https://{server.target}"
+    config = f"""
+interval_s = 1
+
+[[servers]]
+name = "main"
+url = "{url}"
+token_env = "OPERATOR_METRICS_TOKEN"
+ca_file = "{certificates.ca}"
+
+[[servers]]
+name = "untrusted"
+url = "{url}"
+token_env = "OPERATOR_METRICS_TOKEN"
+"""
+    operator = OperatorProcess(
+        tmp_path / "operator", config, kube, env={"OPERATOR_METRICS_TOKEN": METRICS_TOKEN}
+    )
+
+    async def objects(kube: FakeKube) -> None:
+        for name, server_name in (("secure", "main"), ("untrusted", "untrusted")):
+            await kube.create_deployment("team-a", f"{name}-workers", 4)
+            await kube.create_scaler("team-a", name, scaler(server_name, "jobs", f"{name}-workers", 2, 1, 5))
+
+    async with running(Cluster(kube, server, operator), objects) as cluster:
+        await cluster.replicas_become("team-a", "secure-workers", 1)
+        await cluster.status_where("team-a", "secure", reason="Scaled", desiredSlots=0, replicas=1)
+        untrusted = await cluster.status_where("team-a", "untrusted", reason="ServerUnavailable")
+        assert untrusted["replicas"] == 4 and await cluster.kube.replicas("team-a", "untrusted-workers") == 4

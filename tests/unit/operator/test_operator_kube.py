@@ -1,0 +1,202 @@
+"""The operator's Kubernetes calls, as an API server sees them: paths, verbs, content types, bodies,
+the bearer token (read again for every request), list paging, and errors that carry the API server's
+message but never the token."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+from aiohttp import web
+from aiohttp.test_utils import TestServer
+
+from kube_operator.kube import KubeApi, KubeError, KubeTarget, Scale, in_cluster
+
+TOKEN = "first-token-0123456789"
+
+
+@dataclass
+class Recorder:
+    """Answers each request with the next scripted (status, body) and records what it got."""
+
+    answers: list[tuple[int, Any]] = field(default_factory=list)
+    seen: list[dict[str, Any]] = field(default_factory=list)
+
+    async def handle(self, request: web.Request) -> web.Response:
+        raw = await request.read()
+        self.seen.append(
+            {
+                "method": request.method,
+                "path": request.path,
+                "query": dict(request.query),
+                "authorization": request.headers.get("Authorization"),
+                "content_type": request.headers.get("Content-Type"),
+                "agent": request.headers.get("User-Agent", ""),
+                "body": json.loads(raw) if raw else None,
+            }
+        )
+        status, body = self.answers.pop(0)
+        if isinstance(body, str):
+            return web.Response(status=status, text=body)
+        return web.json_response(body, status=status)
+
+
+@dataclass
+class Api:
+    kube: KubeApi
+    recorder: Recorder
+    token_file: Path
+
+
+@pytest.fixture
+async def served() -> AsyncIterator[tuple[Recorder, str]]:
+    """A recording API server on a loopback port, and its URL."""
+    recorder = Recorder()
+    app = web.Application()
+    app.router.add_route("*", "/{tail:.*}", recorder.handle)
+    server = TestServer(app, host="127.0.0.1")
+    await server.start_server()
+    try:
+        yield recorder, str(server.make_url(""))
+    finally:
+        await server.close()
+
+
+@pytest.fixture
+async def api(served: tuple[Recorder, str], tmp_path: Path) -> AsyncIterator[Api]:
+    recorder, url = served
+    token_file = tmp_path / "token"
+    token_file.write_text(TOKEN + "\n")
+    async with KubeApi(KubeTarget(url, token_file, None)) as kube:
+        yield Api(kube, recorder, token_file)
+
+
+async def test_listing_follows_continue_tokens(api: Api) -> None:
+    api.recorder.answers = [
+        (200, {"items": [{"metadata": {"name": "a"}}], "metadata": {"continue": "next-page"}}),
+        (200, {"items": [{"metadata": {"name": "b"}}], "metadata": {"continue": ""}}),
+    ]
+    found = await api.kube.list_scalers()
+    assert [item["metadata"]["name"] for item in found] == ["a", "b"]
+    first, second = api.recorder.seen
+    assert first["method"] == "GET" and first["path"] == "/apis/cronoq.io/v1alpha1/cronoqworkerscalers"
+    assert first["query"] == {"limit": "500"}
+    assert second["query"] == {"limit": "500", "continue": "next-page"}
+    assert first["authorization"] == f"Bearer {TOKEN}"
+    assert first["agent"].startswith("cronoq-operator/")
+
+
+async def test_listing_one_namespace(api: Api) -> None:
+    api.recorder.answers = [(200, {"items": []})]
+    assert await api.kube.list_scalers("team-a") == []
+    assert api.recorder.seen[0]["path"] == "/apis/cronoq.io/v1alpha1/namespaces/team-a/cronoqworkerscalers"
+
+
+async def test_the_token_file_is_read_for_every_request(api: Api) -> None:
+    api.recorder.answers = [(200, {"items": []}), (200, {"items": []})]
+    await api.kube.list_scalers()
+    api.token_file.write_text("rotated-token-0123456789")
+    await api.kube.list_scalers()
+    assert [seen["authorization"] for seen in api.recorder.seen] == [
+        f"Bearer {TOKEN}",
+        "Bearer rotated-token-0123456789",
+    ]
+
+
+async def test_reading_a_scale_whose_replicas_are_zero(api: Api) -> None:
+    """autoscaling/v1 leaves ``replicas`` out when it is 0."""
+    api.recorder.answers = [
+        (200, {"kind": "Scale", "metadata": {"resourceVersion": "41"}, "spec": {}}),
+        (200, {"kind": "Scale", "metadata": {"resourceVersion": "42"}, "spec": {"replicas": 3}}),
+    ]
+    assert await api.kube.get_scale("team-a", "workers") == Scale(0, "41")
+    assert await api.kube.get_scale("team-a", "workers") == Scale(3, "42")
+    assert api.recorder.seen[0]["path"] == "/apis/apps/v1/namespaces/team-a/deployments/workers/scale"
+
+
+async def test_setting_a_scale_is_a_merge_patch_at_the_version_read(api: Api) -> None:
+    api.recorder.answers = [(200, {"kind": "Scale"})]
+    await api.kube.set_scale("team-a", "workers", 4, "42")
+    [seen] = api.recorder.seen
+    assert (seen["method"], seen["path"]) == (
+        "PATCH",
+        "/apis/apps/v1/namespaces/team-a/deployments/workers/scale",
+    )
+    assert seen["content_type"] == "application/merge-patch+json"
+    assert seen["body"] == {"spec": {"replicas": 4}, "metadata": {"resourceVersion": "42"}}
+
+
+async def test_writing_a_status_patches_the_status_subresource(api: Api) -> None:
+    api.recorder.answers = [(200, {})]
+    await api.kube.patch_status("team-a", "jobs", {"reason": "Scaled", "desiredSlots": None})
+    [seen] = api.recorder.seen
+    assert (seen["method"], seen["path"]) == (
+        "PATCH",
+        "/apis/cronoq.io/v1alpha1/namespaces/team-a/cronoqworkerscalers/jobs/status",
+    )
+    assert seen["content_type"] == "application/merge-patch+json"
+    assert seen["body"] == {"status": {"reason": "Scaled", "desiredSlots": None}}  # null removes the field
+
+
+async def test_a_refusal_carries_the_api_servers_message(api: Api) -> None:
+    api.recorder.answers = [
+        (404, {"kind": "Status", "message": 'deployments.apps "workers" not found', "code": 404}),
+        (500, "<html>oops</html>"),
+        (200, "not json"),
+    ]
+    with pytest.raises(KubeError) as missing:
+        await api.kube.get_scale("team-a", "workers")
+    assert (missing.value.status, missing.value.message) == (404, 'deployments.apps "workers" not found')
+    with pytest.raises(KubeError) as broken:
+        await api.kube.list_scalers()
+    assert (
+        broken.value.status == 500
+        and "GET /apis/cronoq.io/v1alpha1/cronoqworkerscalers" in broken.value.message
+    )
+    with pytest.raises(KubeError) as garbled:
+        await api.kube.list_scalers()
+    assert "not a JSON object" in garbled.value.message
+
+
+async def test_an_unreachable_api_server_or_unreadable_token(tmp_path: Path) -> None:
+    token_file = tmp_path / "token"
+    token_file.write_text(TOKEN)
+    async with KubeApi(KubeTarget("http://127.0.0.1:9", token_file, None), timeout=2) as kube:
+        with pytest.raises(KubeError) as caught:
+            await kube.list_scalers()
+        assert caught.value.status == 0 and "cannot reach the Kubernetes API" in str(caught.value)
+        assert TOKEN not in str(caught.value)
+        token_file.unlink()
+        with pytest.raises(KubeError) as unreadable:
+            await kube.list_scalers()
+        assert "cannot read the Kubernetes token file" in str(unreadable.value)
+
+
+async def test_without_a_token_file_no_token_is_sent(served: tuple[Recorder, str]) -> None:
+    recorder, url = served
+    recorder.answers = [(200, {"items": []})]
+    async with KubeApi(KubeTarget(url, None, None)) as kube:
+        await kube.list_scalers()
+    assert recorder.seen[0]["authorization"] is None
+
+
+def test_in_cluster_uses_the_service_account(tmp_path: Path) -> None:
+    (tmp_path / "token").write_text(TOKEN)
+    (tmp_path / "ca.crt").write_text("")
+    env = {"KUBERNETES_SERVICE_HOST": "10.96.0.1", "KUBERNETES_SERVICE_PORT": "443"}
+    assert in_cluster(env, tmp_path) == KubeTarget(
+        "https://10.96.0.1:443", tmp_path / "token", tmp_path / "ca.crt"
+    )
+    ipv6 = in_cluster({"KUBERNETES_SERVICE_HOST": "fd00::1", "KUBERNETES_SERVICE_PORT": "443"}, tmp_path)
+    assert ipv6.url == "https://[fd00::1]:443"
+
+
+def test_outside_a_cluster_says_what_to_pass(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="--kube-api"):
+        in_cluster({}, tmp_path)
+    with pytest.raises(ValueError, match="automountServiceAccountToken"):
+        in_cluster({"KUBERNETES_SERVICE_HOST": "10.96.0.1", "KUBERNETES_SERVICE_PORT": "443"}, tmp_path)
