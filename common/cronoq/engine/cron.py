@@ -1,8 +1,8 @@
 """Cron schedules for recurring tasks: parse once, then ask for the first occurrence after a given time.
 
-The cron language itself is croniter's (5 fields, or 6 with a leading seconds field; lists, ranges,
-steps, month and weekday names, ``L``, ``W``, ``#``); this module only puts the engine's rules
-around it:
+The cron language itself is croniter's (5 fields, 6 with a leading seconds field, or 7 with a
+trailing year field as well, as the reference's parser takes; lists, ranges, steps, month and weekday
+names, ``L``, ``W``, ``#``); this module only puts the engine's rules around it:
 
 - Times are Unix seconds as floats, passed in by the caller. Nothing here reads a clock; the only
   I/O is zoneinfo loading a zone's rules from the tz database the first time it is named.
@@ -27,8 +27,8 @@ around it:
 - Hashed and random values (croniter's ``H`` and ``R``) are refused: ``R`` would make the engine's
   decisions non-deterministic, and ``H`` needs a hash id the engine does not have.
 
-The reference parser also takes a 7th (year) field; this one does not, because without a year
-every schedule repeats and ``next_after`` can always find the next occurrence.
+- A year field (1970-2099) can end a schedule: ``next_after`` then answers None, and the engine
+  plans no further occurrence. Without one every schedule repeats, so it never does.
 
 This is the one engine module that imports ``datetime`` (for calendar arithmetic in a zone); it
 only converts the times it is given and never asks for the current one, which
@@ -50,6 +50,7 @@ MAX_LENGTH = 256
 
 _FIELD_NAMES = ("minute", "hour", "day-of-month", "month", "day-of-week")
 _WITH_SECONDS = ("second", *_FIELD_NAMES)
+_WITH_YEAR = (*_WITH_SECONDS, "year")
 _VALUES = {
     "second": "0-59",
     "minute": "0-59",
@@ -57,7 +58,11 @@ _VALUES = {
     "day-of-month": "1-31",
     "month": "1-12 or JAN-DEC",
     "day-of-week": "0-7 or SUN-SAT",
+    "year": "1970-2099",
 }
+# croniter gives up when no date matches within this many years of the start; with a year field the
+# next one may lie up to 2099 - 1970 years ahead, and giving up must mean there is none.
+_YEARS_SEARCHED = 2099 - 1970 + 1
 # Split fields exactly as croniter does (ASCII whitespace only), so the count checked here is the one
 # croniter will see.
 _FIELD_RE = re.compile(r"\S+", re.ASCII)
@@ -75,6 +80,7 @@ class CronSchedule:
     tz: str
     _pattern: str = field(repr=False, compare=False)  # the fields joined by single spaces
     _with_seconds: bool = field(repr=False, compare=False)
+    _with_year: bool = field(repr=False, compare=False)
     _hour_wildcard: bool = field(repr=False, compare=False)
     _zone: ZoneInfo = field(repr=False, compare=False)
 
@@ -82,27 +88,36 @@ class CronSchedule:
     def parse(cls, expr: str, tz: str = "UTC") -> CronSchedule:
         """Validate ``expr`` and ``tz``; raise ``ValueError`` naming the bad argument ("cron: …", "tz: …")."""
         fields = _cron_fields(expr)
-        with_seconds = len(fields) == 6
+        with_seconds = len(fields) >= 6
         pattern = " ".join(fields)
         expanded, _ = croniter.expand(pattern, second_at_beginning=with_seconds)
         name, zone = _load_zone(tz)
-        schedule = cls(expr, name, pattern, with_seconds, expanded[HOUR_FIELD] == ["*"], zone)
-        # Without a year field every schedule repeats within croniter's 50-year search window, so
-        # one search from any fixed instant tells whether it can fire at all.
-        try:
-            schedule.next_after(0.0)
-        except CroniterBadDateError:
-            raise _cron_error(expr, "the schedule never fires (no date matches)") from None
+        schedule = cls(
+            expr, name, pattern, with_seconds, len(fields) == 7, expanded[HOUR_FIELD] == ["*"], zone
+        )
+        # Every date a schedule can match lies from 1970 on (a year field ends in 2099; without one the
+        # schedule repeats within croniter's search window), so one search from then tells whether it
+        # can fire at all.
+        if schedule.next_after(-1.0) is None:
+            raise _cron_error(expr, "the schedule never fires (no date matches)")
         return schedule
 
-    def next_after(self, t: float) -> float:
-        """The first occurrence strictly after ``t``, as Unix seconds (always a whole second)."""
+    def next_after(self, t: float) -> float | None:
+        """The first occurrence strictly after ``t``, as Unix seconds (always a whole second); None
+        when there is none (only a schedule with a year field ends)."""
         # Occurrences fall on whole seconds, so the first one after t is the first one after floor(t);
         # starting croniter from a whole second also keeps sub-microsecond rounding out of its search.
         after = math.floor(t)
+        years = _YEARS_SEARCHED if self._with_year else None
         while True:
             start = datetime.fromtimestamp(after, self._zone)
-            found = croniter(self._pattern, start, second_at_beginning=self._with_seconds).get_next(float)
+            search = croniter(
+                self._pattern, start, second_at_beginning=self._with_seconds, max_years_between_matches=years
+            )
+            try:
+                found: float = search.get_next(float)
+            except CroniterBadDateError:
+                return None
             if self._hour_wildcard or not datetime.fromtimestamp(found, self._zone).fold:
                 return found
             # The second pass of a repeated wall-clock time that already fired on the first pass.
@@ -116,15 +131,17 @@ class CronSchedule:
         have tens of thousands.
         """
         low, high = math.floor(after), math.floor(t)
-        # Invariant: next_after(low) <= t < next_after(high).
-        assert self.next_after(low) <= t, "no occurrence in (after, t]"
+        # Invariant: next_after(low) <= t < next_after(high) (None counts as after t).
+        first = self.next_after(low)
+        assert first is not None and first <= t, "no occurrence in (after, t]"
         while high - low > 1:
             middle = (low + high) // 2
-            if self.next_after(middle) <= t:
-                low = middle
+            found = self.next_after(middle)
+            if found is not None and found <= t:
+                low, first = middle, found
             else:
                 high = middle
-        return self.next_after(low)
+        return first
 
     def _end_of_repeat(self, second_pass: int) -> int:
         """The first whole second after ``second_pass`` that is past the repeated (fall-back) wall-clock hour.
@@ -162,10 +179,10 @@ def _cron_fields(expr: str) -> list[str]:
     if len(expr) > MAX_LENGTH:
         raise _cron_error(expr, f"longer than {MAX_LENGTH} characters")
     fields = _FIELD_RE.findall(expr)
-    if len(fields) not in (5, 6):
-        raise _cron_error(expr, f"Pattern must have between 5 and 6 fields, got {len(fields)}")
-    with_seconds = len(fields) == 6
-    names = _WITH_SECONDS if with_seconds else _FIELD_NAMES
+    if len(fields) not in (5, 6, 7):
+        raise _cron_error(expr, f"Pattern must have between 5 and 7 fields, got {len(fields)}")
+    with_seconds = len(fields) >= 6
+    names = (_FIELD_NAMES, _WITH_SECONDS, _WITH_YEAR)[len(fields) - 5]
     for i, (name, token) in enumerate(zip(names, fields, strict=True)):
         if token[0] in "hHrR":
             raise _cron_error(

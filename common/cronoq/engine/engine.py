@@ -410,10 +410,15 @@ class Engine:
             problem = self._resources.check(template.resources)
             if problem is not None:
                 raise RecurringError(problem[0], f"template.resources: {problem[1]}")
+        start = cron.next_after(now)
+        if start is None:
+            raise RecurringError(
+                "invalid", f"cron: {spec.cron!r} has no start after now (its years have passed)"
+            )
         old = self._schedules.get(spec.name)
         recurring = Recurring(spec, None, old.recurring.last_task_id if old is not None else 0)
         schedule = self._new_schedule(recurring, cron)
-        self._plan_occurrence(schedule, cron.next_after(now), now)
+        self._plan_occurrence(schedule, start, now)
         self._dispatch_dirty(None, now)
         return recurring
 
@@ -1433,7 +1438,7 @@ class Engine:
                     previous = task.id
             self._occurrences[pending.id] = (schedule, previous)
 
-    def _next_start(self, schedule: _Schedule, due: float, now: float) -> float:
+    def _next_start(self, schedule: _Schedule, due: float, now: float) -> float | None:
         """The start of the occurrence to plan when the timer of the one starting at ``due`` fires.
 
         That is the cron's next start, unless the timer fired late (the engine was down before a
@@ -1444,15 +1449,16 @@ class Engine:
         occurrence, and only if it is still within the template's tolerance (so on time). A schedule
         that skips starts this way counts once in ``totals.recurring_skipped`` and goes on with the first
         start after ``now``. The latest passed start is found by bisection (``CronSchedule.last_until``),
-        so a catch-up costs a few dozen cron searches however long the engine was away.
+        so a catch-up costs a few dozen cron searches however long the engine was away. None: the
+        schedule's year field has run out.
         """
         cron = schedule.cron
         start = cron.next_after(due)
-        if start > now:
+        if start is None or start > now:
             return start
         following = cron.next_after(start)
         latest = start
-        if following <= now:
+        if following is not None and following <= now:
             latest = cron.last_until(now, start)
             following = cron.next_after(latest)
         if now <= latest + schedule.recurring.spec.template.tolerance:

@@ -22,12 +22,19 @@ def at(iso: str) -> float:
     return datetime.fromisoformat(iso).replace(tzinfo=UTC).timestamp()
 
 
+def next_of(schedule: CronSchedule, t: float) -> float:
+    """The next occurrence of a schedule that never ends (no year field)."""
+    found = schedule.next_after(t)
+    assert found is not None
+    return found
+
+
 def following(schedule: CronSchedule, start: str, n: int) -> list[str]:
     """The next ``n`` occurrences after ``start`` (UTC), each as a UTC "YYYY-MM-DDTHH:MM:SS"."""
     t = at(start)
     out = []
     for _ in range(n):
-        t = schedule.next_after(t)
+        t = next_of(schedule, t)
         out.append(datetime.fromtimestamp(t, UTC).strftime("%Y-%m-%dT%H:%M:%S"))
     return out
 
@@ -80,6 +87,20 @@ def test_six_fields_have_a_leading_seconds_field() -> None:
     daily = CronSchedule.parse("30 0 12 * * *")  # 12:00:30 every day
     assert following(daily, "2026-06-01T12:00:00", 2) == ["2026-06-01T12:00:30", "2026-06-02T12:00:30"]
     assert daily.next_after(at("2026-06-01T12:00:30")) == at("2026-06-02T12:00:30")
+
+
+def test_seven_fields_end_with_a_year_field_and_the_schedule_ends_with_it() -> None:
+    cron = CronSchedule.parse("30 0 12 1 1 * 2030-2031")
+    new_year_2030 = at("2030-01-01T12:00:30")
+    assert cron.next_after(at("2026-11-30T00:00:00")) == new_year_2030
+    assert cron.next_after(new_year_2030) == at("2031-01-01T12:00:30")
+    assert cron.next_after(at("2031-01-01T12:00:30")) is None
+
+
+def test_a_year_at_the_far_end_of_the_range_is_found() -> None:
+    """croniter gives up after 50 years without a match by default: 2099 must still be found from 1970."""
+    assert CronSchedule.parse("0 0 0 1 1 * 2099").next_after(0.0) == at("2099-01-01T00:00:00")
+    assert CronSchedule.parse("0 0 0 1 1 * 1970").next_after(-1.0) == 0.0  # the first second there is
 
 
 def test_fractional_time_just_below_an_occurrence() -> None:
@@ -217,7 +238,7 @@ def test_hourly_across_a_transition_is_every_real_hour_exactly_once(tz: str, fir
     hourly = CronSchedule.parse("0 * * * *", tz)
     t = at(first) - 1
     starts = []
-    while (t := hourly.next_after(t)) < at(first) + 72 * 3600:
+    while (t := next_of(hourly, t)) < at(first) + 72 * 3600:
         starts.append(t)
     assert len(starts) == 72
     assert starts[0] == at(first)
@@ -232,7 +253,7 @@ def test_daily_over_a_year_runs_once_per_local_day(tz: str, expr: str) -> None:
     t = datetime(2026, 1, 1, tzinfo=zone).timestamp()
     days = []
     while True:
-        t = daily.next_after(t)
+        t = next_of(daily, t)
         day = datetime.fromtimestamp(t, zone).date()
         if day.year > 2026:
             break
@@ -261,13 +282,17 @@ def test_daily_over_a_year_runs_once_per_local_day(tz: str, expr: str) -> None:
         ("60 0 0 * * *", "cron: invalid cron '60 0 0 * * *': second field '60' is not valid (values 0-59)"),
         ("*/0 * * * *", "cron: invalid cron '*/0 * * * *': minute field '*/0' is not valid (values 0-59)"),
         ("x * * * *", "cron: invalid cron 'x * * * *': minute field 'x' is not valid (values 0-59)"),
-        ("* * * *", "cron: invalid cron '* * * *': Pattern must have between 5 and 6 fields, got 4"),
+        ("* * * *", "cron: invalid cron '* * * *': Pattern must have between 5 and 7 fields, got 4"),
         (
-            "0 0 0 1 1 * 2030",
-            "cron: invalid cron '0 0 0 1 1 * 2030': Pattern must have between 5 and 6 fields, got 7",
+            "0 0 0 1 1 * 2030 1",
+            "cron: invalid cron '0 0 0 1 1 * 2030 1': Pattern must have between 5 and 7 fields, got 8",
         ),
-        ("", "cron: invalid cron '': Pattern must have between 5 and 6 fields, got 0"),
-        ("@hourly", "cron: invalid cron '@hourly': Pattern must have between 5 and 6 fields, got 1"),
+        (
+            "0 0 0 1 1 * 2100",
+            "cron: invalid cron '0 0 0 1 1 * 2100': year field '2100' is not valid (values 1970-2099)",
+        ),
+        ("", "cron: invalid cron '': Pattern must have between 5 and 7 fields, got 0"),
+        ("@hourly", "cron: invalid cron '@hourly': Pattern must have between 5 and 7 fields, got 1"),
         (
             "R * * * *",
             "cron: invalid cron 'R * * * *': minute field 'R': hashed (H) and random (R) values are not supported",
@@ -295,7 +320,9 @@ def test_absurdly_long_cron_is_rejected_and_cut_short_in_the_message() -> None:
     )
 
 
-@pytest.mark.parametrize("expr", ["0 0 30 2 *", "0 0 31 4,6,9,11 *", "0 0 0 31 11 *", "0 0 31 2 1#1"])
+@pytest.mark.parametrize(
+    "expr", ["0 0 30 2 *", "0 0 31 4,6,9,11 *", "0 0 0 31 11 *", "0 0 31 2 1#1", "0 0 0 29 2 * 2097-2099"]
+)
 def test_a_schedule_that_never_fires_is_rejected_at_parse(expr: str) -> None:
     with pytest.raises(ValueError) as raised:
         CronSchedule.parse(expr)
@@ -360,5 +387,5 @@ def test_occurrence_key_is_prefix_at_utc_start() -> None:
 
 def test_occurrence_key_is_in_utc_whatever_the_schedule_zone() -> None:
     daily = CronSchedule.parse("30 2 * * *", "Europe/Berlin")
-    start = daily.next_after(at("2026-03-28T12:00:00"))
+    start = next_of(daily, at("2026-03-28T12:00:00"))
     assert occurrence_key("backup", start) == "backup@2026-03-29T01:00:00Z"

@@ -229,6 +229,30 @@ def test_a_replacing_schedule_with_another_start_keeps_the_created_occurrence() 
     assert (second.spec.start, second.status) == (5.0, Status.SCHEDULED)
 
 
+def test_a_schedule_with_a_year_field_ends_with_its_last_year() -> None:
+    e = make()
+    e.add_worker(1, "p", 2, {}, 0.0)
+    # Every 10 s in 1970 only: 1970 ends at 31,536,000.
+    last_of_1970 = 31_536_000.0 - 10
+    recurring = e.add_recurring(schedule("*/10 * * * * * 1970"), last_of_1970 - 15)
+    assert recurring.next_start == last_of_1970 - 10
+    e.tick(last_of_1970 - 10)
+    assert recurring.next_start == last_of_1970
+    e.tick(last_of_1970)
+    assert recurring.next_start is None
+    assert [t.spec.start for t in occurrences(e)] == [last_of_1970 - 10, last_of_1970]
+    e.tick(last_of_1970 + 3600)
+    assert len(occurrences(e)) == 2 and e.list_recurring() == [recurring]
+
+
+def test_a_schedule_whose_years_have_passed_is_refused() -> None:
+    e = make()
+    with pytest.raises(RecurringError) as raised:
+        e.add_recurring(schedule("0 0 0 1 1 * 1970-1972"), 1_000_000_000.0)
+    assert "has no start after now" in str(raised.value)
+    assert e.list_recurring() == []
+
+
 def test_remove_stops_new_occurrences_but_keeps_the_created_one() -> None:
     e = make()
     e.add_recurring(schedule(), 0.0)
