@@ -166,5 +166,7 @@ async def test_expect_100_continue_comes_only_after_authentication_and_the_size_
     secured: ServerProcess,
 ) -> None:
     assert await expecting_continue(secured, "not-a-known-token-at-all", 2) == [b"HTTP/1.1 401 Unauthorized"]
-    assert await expecting_continue(secured, CLIENT, 4097) == [b"HTTP/1.1 413 Request Entity Too Large"]
+    # (The reason phrase is the Python version's: "Content Too Large" from 3.13 on.)
+    [refused] = await expecting_continue(secured, CLIENT, 4097)
+    assert refused.startswith(b"HTTP/1.1 413 ")
     assert await expecting_continue(secured, CLIENT, 2) == [b"HTTP/1.1 100 Continue", b"HTTP/1.1 200 OK"]
