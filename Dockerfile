@@ -6,12 +6,13 @@
 #
 # docs/containers.md describes the image: its environment, volume, ports and read-only root.
 
-# --- build: a venv at /opt/cronoq, made by Debian 12's own Python 3.11 ------------------------------
-# The final stage is distroless Debian 12, whose interpreter is /usr/bin/python3 (3.11) too: a venv
+# --- build: a venv at /opt/cronoq, made by Debian 13's own Python 3.13 ------------------------------
+# The final stage is distroless Debian 13, whose interpreter is /usr/bin/python3 (3.13) too: a venv
 # made here links to that path, and its scripts' shebangs (#!/opt/cronoq/bin/python3) resolve there.
-FROM debian:12-slim AS build
+# (Not Debian 12: distroless stopped building python3-debian12 in 2026, so it gets no security fixes.)
+FROM debian:13-slim AS build
 
-# Unpinned on purpose: this stage never ships, Debian 12 keeps these packages on Python 3.11, and a
+# Unpinned on purpose: this stage never ships, Debian 13 keeps these packages on Python 3.13, and a
 # pinned point version stops building whenever Debian replaces it with a security update.
 # hadolint ignore=DL3008
 RUN apt-get update \
@@ -41,13 +42,13 @@ RUN python3 -m venv /opt/cronoq \
     && mkdir -p /rootfs/var/lib/cronoq
 
 # --- runtime ----------------------------------------------------------------------------------------
-FROM gcr.io/distroless/python3-debian12:nonroot
+FROM gcr.io/distroless/python3-debian13:nonroot
 
 LABEL org.opencontainers.image.title="cronoq" \
       org.opencontainers.image.description="A task scheduler with remote workers: cronoq-server, cronoq-router, cronoq-operator and the cronoq CLI." \
       org.opencontainers.image.version="0.1.0" \
       org.opencontainers.image.licenses="Apache-2.0" \
-      org.opencontainers.image.base.name="gcr.io/distroless/python3-debian12:nonroot"
+      org.opencontainers.image.base.name="gcr.io/distroless/python3-debian13:nonroot"
 
 COPY --from=build /opt/cronoq /opt/cronoq
 # The state volume's mount point (made in the build stage: distroless has no mkdir), owned by the

@@ -90,9 +90,10 @@ def test_hadolint_finds_what_it_should(hadolint: Path, tmp_path: Path) -> None:
 
 def test_image_follows_the_shared_contract(image: Image) -> None:
     build, final = image.stages[0], image.final
-    assert build.base == "debian:12-slim" and build.name == "build"
+    # The same Debian release in both stages: the venv's interpreter is the runtime's /usr/bin/python3.
+    assert build.base == "debian:13-slim" and build.name == "build"
     assert "python3-venv" in " ".join(i.args for i in build.all("RUN"))
-    assert final.base == "gcr.io/distroless/python3-debian12:nonroot"
+    assert final.base == "gcr.io/distroless/python3-debian13:nonroot"
     assert image.user == "65532:65532"
     assert image.exposed == [7070, 7071]
     assert image.volumes == ["/var/lib/cronoq"]
