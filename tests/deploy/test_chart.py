@@ -24,7 +24,7 @@ import yaml
 
 from cronoq.shards import SHARD_SHIFT
 from tests.integration.serverproc import ServerProcess, free_ports
-from tests.integration.test_tls import _issue, _openssl
+from tests.pki import issue, new_ca
 
 from .chart_render import (
     CHART,
@@ -485,13 +485,9 @@ def _pki(directory: Path, hosts: list[str]) -> Path:
     """A CA and a server certificate naming ``hosts`` (and 127.0.0.1), laid out as the kubernetes.io/tls
     Secret the pods mount: ``tls.crt``, ``tls.key``, ``ca.crt``."""
     directory.mkdir(parents=True, exist_ok=True)
-    ca, ca_key = directory / "ca.crt", directory / "ca.key"
-    _openssl(
-        "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=cronoq chart test CA",
-        "-keyout", str(ca_key), "-out", str(ca),
-    )  # fmt: skip
+    ca, ca_key = new_ca(directory / "ca.crt", directory / "ca.key", "cronoq chart test CA")
     san = ",".join(["IP:127.0.0.1", *(f"DNS:{host}" for host in hosts)])
-    cert, key = _issue(directory, "server", "/CN=cronoq", san, ca, ca_key)
+    cert, key = issue(directory, "server", "/CN=cronoq", san, ca, ca_key)
     cert.rename(directory / "tls.crt")
     key.rename(directory / "tls.key")
     return directory

@@ -16,10 +16,10 @@ from typing import Any
 import pytest
 
 from cronoq.client import Client, task
+from tests.pki import issue, new_ca
 
 from .operator_proc import FakeKube, OperatorProcess, until
 from .serverproc import ServerProcess, new_server
-from .test_tls import _issue, _openssl
 
 pytestmark = pytest.mark.asyncio
 
@@ -297,12 +297,8 @@ class Certificates:
 @pytest.fixture(scope="module")
 def certificates(tmp_path_factory: pytest.TempPathFactory) -> Certificates:
     directory = tmp_path_factory.mktemp("operator-pki")
-    ca, ca_key = directory / "ca.pem", directory / "ca.key"
-    _openssl(
-        "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=operator test CA",
-        "-keyout", str(ca_key), "-out", str(ca),
-    )  # fmt: skip
-    cert, key = _issue(directory, "local", "/CN=127.0.0.1", "IP:127.0.0.1,DNS:localhost", ca, ca_key)
+    ca, ca_key = new_ca(directory / "ca.pem", directory / "ca.key", "operator test CA")
+    cert, key = issue(directory, "local", "/CN=127.0.0.1", "IP:127.0.0.1,DNS:localhost", ca, ca_key)
     return Certificates(ca, cert, key)
 
 

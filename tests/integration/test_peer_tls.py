@@ -17,10 +17,11 @@ import pytest
 from cronoq.client import Client
 from cronoq.errors import FailedPrecondition, Unavailable
 from cronoq.shards import SHARD_SHIFT
+from tests.pki import issue, new_ca
 
 from .serverproc import ServerProcess, free_ports, write_config
 from .shardproc import ShardSpec, cluster_tables
-from .test_tls import Pki, _https, _issue, _openssl, _tls_config
+from .test_tls import Pki, _https, _tls_config
 
 pytestmark = pytest.mark.asyncio
 
@@ -49,14 +50,10 @@ def peer_pki(tmp_path_factory: pytest.TempPathFactory) -> PeerPki:
     d = tmp_path_factory.mktemp("peer-pki")
     certs: dict[str, Path] = {}
     for name in ("ca", "other-ca"):
-        certs[name], certs[f"{name}-key"] = d / f"{name}.pem", d / f"{name}.key"
-        _openssl(
-            "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", f"/CN=cronoq {name}",
-            "-keyout", str(certs[f"{name}-key"]), "-out", str(certs[name]),
-        )  # fmt: skip
+        certs[name], certs[f"{name}-key"] = new_ca(d / f"{name}.pem", d / f"{name}.key", f"cronoq {name}")
     ca, ca_key = certs["ca"], certs["ca-key"]
-    server_cert, server_key = _issue(d, "server", "/CN=127.0.0.1", "IP:127.0.0.1,DNS:localhost", ca, ca_key)
-    client_cert, client_key = _issue(d, "client", "/CN=worker-1", "DNS:worker-1.internal", ca, ca_key)
+    server_cert, server_key = issue(d, "server", "/CN=127.0.0.1", "IP:127.0.0.1,DNS:localhost", ca, ca_key)
+    client_cert, client_key = issue(d, "client", "/CN=worker-1", "DNS:worker-1.internal", ca, ca_key)
     return PeerPki(Pki(ca, server_cert, server_key, client_cert, client_key, ca_key), certs["other-ca"])
 
 

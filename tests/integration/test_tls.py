@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import ssl
-import subprocess
 import urllib.error
 import urllib.request
 from dataclasses import dataclass
@@ -14,6 +13,7 @@ import pytest
 
 from cronoq.client import Client, ClientError
 from cronoq.errors import PermissionDenied, Unauthenticated
+from tests.pki import issue, new_ca
 
 from .serverproc import ServerProcess, free_ports, running_server, write_config
 
@@ -30,31 +30,12 @@ class Pki:
     ca_key: Path  # to issue a certificate a test needs of its own
 
 
-def _openssl(*args: str) -> None:
-    subprocess.run(["openssl", *args], check=True, capture_output=True)
-
-
-def _issue(directory: Path, name: str, subject: str, san: str, ca: Path, ca_key: Path) -> tuple[Path, Path]:
-    key, csr, cert, ext = (directory / f"{name}.{s}" for s in ("key", "csr", "pem", "ext"))
-    ext.write_text(f"subjectAltName={san}\n")
-    _openssl("req", "-newkey", "rsa:2048", "-nodes", "-subj", subject, "-keyout", str(key), "-out", str(csr))
-    _openssl(
-        "x509", "-req", "-in", str(csr), "-CA", str(ca), "-CAkey", str(ca_key), "-CAcreateserial",
-        "-days", "1", "-out", str(cert), "-extfile", str(ext),
-    )  # fmt: skip
-    return cert, key
-
-
 @pytest.fixture(scope="module")
 def pki(tmp_path_factory: pytest.TempPathFactory) -> Pki:
     d = tmp_path_factory.mktemp("pki")
-    ca, ca_key = d / "ca.pem", d / "ca.key"
-    _openssl(
-        "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=cronoq test CA",
-        "-keyout", str(ca_key), "-out", str(ca),
-    )  # fmt: skip
-    server_cert, server_key = _issue(d, "server", "/CN=127.0.0.1", "IP:127.0.0.1,DNS:localhost", ca, ca_key)
-    client_cert, client_key = _issue(d, "client", "/CN=worker-1", "DNS:worker-1.internal", ca, ca_key)
+    ca, ca_key = new_ca(d / "ca.pem", d / "ca.key", "cronoq test CA")
+    server_cert, server_key = issue(d, "server", "/CN=127.0.0.1", "IP:127.0.0.1,DNS:localhost", ca, ca_key)
+    client_cert, client_key = issue(d, "client", "/CN=worker-1", "DNS:worker-1.internal", ca, ca_key)
     return Pki(ca, server_cert, server_key, client_cert, client_key, ca_key)
 
 
@@ -146,7 +127,7 @@ async def test_a_client_certificate_is_an_identity_from_auth_certs(tmp_path: Pat
         assert _status(f"{server.http}/v1/tasks/{sub.id}", _https(pki, True)) == 200
         assert _status(f"{server.http}/v1/snapshot", _https(pki, True)) == 403
         # The configured name as a URI (and email) SAN, not a DNS one: it must not pass for the dns_name.
-        uri_cert, uri_key = _issue(
+        uri_cert, uri_key = issue(
             tmp_path, "uri", "/CN=worker-1.internal", "URI:worker-1.internal,email:worker-1.internal",
             pki.ca, pki.ca_key,
         )  # fmt: skip
