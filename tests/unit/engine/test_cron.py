@@ -1,4 +1,4 @@
-"""Cron schedules: exact next occurrences (5 and 6 fields, zones, both DST transitions), errors, keys.
+"""Cron schedules: exact next occurrences (5, 6 and 7 fields, zones, both DST transitions), errors, keys.
 
 2026 transitions used below: Europe/Berlin springs forward on 29 March at 01:00Z (02:00 CET becomes
 03:00 CEST) and falls back on 25 October at 01:00Z (03:00 CEST becomes 02:00 CET, so 02:00-02:59
