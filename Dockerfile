@@ -59,9 +59,13 @@ COPY deploy/image/cronoq.toml /etc/cronoq/cronoq.toml
 # CRONOQ_CONFIG: the configuration cronoq-server and cronoq-router read unless --config names another.
 # PYTHONDONTWRITEBYTECODE: never write .pyc at run time (they were compiled at build time).
 # PYTHONUNBUFFERED: log lines reach `docker logs` at once.
+# SSL_CERT_FILE: the public roots distroless ships, for `sslrootcert=system` in a Postgres URL.
+# psycopg-binary brings its own OpenSSL, which otherwise looks for them under /usr/lib/psycopg-openssl/
+# (absent here), so verify-full against a database with a publicly signed certificate would fail.
 ENV CRONOQ_CONFIG=/etc/cronoq/cronoq.toml \
     PYTHONDONTWRITEBYTECODE=1 \
-    PYTHONUNBUFFERED=1
+    PYTHONUNBUFFERED=1 \
+    SSL_CERT_FILE=/etc/ssl/certs/ca-certificates.crt
 
 # The only place the server writes (SQLite state); everything else may be mounted read-only.
 VOLUME ["/var/lib/cronoq"]

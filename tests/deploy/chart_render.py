@@ -6,6 +6,7 @@ starts from :data:`REQUIRED` and overlays what it changes with :func:`merge`.
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import tomllib
 from collections.abc import Iterable, Mapping
@@ -56,10 +57,10 @@ def ci_values(name: str) -> dict[str, Any]:
 
 
 def helm_template(
-    helm: Path, values: Mapping[str, Any], *, release: str = "rel"
+    helm: Path, values: Mapping[str, Any], *, release: str = "rel", chart: Path = CHART
 ) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [str(helm), "template", release, str(CHART), "--namespace", NAMESPACE, "-f", "-"],
+        [str(helm), "template", release, str(chart), "--namespace", NAMESPACE, "-f", "-"],
         input=yaml.safe_dump(dict(values)),
         capture_output=True,
         text=True,
@@ -67,10 +68,27 @@ def helm_template(
     )
 
 
-def render(helm: Path, values: Mapping[str, Any], *, release: str = "rel") -> Rendered:
-    done = helm_template(helm, values, release=release)
+def render(helm: Path, values: Mapping[str, Any], *, release: str = "rel", chart: Path = CHART) -> Rendered:
+    done = helm_template(helm, values, release=release, chart=chart)
     assert done.returncode == 0, f"helm template failed:\n{done.stderr}"
     return Rendered([doc for doc in yaml.safe_load_all(done.stdout) if doc])
+
+
+def render_notes(helm: Path, values: Mapping[str, Any], scratch: Path, *, release: str = "rel") -> str:
+    """The ``NOTES.txt`` that ``helm install`` prints. ``helm template`` never renders it, and
+    ``helm install --dry-run`` wants a cluster; so a copy of the chart in ``scratch`` gets the file
+    outside ``templates/`` and one ConfigMap template whose data is that file run through ``tpl`` with
+    the release's own context (``.Release``, ``.Values``, the chart's helpers), as ``helm install`` does."""
+    chart = scratch / "chart"
+    shutil.copytree(CHART, chart)
+    (chart / "notes-under-test.txt").write_text((CHART / "templates" / "NOTES.txt").read_text())
+    (chart / "templates" / "notes-under-test.yaml").write_text(
+        "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: notes-under-test}\n"
+        'data: {notes: {{ tpl (.Files.Get "notes-under-test.txt") . | toJson }}}\n'
+    )
+    notes = render(helm, values, release=release, chart=chart).one("ConfigMap", "notes-under-test")
+    text: str = notes["data"]["notes"]
+    return text
 
 
 def refusal(helm: Path, values: Mapping[str, Any]) -> str:

@@ -43,10 +43,11 @@ from .chart_render import (
     pod_spec,
     refusal,
     render,
+    render_notes,
     selects,
     server_container,
 )
-from .conftest import KUBERNETES_VERSION
+from .conftest import KUBERNETES_VERSION, REPO
 
 SHARDED_TLS = ci_values("sharded-tls-values.yaml")
 SHARDED_INSECURE = merge({k: v for k, v in SHARDED_TLS.items() if k != "tls"}, {"insecurePeerHttp": True})
@@ -56,6 +57,16 @@ SCENARIOS: dict[str, dict[str, Any]] = {
     "sharded-insecure": SHARDED_INSECURE,
     "readiness-leader": merge(REQUIRED, {"readiness": "leader"}),
     "sqlite": merge(REQUIRED, {"store": {"kind": "sqlite"}, "replicas": 1}),
+    "database-ca": merge(
+        REQUIRED,
+        {
+            "store": {"postgres": {"caSecret": {"name": "cronoq-db-ca", "key": "root.pem"}}},
+            "extraVolumes": [{"name": "db-client", "secret": {"secretName": "cronoq-db-client"}}],
+            "extraVolumeMounts": [
+                {"name": "db-client", "mountPath": "/etc/cronoq-db-client", "readOnly": True}
+            ],
+        },
+    ),
     "sharded-mtls": merge(
         SHARDED_TLS,
         {
@@ -104,20 +115,45 @@ def test_every_manifest_is_valid_for_kubernetes(scenario: tuple[str, Rendered]) 
 # ---------------------------------------------------------------- what selects what
 
 
-def test_each_deployment_owns_its_pods_and_has_a_disruption_budget(scenario: tuple[str, Rendered]) -> None:
+def test_each_deployment_owns_its_pods(scenario: tuple[str, Rendered]) -> None:
     _, rendered = scenario
     deployments = rendered.deployments
-    budgets = {pdb["metadata"]["name"]: pdb for pdb in rendered.of_kind("PodDisruptionBudget")}
-    assert set(budgets) == names(deployments)
     for deployment in deployments:
         selector = deployment["spec"]["selector"]["matchLabels"]
         assert selects(selector, pod_labels(deployment))
-        budget = budgets[deployment["metadata"]["name"]]["spec"]
-        assert budget["selector"]["matchLabels"] == selector
-        assert budget["maxUnavailable"] == 1
-        for other in deployments:  # no Deployment (nor its budget) claims another's pods
+        for (
+            other
+        ) in deployments:  # no Deployment (nor its budget, which has its selector) claims another's pods
             if other is not deployment:
                 assert not selects(selector, pod_labels(other))
+
+
+def test_each_deployment_has_a_disruption_budget_where_readiness_means_healthy(
+    scenario: tuple[str, Rendered],
+) -> None:
+    """With ``readiness: all`` every Deployment gets a budget over exactly its pods. With
+    ``readiness: leader`` none does: standbys are never Ready, so a budget would never allow evicting
+    the leader and a node drain would retry it for ever."""
+    name, rendered = scenario
+    budgets = {pdb["metadata"]["name"]: pdb["spec"] for pdb in rendered.of_kind("PodDisruptionBudget")}
+    if SCENARIOS[name].get("readiness") == "leader":
+        assert budgets == {}
+        return
+    assert set(budgets) == names(rendered.deployments)
+    for deployment in rendered.deployments:
+        budget = budgets[deployment["metadata"]["name"]]
+        assert budget["selector"]["matchLabels"] == deployment["spec"]["selector"]["matchLabels"]
+        assert budget["maxUnavailable"] == 1
+
+
+def test_readiness_leader_renders_no_disruption_budget_even_with_shards(helm: Path) -> None:
+    """Every Deployment still comes (one per shard), but no budget; ``readiness: all`` on the same
+    values gives one budget per Deployment, so the budgets' absence comes from readiness alone."""
+    leader = render(helm, merge(SHARDED_TLS, {"readiness": "leader"}))
+    assert names(leader.deployments) == {"rel-cronoq-cpu", "rel-cronoq-gpu"}
+    assert leader.of_kind("PodDisruptionBudget") == []
+    every = render(helm, merge(SHARDED_TLS, {"readiness": "all"}))
+    assert names(every.of_kind("PodDisruptionBudget")) == names(every.deployments)
 
 
 def test_main_service_reaches_every_server_and_each_shard_service_only_its_own(helm: Path) -> None:
@@ -187,6 +223,90 @@ def test_tls_secret_becomes_server_and_peer_tls(
         else:
             assert mounts["tls"] == "/etc/cronoq-tls"
             assert volumes["tls"]["secret"]["secretName"] == "cronoq-tls"
+
+
+def _service_names(service: str) -> set[str]:
+    """What clients in the cluster call a Service: short, with the namespace, and fully qualified."""
+    return {
+        service,
+        f"{service}.{NAMESPACE}",
+        f"{service}.{NAMESPACE}.svc",
+        f"{service}.{NAMESPACE}.svc.cluster.local",
+    }
+
+
+def test_tls_names_in_the_notes_and_the_docs_cover_every_name_clients_use(helm: Path, tmp_path: Path) -> None:
+    """The certificate names the NOTES list, and the docs' cert-manager example's dnsNames, are every
+    Service the chart renders in each form clients use (``cronoq.cronoq:7070`` in the operator's docs),
+    for the docs' own example (release ``cronoq`` in namespace ``jobs``, shards ``cpu`` and ``gpu``)."""
+    services = names(render(helm, SHARDED_TLS, release="cronoq").of_kind("Service"))
+    assert services == {"cronoq", "cronoq-cpu", "cronoq-gpu"}
+    wanted = set().union(*(_service_names(service) for service in services))
+    notes = render_notes(helm, SHARDED_TLS, tmp_path, release="cronoq")
+    listed = notes.split("dnsNames:\n", 1)[1].split("\n\n", 1)[0]
+    assert set(yaml.safe_load(listed)) == wanted
+    docs = (REPO / "docs" / "kubernetes.md").read_text()
+    (certificate,) = (
+        yaml.safe_load(block)
+        for block in re.findall(r"```yaml\n(.*?)```", docs, re.DOTALL)
+        if "kind: Certificate" in block
+    )
+    assert set(certificate["spec"]["dnsNames"]) == wanted
+
+
+DB_CA_SECRET = {"name": "cronoq-db-ca", "key": "root.pem"}
+
+
+@pytest.mark.parametrize(
+    ("values", "mounted"),
+    [
+        pytest.param(SCENARIOS["database-ca"], True, id="set"),
+        pytest.param(
+            merge(SHARDED_TLS, {"store": {"postgres": {"caSecret": DB_CA_SECRET}}}), True, id="shards"
+        ),
+        pytest.param(REQUIRED, False, id="unset"),
+        pytest.param(
+            merge(SCENARIOS["sqlite"], {"store": {"postgres": {"caSecret": DB_CA_SECRET}}}),
+            False,
+            id="sqlite",
+        ),
+    ],
+)
+def test_database_ca_is_mounted_and_named_to_libpq_when_set(
+    helm: Path, values: dict[str, Any], mounted: bool
+) -> None:
+    """``store.postgres.caSecret``: that Secret's one key, read-only, and PGSSLROOTCERT naming the file
+    it becomes in the container (libpq's default, ~/.postgresql/root.crt, does not exist in a pod);
+    nothing at all when it is unset or the store is not Postgres."""
+    for deployment in render(helm, values).deployments:
+        env = env_of(deployment)
+        mounts = {m["name"]: m for m in server_container(deployment)["volumeMounts"]}
+        volumes = {v["name"]: v for v in pod_spec(deployment)["volumes"]}
+        if not mounted:
+            assert "PGSSLROOTCERT" not in env and "db-ca" not in mounts and "db-ca" not in volumes
+            continue
+        assert volumes["db-ca"]["secret"] == {
+            "secretName": "cronoq-db-ca",
+            "items": [{"key": "root.pem", "path": "ca.crt"}],  # only the CA, whatever else the Secret holds
+        }
+        assert mounts["db-ca"]["readOnly"] is True
+        (item,) = volumes["db-ca"]["secret"]["items"]
+        assert env["PGSSLROOTCERT"] == {
+            "name": "PGSSLROOTCERT",
+            "value": f"{mounts['db-ca']['mountPath']}/{item['path']}",
+        }
+        assert env["PGSSLROOTCERT"]["value"] == "/etc/cronoq-db/ca.crt"
+
+
+def test_extra_volumes_and_mounts_reach_the_pods(helm: Path) -> None:
+    """Passed through as given, after the chart's own (which stay as they are)."""
+    values = SCENARIOS["database-ca"]
+    for deployment in render(helm, values).deployments:
+        volumes = pod_spec(deployment)["volumes"]
+        mounts = server_container(deployment)["volumeMounts"]
+        assert volumes[-1:] == values["extraVolumes"]
+        assert mounts[-1:] == values["extraVolumeMounts"]
+        assert [v["name"] for v in volumes[:-1]] == ["config", "tmp", "db-ca"]
 
 
 # ---------------------------------------------------------------- probes and rollout
@@ -348,7 +468,7 @@ def test_tokens_and_database_url_only_through_secret_refs(scenario: tuple[str, R
         if name != "sqlite":
             assert env[DATABASE_URL_ENV]["valueFrom"]["secretKeyRef"] == {"name": "cronoq-db", "key": "url"}
         literal = {var["name"] for var in env.values() if "value" in var}
-        assert literal <= {"CRONOQ_LOG", "CRONOQ_SHARD"}
+        assert literal <= {"CRONOQ_LOG", "CRONOQ_SHARD", "PGSSLROOTCERT"}  # PGSSLROOTCERT: a path
 
 
 # ---------------------------------------------------------------- refusals
@@ -460,6 +580,46 @@ def _shards(*entries: dict[str, Any]) -> dict[str, Any]:
             id="mtls-without-tls",
         ),
         pytest.param(merge(REQUIRED, {"replicas": "two"}), "replicas: Invalid type", id="replicas-string"),
+        pytest.param(
+            merge(REQUIRED, {"store": {"postgres": {"caSecret": {"name": "ca", "file": "ca.crt"}}}}),
+            "Additional property file is not allowed",
+            id="ca-secret-typo",
+        ),
+        pytest.param(
+            merge(REQUIRED, {"store": {"postgres": {"caSecret": {"name": "ca", "key": "../ca.crt"}}}}),
+            "store.postgres.caSecret.key: Does not match pattern",
+            id="ca-secret-key-path",
+        ),
+        pytest.param(
+            merge(REQUIRED, {"store": {"postgres": {"caSecret": "cronoq-db-ca"}}}),
+            "store.postgres.caSecret: Invalid type",
+            id="ca-secret-string",
+        ),
+        pytest.param(
+            merge(REQUIRED, {"extraVolumes": {"name": "x", "emptyDir": {}}}),
+            "extraVolumes: Invalid type",
+            id="extra-volumes-not-a-list",
+        ),
+        pytest.param(
+            merge(REQUIRED, {"extraVolumes": [{"emptyDir": {}}]}),
+            "extraVolumes.0: name is required",
+            id="extra-volume-without-name",
+        ),
+        pytest.param(
+            merge(REQUIRED, {"extraVolumeMounts": [{"name": "x", "mountPath": "relative"}]}),
+            "extraVolumeMounts.0.mountPath: Does not match pattern",
+            id="extra-mount-relative",
+        ),
+        pytest.param(
+            merge(REQUIRED, {"extraVolumeMounts": [{"name": "x"}]}),
+            "extraVolumeMounts.0: mountPath is required",
+            id="extra-mount-without-path",
+        ),
+        pytest.param(
+            merge(REQUIRED, {"extraVolumes": [{"name": "tls", "emptyDir": {}}]}),
+            'extraVolumes[0]: name "tls" is one of the chart\'s own volumes',
+            id="extra-volume-clash",
+        ),
         pytest.param(
             merge(REQUIRED, {"readiness": "some"}), "readiness: readiness must be one of", id="readiness"
         ),

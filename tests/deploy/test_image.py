@@ -1,13 +1,20 @@
 """The container image (``Dockerfile``, ``.dockerignore``, ``deploy/image/cronoq.toml``), without a
 Docker engine: linted, checked against the shared contract and the project's metadata, its build
-context rebuilt and turned into the wheel the image installs, and its entrypoint run here with the
-image's configuration and environment (:mod:`.compose_run`)."""
+context rebuilt and turned into the wheel the image installs, its entrypoint run here with the
+image's configuration and environment (:mod:`.compose_run`), and its database client's certificate
+checks run against a TLS listener."""
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import socket
+import ssl
+import struct
 import subprocess
 import sys
+import threading
 import time
 import tomllib
 import urllib.error
@@ -18,6 +25,10 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 import pytest
+
+from shard.store.base import StoreError
+from shard.store.postgres import PostgresStore
+from tests.pki import issue, new_ca
 
 from .compose_image import REPO, VENV_BIN, DockerIgnore, Image, local_program, stage_context
 from .compose_run import Container, LocalProcess, Loopback
@@ -101,6 +112,8 @@ def test_image_follows_the_shared_contract(image: Image) -> None:
         "CRONOQ_CONFIG": "/etc/cronoq/cronoq.toml",
         "PYTHONDONTWRITEBYTECODE": "1",
         "PYTHONUNBUFFERED": "1",
+        # The public roots distroless ships, for sslrootcert=system (psycopg's own OpenSSL looks elsewhere).
+        "SSL_CERT_FILE": "/etc/ssl/certs/ca-certificates.crt",
     }
     # The venv and the volume's mount point come from the build stage, the latter owned by the user.
     from_build = {c.sources: c for c in final.copies() if c.source_stage == "build"}
@@ -285,3 +298,126 @@ def test_image_serves_its_example_config(served: tuple[LocalProcess, str]) -> No
     volume = process.paths["/var/lib/cronoq"]
     assert (volume / "state.db").exists()
     assert process.cwd == volume
+
+
+# --- the database client's certificate checks -------------------------------------------------------
+# The image's server reaches Postgres through psycopg-binary, whose own libpq and OpenSSL decide where a
+# CA comes from: PGSSLROOTCERT (what the chart's store.postgres.caSecret sets), or with
+# sslrootcert=system the default roots, which OpenSSL reads from SSL_CERT_FILE (what the image sets).
+
+SSL_REQUEST, GSSENC_REQUEST = 80877103, 80877104  # the Postgres protocol's pre-startup request codes
+REACHED = "cronoq-test-listener-reached-after-tls"
+
+
+def _read_exactly(sock: socket.socket, size: int) -> bytes:
+    data = b""
+    while len(data) < size:
+        chunk = sock.recv(size - len(data))
+        if not chunk:
+            raise ConnectionError("the client hung up")
+        data += chunk
+    return data
+
+
+class TlsDatabase:
+    """A listener speaking just enough of the Postgres protocol for a client's TLS checks: it accepts
+    the SSL request, completes the handshake with its certificate (which the client verifies), reads
+    the startup message and refuses it with a FATAL error saying :data:`REACHED`. A client reporting
+    that error got past every certificate check; one that failed a check hangs up before."""
+
+    def __init__(self, cert: Path, key: Path) -> None:
+        self._context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        self._context.load_cert_chain(cert, key)
+        self._listener = socket.create_server(("127.0.0.1", 0))
+        self.port: int = self._listener.getsockname()[1]
+        self._thread = threading.Thread(target=self._serve, daemon=True)
+
+    def __enter__(self) -> TlsDatabase:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        with contextlib.suppress(OSError):
+            self._listener.shutdown(socket.SHUT_RDWR)  # wakes accept() in the thread (close alone does not)
+        self._listener.close()
+        self._thread.join(timeout=10)
+        assert not self._thread.is_alive(), "the listener's thread did not end"
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                conn, _ = self._listener.accept()
+            except OSError:
+                return
+            with conn, contextlib.suppress(OSError):  # a client that fails a check hangs up mid-way
+                conn.settimeout(10)
+                self._answer(conn)
+
+    def _answer(self, conn: socket.socket) -> None:
+        _, code = struct.unpack("!ii", _read_exactly(conn, 8))
+        if code == GSSENC_REQUEST:  # libpq tries GSS encryption first when it has Kerberos credentials
+            conn.sendall(b"N")
+            _, code = struct.unpack("!ii", _read_exactly(conn, 8))
+        assert code == SSL_REQUEST, f"not an SSL request: {code}"
+        conn.sendall(b"S")
+        with self._context.wrap_socket(conn, server_side=True) as tls:
+            (length,) = struct.unpack("!i", _read_exactly(tls, 4))
+            _read_exactly(tls, length - 4)  # the startup message: user, database, ...
+            fields = b"SFATAL\0VFATAL\0C28000\0M" + REACHED.encode() + b"\0\0"
+            tls.sendall(b"E" + struct.pack("!i", len(fields) + 4) + fields)
+
+
+@pytest.fixture(scope="module")
+def database_pki(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """The database's CA, a certificate it issued for 127.0.0.1 (with its key), and an unrelated CA."""
+    folder = tmp_path_factory.mktemp("database-pki")
+    ca, ca_key = new_ca(folder / "ca.crt", folder / "ca.key", "cronoq test database CA")
+    other, _ = new_ca(folder / "other.crt", folder / "other.key", "some other CA")
+    cert, key = issue(folder, "db", "/CN=db", "IP:127.0.0.1", ca, ca_key)
+    return {"ca": ca, "other-ca": other, "cert": cert, "key": key}
+
+
+@pytest.mark.parametrize(
+    ("options", "image_env", "ca", "outcome"),
+    [
+        pytest.param(
+            "", True, None, "root certificate file {home}/.postgresql/root.crt does not exist", id="no-ca"
+        ),
+        pytest.param("", True, "ca", REACHED, id="PGSSLROOTCERT"),
+        pytest.param("", True, "other-ca", "certificate verify failed", id="PGSSLROOTCERT-other-ca"),
+        pytest.param("&sslrootcert=system", True, None, REACHED, id="system"),
+        pytest.param(
+            "&sslrootcert=system", False, None, "certificate verify failed", id="system-no-image-env"
+        ),
+    ],
+)
+async def test_postgres_store_verifies_the_database_with_the_ca_it_is_given(
+    image: Image,
+    database_pki: dict[str, Path],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    options: str,
+    image_env: bool,
+    ca: str | None,
+    outcome: str,
+) -> None:
+    """``sslmode=verify-full`` through the server's own Postgres store, in the image's environment (its
+    ENV; SSL_CERT_FILE names a bundle of public roots there, here one holding the test CA). With no CA
+    it stops at libpq's default root.crt under a home that has none (the pod's); PGSSLROOTCERT (the
+    chart's caSecret) or sslrootcert=system get it past the certificate checks, to the listener's error.
+    A wrong CA is refused, and so is sslrootcert=system without the image's ENV (psycopg's own OpenSSL
+    has no roots here): the checks are real, and the image's SSL_CERT_FILE is what makes "system" work."""
+    for name in [n for n in os.environ if n.startswith(("PG", "SSL_CERT_"))]:
+        monkeypatch.delenv(name)
+    monkeypatch.setenv("HOME", str(tmp_path))
+    if image_env:
+        for name, value in image.env.items():
+            monkeypatch.setenv(name, str(database_pki["ca"]) if name == "SSL_CERT_FILE" else value)
+    if ca is not None:
+        monkeypatch.setenv("PGSSLROOTCERT", str(database_pki[ca]))
+    with TlsDatabase(database_pki["cert"], database_pki["key"]) as database:
+        url = f"postgresql://cronoq:secret@127.0.0.1:{database.port}/cronoq?sslmode=verify-full{options}"
+        store = PostgresStore(url, session_timeout=2.0)
+        with pytest.raises(StoreError) as refused:
+            await store.open()
+    assert outcome.format(home=tmp_path) in str(refused.value).replace('"', "")

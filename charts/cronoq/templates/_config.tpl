@@ -6,6 +6,14 @@ value. Strings go through toJson, whose escapes are valid TOML basic strings.
 {{/* Where the pods mount what the config names. */}}
 {{- define "cronoq.tlsDir" -}}/etc/cronoq-tls{{- end }}
 {{- define "cronoq.dataDir" -}}/var/lib/cronoq{{- end }}
+{{/* The database's CA certificate (store.postgres.caSecret), and the variable libpq reads it from. */}}
+{{- define "cronoq.dbCaFile" -}}/etc/cronoq-db/ca.crt{{- end }}
+{{- define "cronoq.dbCaEnv" -}}PGSSLROOTCERT{{- end }}
+
+{{/* The Secret with the database's CA certificate: set only with the Postgres store. */}}
+{{- define "cronoq.dbCaSecret" -}}
+{{- if eq .Values.store.kind "postgres" }}{{ .Values.store.postgres.caSecret.name }}{{ end -}}
+{{- end }}
 
 {{/* The four role tokens: role -> the environment variable the pods receive it in. */}}
 {{- define "cronoq.tokenEnvs" -}}

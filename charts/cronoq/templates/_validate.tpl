@@ -12,6 +12,11 @@ values, and the mistakes that would otherwise only show as crash-looping pods.
 {{- fail "tls.clientCerts needs tls.secretName: client certificates are checked against its ca.crt" -}}
 {{- end -}}
 {{- include "cronoq.validateStore" . -}}
+{{- range $i, $volume := $v.extraVolumes -}}
+{{- if has $volume.name (list "config" "tmp" "tls" "data" "db-ca") -}}
+{{- fail (printf "extraVolumes[%d]: name %q is one of the chart's own volumes (config, tmp, tls, data, db-ca); choose another" $i $volume.name) -}}
+{{- end -}}
+{{- end -}}
 {{- include "cronoq.validateShards" . -}}
 {{- include "cronoq.validateConfig" . -}}
 {{- end }}
