@@ -1,11 +1,13 @@
 """The operator's configuration file: which cronoq servers scalers may name, and how to reach them.
 
-A scaler names a server, never a URL or a token: only servers listed here can be read, with the token
-given here. Tokens come from the environment (``token_env``, filled from a Secret by ``secretKeyRef``)
-or from a file (``token_file``, a mounted Secret, read again every round so a rotated token is picked
-up); they never appear in the file itself. The file is TOML, read with the same key and type checks as
-``cronoq.toml`` (unknown keys are errors, with a suggestion), and every mistake is reported at once,
-naming its key (``servers[1].url: ...``).
+A scaler names a server, never a URL or a token: only servers listed here can be read, with the
+credentials given here. Tokens come from the environment (``token_env``, filled from a Secret by
+``secretKeyRef``) or from a file (``token_file``, a mounted Secret); they never appear in the file
+itself. A server that requires client certificates (mTLS) is read with ``cert_file`` and ``key_file``
+(a mounted ``kubernetes.io/tls`` Secret), with or without a token. Every file is read again each round,
+so a rotated token or a renewed certificate is picked up without a restart. The file is TOML, read with
+the same key and type checks as ``cronoq.toml`` (unknown keys are errors, with a suggestion), and every
+mistake is reported at once, naming its key (``servers[1].url: ...``).
 """
 
 from __future__ import annotations
@@ -41,6 +43,8 @@ class ServerEntry:
     token_env: str | None = None
     token_file: str | None = None
     ca_file: str | None = None
+    cert_file: str | None = None
+    key_file: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,8 +65,9 @@ def parse_operator_config(
     text: str, *, source: str = "<string>", env: Mapping[str, str] | None = None
 ) -> OperatorConfig:
     """The configuration in ``text``, checked: keys, types, ranges, names, URLs, and the secrets and
-    files it names (every ``token_env`` set, every ``token_file`` and ``ca_file`` readable), so that a
-    file that loads is one the operator can run with. ``env`` defaults to the process environment."""
+    files it names (every ``token_env`` set, every ``token_file``, ``ca_file``, ``cert_file`` and
+    ``key_file`` readable), so that a file that loads is one the operator can run with. ``env``
+    defaults to the process environment."""
     problems = Problems()
     try:
         document = tomllib.loads(text)
@@ -119,7 +124,7 @@ def _check_server(path: str, entry: ServerEntry, env: Mapping[str, str], problem
         ("name", _quoted(check_name(entry.name), entry.name)),
         ("url", _quoted(check_server_url(entry.url), entry.url)),
         _token_problem(entry, env),
-        ("ca_file", _ca_problem(entry)),
+        *_tls_problems(entry),
     ]
     # Judged before adding any: a problem about the entry as a whole is no reason to hide its keys'.
     keep = [
@@ -136,8 +141,10 @@ def _quoted(problem: str | None, value: str) -> str | None:
 
 
 def _token_problem(entry: ServerEntry, env: Mapping[str, str]) -> tuple[str, str | None]:
-    """The key at fault and its problem: exactly one of ``token_env`` (set in ``env``) and
-    ``token_file`` (readable, not empty)."""
+    """The key at fault and its problem: at most one of ``token_env`` (set in ``env``) and
+    ``token_file`` (readable, not empty), and one of them unless a client certificate stands in for
+    the token (the server then gives the operator the role its ``[[auth.certs]]`` maps the certificate
+    to; whether that certificate is usable is :func:`_tls_problems`' to say)."""
     if entry.token_env is not None and entry.token_file is not None:
         return "token_file", "token_env and token_file are exclusive: set one"
     if entry.token_env is not None:
@@ -147,15 +154,31 @@ def _token_problem(entry: ServerEntry, env: Mapping[str, str]) -> tuple[str, str
         return "token_env", wrong
     if entry.token_file is not None:
         return "token_file", check_token_file(entry.token_file)
-    return "", "set token_env or token_file: the token (metrics role) the operator reads with"
+    if entry.cert_file is not None or entry.key_file is not None:
+        return "", None
+    return "", (
+        "set token_env or token_file (a token with the metrics role), or cert_file and key_file "
+        "(a client certificate the server maps to the metrics role): what the operator reads with"
+    )
 
 
-def _ca_problem(entry: ServerEntry) -> str | None:
-    if entry.ca_file is None:
-        return None
+def _tls_problems(entry: ServerEntry) -> list[tuple[str, str | None]]:
+    """The problems of ``ca_file``, ``cert_file`` and ``key_file``: https:// only, the certificate and
+    its key set together, and every file usable."""
     if not entry.url.startswith("https://"):
-        return "only used with an https:// url"
-    return check_ca_file(entry.ca_file)
+        given = {"ca_file": entry.ca_file, "cert_file": entry.cert_file, "key_file": entry.key_file}
+        return [(key, "only used with an https:// url") for key, path in given.items() if path is not None]
+    found: list[tuple[str, str | None]] = []
+    if entry.ca_file is not None:
+        found.append(("ca_file", check_ca_file(entry.ca_file)))
+    if entry.cert_file is not None and entry.key_file is not None:
+        cert_problem, key_problem = check_client_certificate(entry.cert_file, entry.key_file)
+        found += [("cert_file", cert_problem), ("key_file", key_problem)]
+    elif entry.key_file is not None:
+        found.append(("cert_file", "required with key_file (the client certificate of that key)"))
+    elif entry.cert_file is not None:
+        found.append(("key_file", "required with cert_file (the client certificate's private key)"))
+    return found
 
 
 def check_server_url(url: str) -> str | None:
@@ -197,3 +220,42 @@ def check_ca_file(path: str) -> str | None:
     except (OSError, ssl.SSLError) as err:
         return f"not a readable PEM CA certificate: {path} ({err})"
     return None
+
+
+def check_client_certificate(cert_file: str, key_file: str) -> tuple[str | None, str | None]:
+    """The problems of ``cert_file`` and of ``key_file`` (None: none): each readable, the first holding
+    a PEM certificate (chain), the second that certificate's private key, PEM and unencrypted (gRPC
+    takes no passphrase). OpenSSL's own errors say little ("PEM lib"), so each is said here."""
+    cert_problem = _unreadable(cert_file)
+    key_problem = _unreadable(key_file)
+    if cert_problem is None:
+        try:
+            pem = Path(cert_file).read_bytes().decode("ascii", "replace")
+            ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT).load_verify_locations(cadata=pem)
+        except (OSError, ssl.SSLError):
+            cert_problem = f"not a PEM certificate: {cert_file}"
+    if cert_problem is None and key_problem is None:
+        try:
+            ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT).load_cert_chain(
+                cert_file, key_file, password=_no_passphrase
+            )
+        except (OSError, ssl.SSLError) as err:
+            if getattr(err, "reason", None) == "KEY_VALUES_MISMATCH":
+                key_problem = f"not the private key of cert_file {cert_file}: {key_file}"
+            else:
+                key_problem = f"not an unencrypted PEM private key: {key_file}"
+    return cert_problem, key_problem
+
+
+def _unreadable(path: str) -> str | None:
+    try:
+        Path(path).read_bytes()
+    except OSError as err:
+        return f"cannot read {path} ({err.strerror or err})"
+    return None
+
+
+def _no_passphrase() -> bytes:
+    """Asked for an encrypted key's passphrase: none, so that loading fails at once instead of OpenSSL
+    prompting for one (and waiting, when there is a terminal)."""
+    return b""

@@ -19,6 +19,7 @@ SERVER_UNAVAILABLE = "ServerUnavailable"
 UNAUTHENTICATED = "Unauthenticated"
 PERMISSION_DENIED = "PermissionDenied"
 TOKEN_UNREADABLE = "TokenUnreadable"
+CERTIFICATE_UNREADABLE = "CertificateUnreadable"
 POOL_NOT_REPORTED = "PoolNotReported"
 DEPLOYMENT_NOT_FOUND = "DeploymentNotFound"
 KUBERNETES_ERROR = "KubernetesError"
@@ -50,16 +51,18 @@ def unknown(reason: str, message: str) -> Unknown:
     return Unknown(reason, message)
 
 
-def server_failure(server: str, err: ApiError) -> Unknown:
-    """Why a server's snapshot could not be read, from the error its call ended with. A refused token is
-    named as such (the fix is in the operator's configuration or the server's); anything else means the
-    server could not answer (down, a standby, overloaded, no leader for the moment)."""
+def server_failure(server: str, err: ApiError, *, identity: str) -> Unknown:
+    """Why a server's snapshot could not be read, from the error its call ended with. A refused
+    ``identity`` (what the server judged the operator by: its "token", or without one its "client
+    certificate") is named as such, since the fix is in the operator's configuration or the server's;
+    anything else means the server could not answer (down, a standby, overloaded, no leader for the
+    moment, a TLS handshake it refused)."""
     if isinstance(err, Unauthenticated):
-        return unknown(UNAUTHENTICATED, f"server {server!r} refused the operator's token: {err.message}")
+        return unknown(UNAUTHENTICATED, f"server {server!r} refused the operator's {identity}: {err.message}")
     if isinstance(err, PermissionDenied):
         return unknown(
             PERMISSION_DENIED,
-            f"server {server!r} does not let the operator's token read snapshots "
+            f"server {server!r} does not let the operator's {identity} read snapshots "
             f"(it needs the metrics role): {err.message}",
         )
     return unknown(SERVER_UNAVAILABLE, f"server {server!r} did not answer: {err}")

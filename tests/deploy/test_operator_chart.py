@@ -8,6 +8,7 @@ from __future__ import annotations
 import functools
 import subprocess
 from collections.abc import Sequence
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -21,12 +22,19 @@ from kube_operator.config import parse_operator_config
 from kube_operator.decision import Observation, decide
 from kube_operator.readings import Desired, Unknown
 from kube_operator.scaler import ScalerSpec, parse_spec
+from tests.pki import issue, new_ca
 
 from .conftest import KUBERNETES_VERSION, REPO
 
 CHART = REPO / "charts" / "cronoq-operator"
 DEFAULT_VALUES = CHART / "ci" / "default-values.yaml"
 TLS_VALUES = CHART / "ci" / "tls-namespaces-values.yaml"
+MTLS_VALUES = CHART / "ci" / "mtls-values.yaml"
+# Every example values file in ci/ (helm lint's own examples): each must lint, render valid objects and
+# give a configuration the operator loads.
+CI_VALUES = pytest.mark.parametrize(
+    "values", [DEFAULT_VALUES, TLS_VALUES, MTLS_VALUES], ids=["default", "tls-namespaces", "mtls"]
+)
 # The seed's install command, as --set flags.
 SEED_SETS = (
     "servers[0].name=main",
@@ -103,14 +111,14 @@ def crd_schema(helm: Path) -> dict[str, Any]:
     return schema
 
 
-@pytest.mark.parametrize("values", [DEFAULT_VALUES, TLS_VALUES], ids=["default", "tls-namespaces"])
+@CI_VALUES
 def test_helm_lint(helm: Path, values: Path) -> None:
     done = helm_run(helm, "lint", "--strict", str(CHART), "-f", str(values))
     assert done.returncode == 0, done.stdout + done.stderr
     assert "1 chart(s) linted, 0 chart(s) failed" in done.stdout
 
 
-@pytest.mark.parametrize("values", [DEFAULT_VALUES, TLS_VALUES], ids=["default", "tls-namespaces"])
+@CI_VALUES
 def test_rendered_manifests_are_valid_kubernetes_objects(helm: Path, values: Path) -> None:
     docs = render(helm, [values])
     assert {doc["kind"] for doc in docs} >= {
@@ -245,22 +253,33 @@ def test_the_operator_pod_runs_locked_down(helm: Path) -> None:
     assert container["resources"]["limits"]["memory"] == "128Mi"
 
 
-def _issue_ca(directory: Path) -> Path:
-    directory.mkdir(parents=True, exist_ok=True)
-    subprocess.run(
-        ["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
-         "-days", "1", "-subj", "/CN=test CA", "-keyout", str(directory / "ca.key"), "-out", str(directory / "ca.crt")],
-        check=True,
-        capture_output=True,
-    )  # fmt: skip
-    return directory / "ca.crt"
+@dataclass(frozen=True)
+class PodFiles:
+    """Real files for what the pod's Secret volumes hold: a CA certificate, a client certificate and
+    its key."""
+
+    ca: Path
+    cert: Path
+    key: Path
 
 
-@pytest.mark.parametrize("values", [DEFAULT_VALUES, TLS_VALUES], ids=["default", "tls-namespaces"])
-def test_the_rendered_configuration_loads_in_the_operator(helm: Path, values: Path, tmp_path: Path) -> None:
+@pytest.fixture(scope="module")
+def pod_files(tmp_path_factory: pytest.TempPathFactory) -> PodFiles:
+    directory = tmp_path_factory.mktemp("operator-chart-pki")
+    ca, ca_key = new_ca(directory / "ca.crt", directory / "ca.key", "chart test CA")
+    cert, key = issue(
+        directory, "client", "/CN=cronoq-operator", "DNS:cronoq-operator.cronoq.svc", ca, ca_key
+    )
+    return PodFiles(ca, cert, key)
+
+
+@CI_VALUES
+def test_the_rendered_configuration_loads_in_the_operator(
+    helm: Path, values: Path, pod_files: PodFiles
+) -> None:
     """The ConfigMap's operator.toml is loaded by the operator's own loader, in the environment and with
     the files the pod gets: each server's token variable filled from its Secret by secretKeyRef, each
-    CA certificate at its Secret volume's mount path (a real certificate here, under tmp_path)."""
+    CA certificate and client certificate at its Secret volume's mount path (real ones here)."""
     docs = render(helm, [values])
     config_map = one(docs, "ConfigMap")
     pod = one(docs, "Deployment")["spec"]["template"]["spec"]
@@ -276,9 +295,11 @@ def test_the_rendered_configuration_loads_in_the_operator(helm: Path, values: Pa
         if "valueFrom" in item
     }
     text = config_map["data"]["operator.toml"]
-    for mount in container["volumeMounts"]:
-        if mount["name"].startswith("ca-"):
-            text = text.replace(f'"{mount["mountPath"]}/ca.crt"', f'"{_issue_ca(tmp_path / mount["name"])}"')
+    in_pod = {"ca.crt": pod_files.ca, "tls.crt": pod_files.cert, "tls.key": pod_files.key}
+    mounts = {mount["name"]: mount for mount in container["volumeMounts"]}
+    for mount in mounts.values():
+        for name, real in in_pod.items():
+            text = text.replace(f'"{mount["mountPath"]}/{name}"', f'"{real}"')
     config = parse_operator_config(text, source="operator.toml", env=env)
 
     chart_values = yaml.safe_load(values.read_text())
@@ -288,10 +309,27 @@ def test_the_rendered_configuration_loads_in_the_operator(helm: Path, values: Pa
     refs = {
         item["name"]: item["valueFrom"]["secretKeyRef"] for item in container["env"] if "valueFrom" in item
     }
-    for server, given in zip(config.servers, chart_values["servers"], strict=True):
+    volumes = {volume["name"]: volume for volume in pod["volumes"]}
+    for index, (server, given) in enumerate(zip(config.servers, chart_values["servers"], strict=True)):
         assert server.url == given["url"]
-        assert server.token_env is not None and refs[server.token_env] == given["tokenSecret"]
+        assert (server.token_env is not None) == ("tokenSecret" in given)
+        if server.token_env is not None:
+            assert refs[server.token_env] == given["tokenSecret"]
         assert (server.ca_file is not None) == ("caSecret" in given)
+        secret = given.get("clientCertSecret")
+        assert (server.cert_file, server.key_file) == (
+            (str(pod_files.cert), str(pod_files.key)) if secret else (None, None)
+        )
+        if secret:
+            assert mounts[f"client-cert-{index}"]["readOnly"] is True
+            assert "subPath" not in mounts[f"client-cert-{index}"]  # or a renewed certificate never shows
+            assert volumes[f"client-cert-{index}"]["secret"] == {
+                "secretName": secret["name"],
+                "items": [
+                    {"key": secret.get("certKey", "tls.crt"), "path": "tls.crt"},
+                    {"key": secret.get("keyKey", "tls.key"), "path": "tls.key"},
+                ],
+            }
     assert config.interval_s == chart_values.get("intervalSeconds", 15)
     assert list(config.namespaces) == chart_values.get("namespaces", [])
 
@@ -313,6 +351,22 @@ def test_the_rendered_configuration_loads_in_the_operator(helm: Path, values: Pa
         (
             (*SEED_SETS, "servers[0].caSecret.name=ca", "servers[0].caSecret.key=ca.crt"),
             "servers[0].caSecret: only used with an https:// url",
+        ),
+        (
+            (*SEED_SETS, "servers[0].clientCertSecret.name=operator-tls"),
+            "servers[0].clientCertSecret: only used with an https:// url",
+        ),
+        (
+            ("servers[0].name=main", "servers[0].url=https://cronoq.cronoq.svc:7070"),
+            "servers[0]: set tokenSecret (a metrics token) or clientCertSecret",
+        ),
+        (
+            (
+                "servers[0].name=main",
+                "servers[0].url=https://cronoq.cronoq.svc:7070",
+                "servers[0].clientCertSecret.certKey=tls.crt",
+            ),
+            "servers.0.clientCertSecret: name is required",
         ),
         (
             (

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import grpc
 import pytest
 
 from cronoq.client import Client, task
@@ -26,6 +27,7 @@ pytestmark = pytest.mark.asyncio
 CLIENT_TOKEN = "client-token-0123456789abcdef"
 METRICS_TOKEN = "metrics-token-0123456789abcdef"
 KUBE_TOKEN = "kube-token-0123456789abcdef"
+OPERATOR_DNS_NAME = "cronoq-operator.cronoq.svc"
 
 # Desired capacity reacts within a second or two: no worker ever connects, so 20 queued tasks are a
 # backlog of 20 one-second tasks to drain in one second (well above max = 8), and the autoscaler steps up
@@ -292,6 +294,8 @@ class Certificates:
     ca: Path
     cert: Path  # for 127.0.0.1: the server's listeners and the fake API's
     key: Path
+    operator: tuple[Path, Path]  # the operator's client certificate (and key): DNS:cronoq-operator.cronoq.svc
+    stranger: tuple[Path, Path]  # a client certificate of the same CA no [[auth.certs]] entry names
 
 
 @pytest.fixture(scope="module")
@@ -299,7 +303,9 @@ def certificates(tmp_path_factory: pytest.TempPathFactory) -> Certificates:
     directory = tmp_path_factory.mktemp("operator-pki")
     ca, ca_key = new_ca(directory / "ca.pem", directory / "ca.key", "operator test CA")
     cert, key = issue(directory, "local", "/CN=127.0.0.1", "IP:127.0.0.1,DNS:localhost", ca, ca_key)
-    return Certificates(ca, cert, key)
+    operator = issue(directory, "operator", "/CN=cronoq-operator", f"DNS:{OPERATOR_DNS_NAME}", ca, ca_key)
+    stranger = issue(directory, "stranger", "/CN=stranger", "DNS:stranger.cronoq.svc", ca, ca_key)
+    return Certificates(ca, cert, key, operator, stranger)
 
 
 async def test_over_tls_to_the_server_and_to_the_kubernetes_api(
@@ -342,3 +348,80 @@ token_env = "OPERATOR_METRICS_TOKEN"
         await cluster.status_where("team-a", "secure", reason="Scaled", desiredSlots=0, replicas=1)
         untrusted = await cluster.status_where("team-a", "untrusted", reason="ServerUnavailable")
         assert untrusted["replicas"] == 4 and await cluster.kube.replicas("team-a", "untrusted-workers") == 4
+
+
+async def test_with_a_client_certificate_to_a_server_that_requires_one(
+    tmp_path: Path, certificates: Certificates
+) -> None:
+    """A server requiring client certificates (``client_ca_path``) whose ``[[auth.certs]]`` gives the
+    operator's certificate the metrics role: read with that certificate and no token, the Deployment
+    follows the pool down and up. The same server named without a certificate (a token does not get
+    past the handshake) is unavailable, and with a certificate the server does not map, refused; those
+    Deployments are left alone."""
+    mtls = (
+        f'\n[server.tls]\ncert_path = "{certificates.cert}"\nkey_path = "{certificates.key}"\n'
+        f'client_ca_path = "{certificates.ca}"\n'
+        f'\n[[auth.certs]]\ndns_name = "{OPERATOR_DNS_NAME}"\nrole = "metrics"\n'
+    )
+    trusted = ssl.create_default_context(cafile=str(certificates.ca))  # probes need no certificate
+    server = new_server(tmp_path / "server", SERVER_CONFIG + mtls, env=SERVER_ENV, ssl_context=trusted)
+    kube = FakeKube(tmp_path / "kube", KUBE_TOKEN)
+    url = f"https://{server.target}"
+    (operator_cert, operator_key), (stranger_cert, stranger_key) = (
+        certificates.operator,
+        certificates.stranger,
+    )
+    config = f"""
+interval_s = 1
+
+[[servers]]
+name = "mtls"
+url = "{url}"
+ca_file = "{certificates.ca}"
+cert_file = "{operator_cert}"
+key_file = "{operator_key}"
+
+[[servers]]
+name = "tokenonly"
+url = "{url}"
+ca_file = "{certificates.ca}"
+token_env = "OPERATOR_METRICS_TOKEN"
+
+[[servers]]
+name = "stranger"
+url = "{url}"
+ca_file = "{certificates.ca}"
+cert_file = "{stranger_cert}"
+key_file = "{stranger_key}"
+"""
+    operator = OperatorProcess(
+        tmp_path / "operator", config, kube, env={"OPERATOR_METRICS_TOKEN": METRICS_TOKEN}
+    )
+
+    async def objects(kube: FakeKube) -> None:
+        for name in ("mtls", "tokenonly", "stranger"):
+            await kube.create_deployment("team-a", f"{name}-workers", 4)
+            await kube.create_scaler("team-a", name, scaler(name, "jobs", f"{name}-workers", 3, 1, 5))
+
+    async with running(Cluster(kube, server, operator), objects) as cluster:
+        await cluster.replicas_become("team-a", "mtls-workers", 1)
+        await cluster.status_where("team-a", "mtls", reason="Scaled", desiredSlots=0, replicas=1)
+        unavailable = await cluster.status_where("team-a", "tokenonly", reason="ServerUnavailable")
+        assert unavailable["message"].startswith("server 'tokenonly' did not answer")
+        refused = await cluster.status_where("team-a", "stranger", reason="Unauthenticated")
+        assert refused["message"].startswith("server 'stranger' refused the operator's client certificate")
+
+        # Queue pressure (submitted with the client token, over a connection the certificate opens):
+        # 8 desired slots / 3 per replica = 3 replicas.
+        submit = grpc.ssl_channel_credentials(
+            certificates.ca.read_bytes(), operator_key.read_bytes(), operator_cert.read_bytes()
+        )
+        async with Client(url, token=CLIENT_TOKEN, credentials=submit) as client:
+            await client.submit_batch([task(str(i), pool="jobs") for i in range(20)])
+        await cluster.status_where("team-a", "mtls", reason="Scaled", desiredSlots=8, replicas=3)
+        assert await cluster.kube.replicas("team-a", "mtls-workers") == 3
+
+        for name in ("tokenonly", "stranger"):
+            assert await cluster.kube.replicas("team-a", f"{name}-workers") == 4
+            assert await cluster.scale_writes(f"{name}-workers") == 0
+        assert "PRIVATE KEY" not in cluster.operator.logs()

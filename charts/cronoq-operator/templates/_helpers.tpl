@@ -57,13 +57,19 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- printf "/etc/cronoq-operator/ca/%d" . -}}
 {{- end }}
 
+{{/* Where servers[i]'s client certificate (tls.crt) and key (tls.key) are mounted, when it has a clientCertSecret. */}}
+{{- define "cronoq-operator.clientCertDir" -}}
+{{- printf "/etc/cronoq-operator/client-cert/%d" . -}}
+{{- end }}
+
 {{/*
 The operator's configuration (operator.toml). Strings are written with toJson: a JSON string is a
-valid TOML basic string. Tokens are never in it, only the names of the variables that hold them.
+valid TOML basic string. Tokens are never in it, only the names of the variables that hold them, nor
+are certificates: only the paths their Secrets are mounted at.
 */}}
 {{- define "cronoq-operator.config" -}}
 {{- if not .Values.servers -}}
-{{- fail "servers: name at least one cronoq server (name, url, tokenSecret.name, tokenSecret.key) for scalers to read" -}}
+{{- fail "servers: name at least one cronoq server (name, url, and tokenSecret or clientCertSecret) for scalers to read" -}}
 {{- end -}}
 {{- $seen := dict -}}
 # cronoq-operator configuration, rendered by the cronoq-operator chart (docs/operator.md).
@@ -75,16 +81,27 @@ namespaces = {{ .Values.namespaces | toJson }}
 {{- fail (printf "servers[%d].name: %q is already the name of another server" $i $server.name) }}
 {{- end }}
 {{- $_ := set $seen $server.name true }}
+{{- if not (or $server.tokenSecret $server.clientCertSecret) }}
+{{- fail (printf "servers[%d]: set tokenSecret (a metrics token) or clientCertSecret (a client certificate the server maps to the metrics role), or both" $i) }}
+{{- end }}
 
 [[servers]]
 name = {{ $server.name | toJson }}
 url = {{ $server.url | toJson }}
+{{- if $server.tokenSecret }}
 token_env = {{ include "cronoq-operator.tokenEnv" $i | toJson }}
-{{- if $server.caSecret }}
-{{- if not (hasPrefix "https://" $server.url) }}
-{{- fail (printf "servers[%d].caSecret: only used with an https:// url" $i) }}
 {{- end }}
+{{- range $value := list "caSecret" "clientCertSecret" }}
+{{- if and (get $server $value) (not (hasPrefix "https://" $server.url)) }}
+{{- fail (printf "servers[%d].%s: only used with an https:// url" $i $value) }}
+{{- end }}
+{{- end }}
+{{- if $server.caSecret }}
 ca_file = {{ printf "%s/ca.crt" (include "cronoq-operator.caDir" $i) | toJson }}
+{{- end }}
+{{- if $server.clientCertSecret }}
+cert_file = {{ printf "%s/tls.crt" (include "cronoq-operator.clientCertDir" $i) | toJson }}
+key_file = {{ printf "%s/tls.key" (include "cronoq-operator.clientCertDir" $i) | toJson }}
 {{- end }}
 {{- end }}
 {{- end }}

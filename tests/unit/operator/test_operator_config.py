@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import subprocess
 from pathlib import Path
 
 import pytest
 
 from cronoq.config import ConfigError
 from kube_operator.config import OperatorConfig, ServerEntry, load_operator_config, parse_operator_config
+from tests.unit.operator.operator_pki import OperatorPki
 
 ENV = {"METRICS_TOKEN": "metrics-token-0123456789"}
 
@@ -19,19 +19,8 @@ def problems(text: str, env: dict[str, str] | None = None) -> list[str]:
     return [str(problem) for problem in caught.value.problems]
 
 
-@pytest.fixture(scope="module")
-def ca_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    directory = tmp_path_factory.mktemp("ca")
-    subprocess.run(
-        ["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
-         "-days", "1", "-subj", "/CN=test CA", "-keyout", str(directory / "ca.key"), "-out", str(directory / "ca.pem")],
-        check=True,
-        capture_output=True,
-    )  # fmt: skip
-    return directory / "ca.pem"
-
-
-def test_a_full_configuration(tmp_path: Path, ca_file: Path) -> None:
+def test_a_full_configuration(tmp_path: Path, pki: OperatorPki) -> None:
+    cert, key = pki.operator
     token_file = tmp_path / "token"
     token_file.write_text("file-token-0123456789\n")
     config = parse_operator_config(
@@ -49,7 +38,14 @@ token_env = "METRICS_TOKEN"
 name = "gpu"
 url = "https://cronoq-gpu.cronoq.svc:7070"
 token_file = "{token_file}"
-ca_file = "{ca_file}"
+ca_file = "{pki.ca}"
+
+[[servers]]
+name = "mtls"
+url = "https://cronoq.cronoq.svc:7070"
+ca_file = "{pki.ca}"
+cert_file = "{cert}"
+key_file = "{key}"
 """,
         env=ENV,
     )
@@ -57,7 +53,14 @@ ca_file = "{ca_file}"
         servers=(
             ServerEntry("main", "http://cronoq.cronoq:7070", token_env="METRICS_TOKEN"),
             ServerEntry(
-                "gpu", "https://cronoq-gpu.cronoq.svc:7070", token_file=str(token_file), ca_file=str(ca_file)
+                "gpu", "https://cronoq-gpu.cronoq.svc:7070", token_file=str(token_file), ca_file=str(pki.ca)
+            ),
+            ServerEntry(
+                "mtls",
+                "https://cronoq.cronoq.svc:7070",
+                ca_file=str(pki.ca),
+                cert_file=str(cert),
+                key_file=str(key),
             ),
         ),
         interval_s=30.0,
@@ -106,7 +109,8 @@ tokn_env = "METRICS_TOKEN"
         "servers[1].name: duplicate server name 'main' (also at servers[0].name)",
         "servers[1].token_file: token_env and token_file are exclusive: set one",
         "servers[1].url: expected http://host:port or https://host:port (the server's gRPC port) (got 'ftp://x:1')",
-        "servers[2]: set token_env or token_file: the token (metrics role) the operator reads with",
+        "servers[2]: set token_env or token_file (a token with the metrics role), or cert_file and key_file "
+        "(a client certificate the server maps to the metrics role): what the operator reads with",
         "servers[2].ca_file: only used with an https:// url",
         "servers[2].tokn_env: unknown key (did you mean token_env?)",
     ]
@@ -172,3 +176,88 @@ def test_a_missing_file_is_a_config_error(tmp_path: Path) -> None:
     with pytest.raises(ConfigError) as caught:
         load_operator_config(tmp_path / "absent.toml")
     assert "cannot read the configuration" in str(caught.value)
+
+
+def server_with(url: str, **keys: Path | str) -> str:
+    """One [[servers]] entry with these extra keys."""
+    lines = "".join(f'{key} = "{value}"\n' for key, value in keys.items())
+    return f'[[servers]]\nname = "a"\nurl = "{url}"\n{lines}'
+
+
+def test_a_client_certificate_stands_in_for_the_token_or_goes_with_one(pki: OperatorPki) -> None:
+    """A server requiring client certificates may map the operator's to the metrics role (no token
+    needed) or still require a token (both given: the server judges the token)."""
+    cert, key = pki.operator
+    alone = parse_operator_config(server_with("https://c:7070", cert_file=cert, key_file=key), env=ENV)
+    assert alone.servers[0] == ServerEntry("a", "https://c:7070", cert_file=str(cert), key_file=str(key))
+    both = server_with("https://c:7070", token_env="METRICS_TOKEN", cert_file=cert, key_file=key)
+    assert parse_operator_config(both, env=ENV).servers[0].token_env == "METRICS_TOKEN"
+
+
+@pytest.mark.parametrize(
+    ("keys", "expected"),
+    [
+        (
+            {"cert_file": "operator.pem"},
+            ["servers[0].key_file: required with cert_file (the client certificate's private key)"],
+        ),
+        (
+            {"key_file": "operator.key"},
+            ["servers[0].cert_file: required with key_file (the client certificate of that key)"],
+        ),
+        (
+            {"cert_file": "absent.pem", "key_file": "operator.key"},
+            ["servers[0].cert_file: cannot read {dir}/absent.pem (No such file or directory)"],
+        ),
+        (
+            {"cert_file": "operator.pem", "key_file": "absent.key"},
+            ["servers[0].key_file: cannot read {dir}/absent.key (No such file or directory)"],
+        ),
+        (
+            {"cert_file": "operator.key", "key_file": "operator.key"},
+            ["servers[0].cert_file: not a PEM certificate: {dir}/operator.key"],
+        ),
+        (
+            {"cert_file": "operator.pem", "key_file": "other.key"},
+            ["servers[0].key_file: not the private key of cert_file {dir}/operator.pem: {dir}/other.key"],
+        ),
+        (
+            {"cert_file": "operator.pem", "key_file": "operator.pem"},
+            ["servers[0].key_file: not an unencrypted PEM private key: {dir}/operator.pem"],
+        ),
+        (
+            {"cert_file": "operator.pem", "key_file": "encrypted.key"},
+            ["servers[0].key_file: not an unencrypted PEM private key: {dir}/encrypted.key"],
+        ),
+    ],
+    ids=[
+        "cert-without-key",
+        "key-without-cert",
+        "cert-unreadable",
+        "key-unreadable",
+        "cert-not-a-certificate",
+        "key-of-another-certificate",
+        "key-not-a-key",
+        "key-encrypted",
+    ],
+)
+def test_client_certificate_problems_name_their_key(
+    pki: OperatorPki, keys: dict[str, str], expected: list[str]
+) -> None:
+    """cert_file and key_file go together and must each be usable (without a token they are the
+    operator's only credential), each problem naming its key; an encrypted key is refused at once
+    (gRPC takes no passphrase) rather than OpenSSL prompting for one."""
+    directory = pki.ca.parent
+    paths = {key: directory / name for key, name in keys.items()}
+    found = problems(server_with("https://c:7070", **paths))
+    assert found == [line.format(dir=directory) for line in expected]
+
+
+def test_tls_files_with_an_http_url_are_refused(pki: OperatorPki) -> None:
+    cert, key = pki.operator
+    assert problems(
+        server_with("http://c:7070", token_env="METRICS_TOKEN", cert_file=cert, key_file=key)
+    ) == [
+        "servers[0].cert_file: only used with an https:// url",
+        "servers[0].key_file: only used with an https:// url",
+    ]

@@ -125,6 +125,7 @@ def test_nothing_is_written_when_replicas_already_match() -> None:
         "PoolNotReported",
         "UnknownServer",
         "TokenUnreadable",
+        "CertificateUnreadable",
     ],
 )
 def test_no_reading_leaves_the_deployment_alone(reason: str) -> None:

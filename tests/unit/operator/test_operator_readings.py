@@ -47,13 +47,27 @@ def test_a_failed_read_is_passed_on() -> None:
 
 
 def test_errors_name_the_token_problem_or_the_unavailability() -> None:
-    assert server_failure("main", Unauthenticated("unknown token")).reason == "Unauthenticated"
-    denied = server_failure("main", PermissionDenied("it needs metrics"))
+    assert (
+        server_failure("main", Unauthenticated("unknown token"), identity="token").reason == "Unauthenticated"
+    )
+    denied = server_failure("main", PermissionDenied("it needs metrics"), identity="token")
     assert denied.reason == "PermissionDenied" and "needs the metrics role" in denied.message
-    assert server_failure("main", Unavailable("not the leader")) == Unknown(
+    assert server_failure("main", Unavailable("not the leader"), identity="token") == Unknown(
         "ServerUnavailable", "server 'main' did not answer: unavailable: not the leader"
     )
-    assert server_failure("main", DeadlineExceeded("slow")).reason == "ServerUnavailable"
+    assert server_failure("main", DeadlineExceeded("slow"), identity="token").reason == "ServerUnavailable"
+
+
+def test_errors_name_what_the_server_judged_the_operator_by() -> None:
+    """Without a token the server judges the client certificate, and the message says so: a status
+    blaming a token the operator never sent would send people to fix the wrong thing."""
+    assert server_failure("main", Unauthenticated("unknown certificate"), identity="client certificate") == (
+        Unknown(
+            "Unauthenticated", "server 'main' refused the operator's client certificate: unknown certificate"
+        )
+    )
+    denied = server_failure("main", PermissionDenied("needs metrics"), identity="client certificate")
+    assert denied.message.startswith("server 'main' does not let the operator's client certificate read")
 
 
 def test_long_messages_are_cut() -> None:
