@@ -87,6 +87,8 @@ class FakeKube:
                 if r.status == 200:
                     return
             time.sleep(0.05)
+        self.proc.kill()  # a failed start has no cleanup to stop it
+        self.proc.wait(10)
         raise TimeoutError(f"the fake Kubernetes API did not start within {timeout} s")
 
     async def stop(self) -> None:
@@ -185,6 +187,8 @@ class OperatorProcess:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"cronoq-operator exited with {self.proc.returncode}:\n{self.logs()}")
             if time.monotonic() > deadline:
+                self.proc.kill()  # a failed start has no cleanup to stop it
+                self.proc.wait(10)
                 raise TimeoutError(f"cronoq-operator did not start within {timeout} s:\n{self.logs()}")
             time.sleep(0.05)
 

@@ -89,6 +89,10 @@ class ServerProcess:
                 if r.status == 200:
                     return
             time.sleep(0.05)
+        # Nobody will stop a server whose start failed (the caller's cleanup starts after start()): it
+        # would outlive the test run.
+        self.proc.kill()
+        self.proc.wait(10)
         raise TimeoutError(f"cronoq-server not ready after {timeout} s:\n{self.logs()}")
 
     def probe(self, path: str) -> int:
