@@ -94,8 +94,9 @@ class ServerSource:
                 SERVER_UNAVAILABLE, f"server {name!r} could not be read: {type(err).__name__}: {err}"
             )
         if failure.reason == SERVER_UNAVAILABLE:
-            # A fresh channel next round: grpc's own reconnection backs off up to two minutes, so a
-            # kept channel could go on failing that long after the server is back.
+            # A fresh channel next round: a kept one fails calls at once until its next reconnection
+            # attempt (grpc backs off up to 5 s with the SDK's defaults), so a server that is back
+            # would still read as down.
             await self.close()
         return failure
 

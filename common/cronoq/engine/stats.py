@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import math
 from bisect import bisect_right
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 
 from .model import Status
 
@@ -229,7 +229,7 @@ class WindowStats:
         ``now``, its run time spread over the slices it ran in, as far back as the window reaches."""
         b = self._current if now < self._until else self.bucket(now)
         b.attempt(now - started, outcome)
-        since = self._until - self._width  # where that slice begins
+        since = b.index * self._width  # where that slice begins
         if started < since:
             self._backdate(b, started, since, outcome is Status.SUCCEEDED)
 
@@ -240,18 +240,24 @@ class WindowStats:
         b.run_total -= early
         if succeeded:
             b.run_ok -= early
-        width = self._width
-        start = max(started, since - (SLOTS - 1) * width)
-        while start < since:
-            index = int(start // width)
-            end = min(since, (index + 1) * width)
-            if end <= start:  # float rounding at a slice edge: the rest is in the next slice
-                end = since
-            slot = self._slot(index)
-            slot.run_total += end - start
+        for slot, seconds in self._spread(started, since, b.index):
+            slot.run_total += seconds
             if succeeded:
-                slot.run_ok += end - start
-            start = end
+                slot.run_ok += seconds
+
+    def _spread(self, start: float, end: float, newest: int) -> Iterator[tuple[Bucket, float]]:
+        """The part of [``start``, ``end``) in each slice of the window whose newest slice is ``newest``.
+        Older slices have left the window; the one just before its oldest shares a ring bucket with
+        ``newest``'s, so it must not be written either."""
+        width = self._width
+        start = max(start, (newest - SLOTS + 1) * width)
+        while start < end:
+            index = int(start // width)
+            stop = min(end, (index + 1) * width)
+            if stop <= start:  # float rounding at a slice edge: the rest is in the next slice
+                stop = end
+            yield self._slot(index), stop - start
+            start = stop
 
     def _slot(self, index: int) -> Bucket:
         b = self._ring[index % SLOTS]
@@ -270,17 +276,8 @@ class WindowStats:
         if not held:
             return
         self.worker_seconds += held * (now - start)
-        width = self._width
-        # Older slices have left the window, whose oldest is the one SLOTS - 1 before the slice of
-        # ``now`` (one slice further back shares a ring bucket with ``now``'s and would land in it).
-        start = max(start, (int(now // width) - SLOTS + 1) * width)
-        while start < now:
-            index = int(start // width)
-            end = min(now, (index + 1) * width)
-            if end <= start:  # float rounding at a slice edge: the rest is in the next slice
-                end = now
-            self._slot(index).capacity_area += held * (end - start)
-            start = end
+        for slot, seconds in self._spread(start, now, int(now // self._width)):
+            slot.capacity_area += held * seconds
 
     def view(self, now: float, running: Iterable[float] = ()) -> WindowView:
         """The window's numbers as of ``now``; ``running`` holds when each attempt still running began."""
