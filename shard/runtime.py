@@ -69,12 +69,14 @@ class Watcher:
     error: Exception | None = None
 
     def wants(self, event: StatusEvent) -> bool:
-        if not self.all_transitions and not event.status.terminal:
+        if not self.all_transitions and not event[0].terminal:
             return False
-        if self.pools is not None and event.pool not in self.pools:
+        task = event[4]
+        if self.pools is not None and task.spec.pool not in self.pools:
             return False
         if self.ids or self.keys:
-            return event.id in self.ids or (bool(event.key) and event.key in self.keys)
+            key = task.spec.key
+            return task.id in self.ids or (bool(key) and key in self.keys)
         return True
 
     def push(self, event: StatusEvent) -> None:
@@ -171,8 +173,9 @@ class Runtime:
             changed = self._changed
             held = self._held
             for action in actions:
-                if isinstance(action, StatusEvent):
-                    changed[action.id] = action.task
+                if type(action) is tuple:  # a StatusEvent
+                    task = action[4]
+                    changed[task.id] = task
                     held.append(action)
                 elif isinstance(action, ScheduleChanged):
                     self._schedules.append((action.name, _copy(action.recurring)))
@@ -188,7 +191,7 @@ class Runtime:
     def _deliver(self, actions: list[Action]) -> None:
         sessions = self.sessions
         for action in actions:
-            if isinstance(action, StatusEvent):
+            if type(action) is tuple:  # a StatusEvent
                 self._on_event(action)
             elif isinstance(action, Dispatch):
                 sink = sessions.get(action.worker_id)
@@ -326,17 +329,19 @@ class Runtime:
                 await asyncio.sleep(delay)
 
     def _on_event(self, event: StatusEvent) -> None:
-        status = event.status
+        status = event[0]
+        task = event[4]
+        pool = task.spec.pool
         if status.terminal:
-            key = (event.pool, status)
+            key = (pool, status)
             self.outcomes[key] = self.outcomes.get(key, 0) + 1
-            waiters = self._waiters.pop(event.id, None)
+            waiters = self._waiters.pop(task.id, None)
             if waiters:
                 for fut in waiters:
                     if not fut.done():
                         fut.set_result(None)
         if status is Status.RUNNING or status.terminal:
-            space = self._space.get(event.pool)
+            space = self._space.get(pool)
             if space is not None:
                 space.set()
         for watcher in self._watchers:

@@ -473,15 +473,15 @@ class Service:
                 if watcher.error is not None:
                     raise watcher.error
                 while watcher.buffer:
-                    ev = watcher.buffer.popleft()
+                    status, attempt, at, message, task = watcher.buffer.popleft()
                     yield pb.StatusEvent(
-                        id=ev.id,
-                        pool=ev.pool,
-                        key=ev.key,
-                        status=int(ev.status),
-                        attempt=ev.attempt,
-                        at_unix_ns=int(ev.at * NS),
-                        message=ev.message,
+                        id=task.id,
+                        pool=task.spec.pool,
+                        key=task.spec.key,
+                        status=int(status),
+                        attempt=attempt,
+                        at_unix_ns=int(at * NS),
+                        message=message,
                     )
         finally:
             self.runtime.unsubscribe(watcher)

@@ -618,23 +618,25 @@ class Scheduler:
         transitions = self._emit_transitions
         create_task = self._loop.create_task
         for action in actions:
-            # Exact types: cheaper than isinstance, and actions are plain dataclasses never subclassed.
-            if type(action) is EngineEvent:
-                status = action.status
+            # Exact types: cheaper than isinstance, and actions are never subclassed. A status event is
+            # a plain tuple (see cronoq.engine.StatusEvent).
+            if type(action) is tuple:
+                event: EngineEvent = action
+                status = event[0]
                 if status >= _SUCCEEDED:
                     if waiters:
-                        waiter = waiters.pop(action.id, None)
+                        waiter = waiters.pop(event[4].id, None)
                         if waiter is not None:
-                            self._resolve(waiter, action)
+                            self._resolve(waiter, event)
                     if space:
-                        self._room(action.pool)
+                        self._room(event[4].spec.pool)
                     if streams:
-                        self._publish(action)
+                        self._publish(event)
                 else:
                     if space and status is _RUNNING_STATUS:
-                        self._room(action.pool)
+                        self._room(event[4].spec.pool)
                     if transitions and streams:
-                        self._publish(action)
+                        self._publish(event)
             elif type(action) is Dispatch:
                 task = action.task
                 capacity = self._capacity[action.worker_id]
@@ -651,13 +653,14 @@ class Scheduler:
             # ScheduleChanged tells a durable runtime what to write; library mode keeps no store.
 
     def _resolve(self, waiter: asyncio.Future[Outcome], event: EngineEvent) -> None:
+        status, _, _, message, task = event
         value = None
-        succeeded = event.status is _SUCCEEDED
+        succeeded = status is _SUCCEEDED
         if succeeded:
-            task_id = event.id
-            value = self._results.get(task_id) if event.key else self._results.pop(task_id, None)
+            task_id = task.id
+            value = self._results.get(task_id) if task.spec.key else self._results.pop(task_id, None)
         if not waiter.done():
-            waiter.set_result((succeeded, _LABELS[event.status], event.message, value))
+            waiter.set_result((succeeded, _LABELS[status], message, value))
 
     def _room(self, pool: str) -> None:
         space = self._space.pop(pool, None)
@@ -665,15 +668,9 @@ class Scheduler:
             space.set_result(None)
 
     def _publish(self, event: EngineEvent) -> None:
-        published = StatusEvent(
-            event.id,
-            event.pool,
-            event.key or None,
-            _LABELS[event.status],
-            event.attempt,
-            event.at,
-            event.message,
-        )
+        status, attempt, at, message, task = event
+        spec = task.spec
+        published = StatusEvent(task.id, spec.pool, spec.key or None, _LABELS[status], attempt, at, message)
         for stream in self._streams:
             stream.push(published)
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from cronoq.engine import (
     Abort,
@@ -53,6 +54,24 @@ def spec(
     )
 
 
+class Event(NamedTuple):
+    """A status event with its fields named; the engine emits plain ``StatusEvent`` tuples."""
+
+    id: int
+    pool: str
+    key: str
+    status: Status
+    attempt: int
+    at: float
+    message: str
+    task: Task
+
+
+def named(event: StatusEvent) -> Event:
+    status, attempt, at, message, task = event
+    return Event(task.id, task.spec.pool, task.spec.key, status, attempt, at, message, task)
+
+
 @dataclass
 class Drained:
     """The actions taken from an engine, split by kind."""
@@ -68,8 +87,8 @@ class Drained:
         return [a for a in self.actions if isinstance(a, Abort)]
 
     @property
-    def events(self) -> list[StatusEvent]:
-        return [a for a in self.actions if isinstance(a, StatusEvent)]
+    def events(self) -> list[Event]:
+        return [named(a) for a in self.actions if type(a) is tuple]
 
     def statuses(self, task_id: int) -> list[Status]:
         return [e.status for e in self.events if e.id == task_id]

@@ -210,19 +210,20 @@ class EngineMachine(RuleBasedStateMachine):
                 self.leases[action.lease] = (action.worker_id, task_id)
             elif isinstance(action, Abort):
                 assert self.leases.pop(action.lease)[0] == action.worker_id
-            elif isinstance(action, StatusEvent):
+            elif type(action) is tuple:
                 self.event(action)
 
     def event(self, event: StatusEvent) -> None:
-        before = self.status.get(event.id)
+        status, attempt, _, _, task = event
+        before = self.status.get(task.id)
         if before is None:
-            assert event.status is S.BLOCKED and event.attempt == 0
+            assert status is S.BLOCKED and attempt == 0
         else:
-            assert event.status in self.transitions.get(before, set()), (before, event.status)
-        if event.status is S.RUNNING:
-            self.attempts[event.id] += 1
-            assert event.attempt == self.attempts[event.id]
-        self.status[event.id] = event.status
+            assert status in self.transitions.get(before, set()), (before, status)
+        if status is S.RUNNING:
+            self.attempts[task.id] += 1
+            assert attempt == self.attempts[task.id]
+        self.status[task.id] = status
 
     # ------------------------------------------------------------------------------ invariants
 
