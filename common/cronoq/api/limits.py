@@ -23,7 +23,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 from collections.abc import AsyncIterator, Callable, Iterator
-from contextlib import asynccontextmanager, contextmanager
+from contextlib import asynccontextmanager, contextmanager, suppress
 from typing import Any
 
 import grpc
@@ -225,6 +225,21 @@ async def _abort(context: Ctx, err: ApiError) -> None:
     await context.abort(grpc_status(err), err.message, err.metadata)
 
 
+# How long a refused client-streaming call may take to send its first message (see ``_refuse``).
+FIRST_MESSAGE_WAIT_S = 0.5
+
+
+async def _refuse(context: Ctx, err: ApiError, reads: bool) -> None:
+    """End a streaming call refused as it opens. On a call the client streams into (Workers.Work), take
+    its first message first (waiting at most FIRST_MESSAGE_WAIT_S): a grpc.aio client whose first write
+    is still in flight when the status arrives reports INTERNAL "Internal error from Core" instead of
+    it, and a worker writes its Register as soon as the stream opens."""
+    if reads:
+        with suppress(Exception):  # whatever the client sent (or did not), it is refused
+            await asyncio.wait_for(context.read(), FIRST_MESSAGE_WAIT_S)
+    await _abort(context, err)
+
+
 class LimitsInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
     """Wraps every ``cronoq.v1`` method: size check of each request message, the concurrency gates,
     the request timeout of unary calls; oversized responses (which the gRPC core refuses to send) are
@@ -282,20 +297,22 @@ class LimitsInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
                     raise limits.oversized(request.size)
                 return inner_us(request, context)
 
-            return grpc.unary_stream_rpc_method_handler(self._streaming(inner_us, open_us), **kw)
+            return grpc.unary_stream_rpc_method_handler(self._streaming(inner_us, open_us, False), **kw)
         if handler.response_streaming:
             inner_ss = handler.stream_stream
 
             def open_ss(requests: Any, context: Ctx) -> Any:
                 return inner_ss(_checked(requests, limits), _Context(context, limits))
 
-            return grpc.stream_stream_rpc_method_handler(self._streaming(inner_ss, open_ss), **kw)
+            return grpc.stream_stream_rpc_method_handler(self._streaming(inner_ss, open_ss, True), **kw)
         return handler  # client-streaming unary calls: cronoq.v1 has none
 
-    def _streaming(self, inner: Any, open_call: Callable[[Any, Ctx], Any]) -> Callable[[Any, Ctx], Any]:
+    def _streaming(
+        self, inner: Any, open_call: Callable[[Any, Ctx], Any], reads: bool
+    ) -> Callable[[Any, Ctx], Any]:
         """A streaming behaviour of the same form as ``inner`` (an async generator, or a coroutine that
         writes to the context) run holding a stream slot; a refusal (no slot, an oversized request) ends
-        the call with its status."""
+        the call with its status. ``reads``: the client streams its requests (see ``_refuse``)."""
         limits = self.limits
         if inspect.isasyncgenfunction(inner):
 
@@ -303,7 +320,7 @@ class LimitsInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
                 try:
                     limits.acquire_stream()
                 except ApiError as err:
-                    await _abort(context, err)
+                    await _refuse(context, err, reads)
                     return
                 try:
                     async for item in open_call(request, context):
@@ -319,7 +336,7 @@ class LimitsInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
             try:
                 limits.acquire_stream()
             except ApiError as err:
-                await _abort(context, err)
+                await _refuse(context, err, reads)
                 return
             try:
                 await open_call(request, context)
