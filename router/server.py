@@ -20,11 +20,12 @@ from cronoq.api.limits import LimitsInterceptor, RequestLimits, grpc_server_opti
 from cronoq.auth import Authenticator, Role
 from cronoq.config import Config
 from cronoq.discovery import forwarding
-from cronoq.errors import InvalidArgument, NotFound, PermissionDenied
+from cronoq.errors import ApiError, InvalidArgument, NotFound, PermissionDenied
 from cronoq.forward import WrongShard
 from cronoq.logs import get_logger
 from cronoq.shards import ShardMap
 from cronoq.tls import load_server_tls
+from cronoq.transport import take_first_message
 from cronoq.v1 import cronoq_pb2_grpc as pbg
 
 from . import metrics
@@ -42,7 +43,11 @@ class RedirectWorkers(pbg.WorkersServicer):  # type: ignore[misc]
 
     async def Work(self, request_iterator: object, context: Ctx) -> None:
         async def run() -> None:
-            caller = authorize(self.service, context, Role.WORKER)
+            try:
+                caller = authorize(self.service, context, Role.WORKER)
+            except ApiError:
+                await take_first_message(context)
+                raise
             first = await context.read()
             if first is grpc.aio.EOF or first.WhichOneof("msg") != "register":
                 raise InvalidArgument("register: the first message of a Work stream must be register")

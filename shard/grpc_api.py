@@ -3,22 +3,19 @@ Admin servicers are shared with the router, in :mod:`cronoq.api.grpc_api`)."""
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 from collections.abc import Callable
 
 from cronoq.api.grpc_api import Ctx, authorize, call
 from cronoq.auth import Principal, Role
 from cronoq.errors import ApiError
 from cronoq.logs import get_logger
-from cronoq.transport import grpc_status
+from cronoq.transport import grpc_status, take_first_message
 from cronoq.v1 import cronoq_pb2_grpc as pbg
 
 from .service import Service
 from .workers import WorkerStream
 
 log = get_logger("cronoq.grpc")
-REFUSAL_READ_S = 2.0  # how long a refused Work call waits for the first message before answering
 
 
 class WorkersServicer(pbg.WorkersServicer):  # type: ignore[misc]
@@ -32,10 +29,7 @@ class WorkersServicer(pbg.WorkersServicer):  # type: ignore[misc]
             try:
                 caller = authorize(self.service, context, Role.WORKER)
             except ApiError:
-                # Take the register the worker is sending first: refused while its write is still in
-                # flight, gRPC's Python client reports INTERNAL instead of this (fatal) status.
-                with contextlib.suppress(Exception):
-                    await asyncio.wait_for(context.read(), REFUSAL_READ_S)
+                await take_first_message(context)
                 raise
             stream = self.make_stream(context, caller)
             self.streams.add(stream)

@@ -6,6 +6,10 @@ The SDK does the reverse (``cronoq.client._connect.api_error``).
 
 from __future__ import annotations
 
+import asyncio
+from contextlib import suppress
+from typing import Any
+
 import grpc
 
 from cronoq.errors import ApiError, Unavailable
@@ -29,6 +33,19 @@ NOT_RECEIVED_KEY = "cronoq-not-received"
 # none), which a StatusEvent stream has no ``unavailable_shards`` field for. Its presence is also how a
 # forwarding server tells "open" from a shard whose Watch is quiet: a refusal comes as a status alone.
 UNAVAILABLE_SHARDS_KEY = "cronoq-unavailable-shards"
+
+
+# How long a Work call refused as it opens waits for the worker's first message (take_first_message).
+REFUSAL_READ_S = 2.0
+
+
+async def take_first_message(context: Any) -> None:
+    """Before refusing a call the client streams into (Workers.Work) as it opens, take its first
+    message, waiting at most REFUSAL_READ_S: a grpc.aio client whose first write is still in flight when
+    the status arrives reports INTERNAL "Internal error from Core" instead of it, and a worker writes
+    its Register as soon as the stream opens. ``context`` is the call's grpc.aio servicer context."""
+    with suppress(Exception):  # whatever the client sent (or did not), the call is refused
+        await asyncio.wait_for(context.read(), REFUSAL_READ_S)
 
 
 def grpc_status(err: ApiError) -> grpc.StatusCode:

@@ -15,8 +15,10 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any
 
 import aiohttp
+import grpc
 
 from cronoq.client import Client, Lease, Worker
+from cronoq.v1 import cronoq_pb2 as pb
 
 from .serverproc import ServerProcess
 
@@ -149,3 +151,23 @@ async def scrape_metrics(proc: ServerProcess, token: str | None = None) -> Metri
     async with aiohttp.ClientSession() as http, http.get(f"{proc.http}/metrics", headers=headers) as resp:
         assert resp.status == 200 and resp.headers["content-type"].startswith("text/plain; version=0.0.4")
         return Metrics(await resp.text())
+
+
+async def eager_worker_refusals(
+    workers: Any, pool: str, metadata: tuple[tuple[str, str], ...] = ()
+) -> list[tuple[grpc.StatusCode, str]]:
+    """Status and details of 200 Work calls (``workers``: a Workers stub), opened 20 at a time, each
+    writing its Register at once as a worker does, for a server that refuses them: the grpc.aio client
+    reports its own INTERNAL for a write still in flight when a refusal arrives, which workers starting
+    together make likely, unless the server took the Register first."""
+
+    async def register() -> tuple[grpc.StatusCode, str]:
+        call = workers.Work(metadata=metadata)
+        with contextlib.suppress(grpc.aio.AioRpcError):
+            await call.write(pb.WorkerMessage(register=pb.Register(pool=pool, slots=1)))
+        return await call.code(), await call.details()
+
+    answers: list[tuple[grpc.StatusCode, str]] = []
+    for _ in range(10):
+        answers += await asyncio.gather(*(register() for _ in range(20)))
+    return answers

@@ -23,6 +23,7 @@ import pytest
 from cronoq.v1 import cronoq_pb2 as pb
 from cronoq.v1 import cronoq_pb2_grpc as pbg
 
+from .helpers import eager_worker_refusals
 from .serverproc import ServerProcess, running_server
 from .shardproc import ShardSpec, cluster_tables, router_process, running_cluster
 
@@ -419,9 +420,9 @@ async def test_a_worker_refused_for_streams_gets_the_reason_even_when_it_registe
     busy: ServerProcess,
 ) -> None:
     """A worker writes its Register as soon as its stream opens. When the server refused the stream
-    at once, the grpc.aio client sometimes (about one call in ten here) reported its own INTERNAL
-    "Internal error from Core" for the write in flight instead of the server's status; the server now
-    takes the first message before refusing, so every attempt learns why."""
+    at once, the grpc.aio client sometimes reported its own INTERNAL "Internal error from Core" for the
+    write in flight instead of the server's status; the server now takes the first message before
+    refusing, so every worker learns why."""
     async with grpc_stubs(busy) as (_, workers, _):
         open_streams = []
         for _ in range(2):
@@ -430,16 +431,7 @@ async def test_a_worker_refused_for_streams_gets_the_reason_even_when_it_registe
             assert (await call.read()).HasField("registered")
             open_streams.append(call)
         await poll(busy, "cronoq_streams_open", 2)
-
-        async def register() -> tuple[grpc.StatusCode, str]:
-            refused = workers.Work()
-            with contextlib.suppress(grpc.aio.AioRpcError):
-                await refused.write(pb.WorkerMessage(register=pb.Register(pool="default", slots=1)))
-            return await refused.code(), await refused.details()
-
-        answers = []
-        for _ in range(10):  # workers starting together make the race likelier
-            answers += await asyncio.gather(*(register() for _ in range(20)))
+        answers = await eager_worker_refusals(workers, "default")
         assert {code for code, _ in answers} == {grpc.StatusCode.RESOURCE_EXHAUSTED}, answers
         assert all("limits.max_concurrent_streams" in details for _, details in answers)
         for call in open_streams:

@@ -37,7 +37,7 @@ from cronoq.errors import (
 from cronoq.v1 import cronoq_pb2 as pb
 from cronoq.v1 import cronoq_pb2_grpc as pbg
 
-from .helpers import Metrics, scrape_metrics, watch_while, worker
+from .helpers import Metrics, eager_worker_refusals, scrape_metrics, watch_while, worker
 from .serverproc import ServerProcess, free_ports, write_config
 from .shardproc import ShardSpec, cluster_tables, router_process, running_cluster
 
@@ -695,6 +695,13 @@ async def test_the_owning_shard_authenticates_a_forwarded_call_again(tmp_path: P
                 with pytest.raises(PermissionDenied, match="b1"):
                     await wider.submit(b"", pool="b1")
                 assert shard_number((await wider.submit(b"", pool="a1")).id) == 1
+            # Workers with a token nobody knows, writing their Register at once: the router and a shard
+            # both take it before refusing, so that every one of them is told why.
+            unknown = (("authorization", "Bearer nobody-knows-this-0123456789abcdef"),)
+            for server in (router, a):
+                async with grpc.aio.insecure_channel(server.target) as channel:
+                    answers = await eager_worker_refusals(pbg.WorkersStub(channel), "a1", unknown)
+                assert {code for code, _ in answers} == {grpc.StatusCode.UNAUTHENTICATED}, answers
         finally:
             router.stop()
 

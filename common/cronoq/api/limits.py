@@ -23,7 +23,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 from collections.abc import AsyncIterator, Callable, Iterator
-from contextlib import asynccontextmanager, contextmanager, suppress
+from contextlib import asynccontextmanager, contextmanager
 from typing import Any
 
 import grpc
@@ -34,7 +34,7 @@ from cronoq.config.model import Limits
 from cronoq.errors import ApiError, DeadlineExceeded, ResourceExhausted
 from cronoq.limits import LimitHits
 from cronoq.prometheus import Writer
-from cronoq.transport import grpc_status
+from cronoq.transport import grpc_status, take_first_message
 
 GRPC_PREFIX = "/cronoq.v1."
 UNLIMITED_PATHS = frozenset({"/healthz", "/readyz", "/metrics", "/v1/openapi.json"})
@@ -225,18 +225,11 @@ async def _abort(context: Ctx, err: ApiError) -> None:
     await context.abort(grpc_status(err), err.message, err.metadata)
 
 
-# How long a refused client-streaming call may take to send its first message (see ``_refuse``).
-FIRST_MESSAGE_WAIT_S = 0.5
-
-
 async def _refuse(context: Ctx, err: ApiError, reads: bool) -> None:
-    """End a streaming call refused as it opens. On a call the client streams into (Workers.Work), take
-    its first message first (waiting at most FIRST_MESSAGE_WAIT_S): a grpc.aio client whose first write
-    is still in flight when the status arrives reports INTERNAL "Internal error from Core" instead of
-    it, and a worker writes its Register as soon as the stream opens."""
+    """End a streaming call refused as it opens; ``reads``: the client streams into it, so its first
+    message is taken first (see ``take_first_message``)."""
     if reads:
-        with suppress(Exception):  # whatever the client sent (or did not), it is refused
-            await asyncio.wait_for(context.read(), FIRST_MESSAGE_WAIT_S)
+        await take_first_message(context)
     await _abort(context, err)
 
 
