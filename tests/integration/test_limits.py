@@ -379,6 +379,18 @@ async def test_concurrent_requests(busy: ServerProcess) -> None:
         assert watched.hits("max_concurrent_requests") == 2
 
 
+async def take_every_stream(busy: ServerProcess, workers: Any) -> list[Any]:
+    """Open the two Work streams ``busy`` allows (max_concurrent_streams = 2), both registered."""
+    open_streams = []
+    for _ in range(2):
+        call = workers.Work()
+        await call.write(pb.WorkerMessage(register=pb.Register(pool="default", slots=1)))
+        assert (await call.read()).HasField("registered")
+        open_streams.append(call)
+    await poll(busy, "cronoq_streams_open", 2)
+    return open_streams
+
+
 async def test_concurrent_streams(busy: ServerProcess) -> None:
     """max_concurrent_streams = 2: two Work streams open, a third stream of any kind (Work, Watch, the
     HTTP event stream) is refused until one closes."""
@@ -387,13 +399,7 @@ async def test_concurrent_streams(busy: ServerProcess) -> None:
         aiohttp.ClientSession(base_url=busy.http) as session,
     ):
         watched = Watched(busy)
-        open_streams = []
-        for _ in range(2):
-            call = workers.Work()
-            await call.write(pb.WorkerMessage(register=pb.Register(pool="default", slots=1)))
-            assert (await call.read()).HasField("registered")
-            open_streams.append(call)
-        await poll(busy, "cronoq_streams_open", 2)
+        open_streams = await take_every_stream(busy, workers)
 
         third = workers.Work()
         with contextlib.suppress(grpc.aio.AioRpcError):  # refused as it opens, maybe before this write
@@ -424,13 +430,7 @@ async def test_a_worker_refused_for_streams_gets_the_reason_even_when_it_registe
     write in flight instead of the server's status; the server now takes the first message before
     refusing, so every worker learns why."""
     async with grpc_stubs(busy) as (_, workers, _):
-        open_streams = []
-        for _ in range(2):
-            call = workers.Work()
-            await call.write(pb.WorkerMessage(register=pb.Register(pool="default", slots=1)))
-            assert (await call.read()).HasField("registered")
-            open_streams.append(call)
-        await poll(busy, "cronoq_streams_open", 2)
+        open_streams = await take_every_stream(busy, workers)
         answers = await eager_worker_refusals(workers, "default")
         assert {code for code, _ in answers} == {grpc.StatusCode.RESOURCE_EXHAUSTED}, answers
         assert all("limits.max_concurrent_streams" in details for _, details in answers)
