@@ -9,7 +9,7 @@ import random
 import pytest
 
 from cronoq.engine import Dep, Engine, EngineLimits, PoolConfig, Priority, Semaphore, Status
-from cronoq.engine.stats import BINS, WindowStats, bin_value, duration_bin, quantile
+from cronoq.engine.stats import BINS, WindowStats, bin_all, bin_value, duration_bin, quantile
 
 from .helpers import FIXED, drain, make_engine, only_dispatch, run_one_at_a_time, spec, task_of
 
@@ -247,6 +247,29 @@ def test_each_bin_begins_at_its_octave_and_eighth() -> None:
         edge = 2.0**octave * (1.0 + sub / 8)
         assert duration_bin(edge * 1e-3) == index
         assert duration_bin(math.nextafter(edge, 0.0) * 1e-3) == index - 1
+
+
+def test_binning_samples_together_gives_each_the_bin_it_gets_alone() -> None:
+    """``bin_all`` (what a slice does with its waits and run times) agrees with ``duration_bin`` (bin 0
+    below 1 ms) on every sample: bin edges and the float just below each, sub-millisecond values,
+    values past the last edge, and random spreads."""
+    rng = random.Random(7)
+    edges = [2.0**octave * (1.0 + sub / 8) * 1e-3 for octave in range(31) for sub in range(8)]
+    cases = [
+        edges + [math.nextafter(e, 0.0) for e in edges],
+        [0.0, 0.0005, math.nextafter(1e-3, 0.0), 1e-3, 1e12, 1e12],
+        [rng.uniform(0.0, 0.004) for _ in range(500)],
+        [10 ** rng.uniform(-5.0, 7.0) for _ in range(2000)],
+        [0.0123] * 50,
+        [],
+    ]
+    for samples in cases:
+        expected = [0] * BINS
+        for value in samples:
+            expected[0 if value < 1e-3 else duration_bin(value)] += 1
+        counts = [0] * BINS
+        bin_all(counts, list(samples))
+        assert counts == expected
 
 
 def test_quantile_takes_the_bin_holding_the_rank() -> None:
