@@ -69,9 +69,9 @@ class Watcher:
     error: Exception | None = None
 
     def wants(self, event: StatusEvent) -> bool:
-        if not self.all_transitions and not event[0].terminal:
+        status, _, _, _, task = event
+        if not self.all_transitions and not status.terminal:
             return False
-        task = event[4]
         if self.pools is not None and task.spec.pool not in self.pools:
             return False
         if self.ids or self.keys:
@@ -174,7 +174,7 @@ class Runtime:
             held = self._held
             for action in actions:
                 if type(action) is tuple:  # a StatusEvent
-                    task = action[4]
+                    task = action[-1]  # (status, attempt, at, message, task)
                     changed[task.id] = task
                     held.append(action)
                 elif isinstance(action, ScheduleChanged):
@@ -329,8 +329,7 @@ class Runtime:
                 await asyncio.sleep(delay)
 
     def _on_event(self, event: StatusEvent) -> None:
-        status = event[0]
-        task = event[4]
+        status, _, _, _, task = event
         pool = task.spec.pool
         if status.terminal:
             key = (pool, status)

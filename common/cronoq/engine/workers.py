@@ -127,7 +127,7 @@ class PoolWorkers:
     def take(self, required: LabelSet) -> Worker | None:
         """Take a slot on a worker whose labels include ``required``, round-robin across groups and
         across the workers of a group; None if every such worker is full."""
-        groups = self._compatible.get(required) or self.compatible(required)
+        groups = self._compatible.get(required) or self.compatible(required)  # a cache hit without a call
         count = len(groups)
         start = self._rr
         self._rr = start + 1

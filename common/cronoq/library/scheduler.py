@@ -622,19 +622,19 @@ class Scheduler:
             # a plain tuple (see cronoq.engine.StatusEvent).
             if type(action) is tuple:
                 event: EngineEvent = action
-                status = event[0]
+                status, _, _, _, task = event
                 if status >= _SUCCEEDED:
                     if waiters:
-                        waiter = waiters.pop(event[4].id, None)
+                        waiter = waiters.pop(task.id, None)
                         if waiter is not None:
                             self._resolve(waiter, event)
                     if space:
-                        self._room(event[4].spec.pool)
+                        self._room(task.spec.pool)
                     if streams:
                         self._publish(event)
                 else:
                     if space and status is _RUNNING_STATUS:
-                        self._room(event[4].spec.pool)
+                        self._room(task.spec.pool)
                     if transitions and streams:
                         self._publish(event)
             elif type(action) is Dispatch:
