@@ -27,7 +27,7 @@ from cronoq.client import Client, task
 from tests.integration.serverproc import ServerProcess, running_server
 from tests.postgres import running_postgres
 
-from . import engine_bench, failover, grpc_ceiling, latency_floor, library, sharding
+from . import LOOP, engine_bench, failover, grpc_ceiling, latency_floor, library, on_loop, sharding
 from .grpc_ceiling import process_cpu_s
 from .worker import start_worker
 
@@ -165,7 +165,7 @@ def durable_drain(
     with tempfile.TemporaryDirectory() as tmp:
         body = POOL_CONFIG + store.replace("{tmp}", tmp)
         with running_server(Path(tmp), body, env=env) as server:
-            d = asyncio.run(drain(server, tasks, slots))
+            d = on_loop(drain(server, tasks, slots))
             print(
                 f"end-to-end drain, {name} store (fsync on): {d['tasks']:,.0f} tasks: {d['tasks_per_s']:,.0f} tasks/s "
                 f"(submit {d['submit_s']:.2f} s, total {d['total_s']:.2f} s)   target >= {target_rate:,}\n"
@@ -193,6 +193,10 @@ def main() -> None:
     )
     args = p.parse_args()
     stores = set(args.stores.split(","))
+    print(
+        f"event loop: {LOOP.name} (CRONOQ_EVENT_LOOP={os.environ.get('CRONOQ_EVENT_LOOP') or 'auto'})",
+        flush=True,
+    )
     if "library" in stores:
         library.report(args.library_tasks)
     if "memory" in stores:
@@ -256,14 +260,14 @@ def memory_figures(args: argparse.Namespace) -> None:
         flush=True,
     )
     with tempfile.TemporaryDirectory() as tmp, running_server(Path(tmp), POOL_CONFIG) as server:
-        d = asyncio.run(drain(server, args.tasks, args.slots))
+        d = on_loop(drain(server, args.tasks, args.slots))
         print(
             f"end-to-end drain: {d['tasks']:,.0f} no-op tasks, SubmitBatch x1000, 1 worker x {args.slots} slots: "
             f"{d['tasks_per_s']:,.0f} tasks/s (submit {d['submit_s']:.2f} s, total {d['total_s']:.2f} s)"
             f"   target >= 5,000\n{cpu_figures(d)}",
             flush=True,
         )
-        lat = asyncio.run(latency(server.target, args.rate, args.seconds))
+        lat = on_loop(latency(server.target, args.rate, args.seconds))
         print(
             f"submit->start latency at {args.rate:.0f} tasks/s ({lat['tasks']} tasks): p50 {lat['p50_ms']:.2f} ms, "
             f"p99 {lat['p99_ms']:.2f} ms, max {lat['max_ms']:.2f} ms   target p99 <= 2 ms",

@@ -18,6 +18,7 @@ import grpc
 from cronoq.v1 import cronoq_pb2 as pb
 from cronoq.v1 import cronoq_pb2_grpc as pbg
 
+from . import on_loop
 from .rawgrpc import free_port, serve, spawn
 
 
@@ -79,7 +80,7 @@ def run(n: int = 20_000, window: int = 64) -> tuple[float, float]:
     server = spawn("bench.grpc_ceiling", "--serve", str(port), "--n", str(n), "--window", str(window))
     try:
         before = process_cpu_s(server.pid)
-        rate = asyncio.run(_client(port, n))
+        rate = on_loop(_client(port, n))
         return rate, (process_cpu_s(server.pid) - before) / n * 1e6
     finally:
         server.kill()
@@ -93,7 +94,7 @@ if __name__ == "__main__":
     p.add_argument("--window", type=int, default=64)
     args = p.parse_args()
     if args.serve:
-        asyncio.run(_serve(args.serve, args.n, args.window))
+        on_loop(_serve(args.serve, args.n, args.window))
     else:
         rate, cpu_us = run(args.n, args.window)
         print(f"{rate:,.0f} round trips/s, {cpu_us:.0f} us of server CPU per round trip")

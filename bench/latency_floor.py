@@ -18,6 +18,7 @@ import grpc
 from cronoq.v1 import cronoq_pb2 as pb
 from cronoq.v1 import cronoq_pb2_grpc as pbg
 
+from . import on_loop
 from .rawgrpc import free_port, serve, spawn
 
 
@@ -79,7 +80,7 @@ def run(rate: float = 200.0, seconds: float = 10.0) -> list[float]:
     try:
         worker = spawn("bench.latency_floor", "--work", str(port), "--n", str(n))
         try:
-            asyncio.run(_produce(port, n, rate))
+            on_loop(_produce(port, n, rate))
             out, _ = worker.communicate(timeout=60)
         finally:
             worker.kill()
@@ -98,9 +99,9 @@ if __name__ == "__main__":
     p.add_argument("--rate", type=float, default=200.0)
     args = p.parse_args()
     if args.serve:
-        asyncio.run(_serve(args.serve))
+        on_loop(_serve(args.serve))
     elif args.work:
-        asyncio.run(_work(args.work, args.n))
+        on_loop(_work(args.work, args.n))
     else:
         ordered = sorted(run(args.rate, args.n / args.rate))
         p50, p99 = ordered[len(ordered) // 2], ordered[int(0.99 * len(ordered))]

@@ -16,11 +16,11 @@ Python configures it, as a user would have it. Nothing asserts: ``python -m benc
 from __future__ import annotations
 
 import argparse
-import asyncio
 import time
 
 import cronoq
 
+from . import on_loop
 from .engine_bench import baseline_loop_ns
 
 TARGET = 12_600
@@ -53,9 +53,9 @@ async def _drain(n: int, slots: int, handles: bool) -> tuple[float, float]:
 
 def run(n: int = 50_000, slots: int = 64, repeat: int = 3) -> dict[str, float]:
     """The best of ``repeat`` runs of each variant, after a short warm-up."""
-    asyncio.run(_drain(max(1, n // 10), slots, handles=False))
-    enqueue = min(asyncio.run(_drain(n, slots, handles=False)) for _ in range(repeat))
-    submit = min(asyncio.run(_drain(n, slots, handles=True)) for _ in range(repeat))
+    on_loop(_drain(max(1, n // 10), slots, handles=False))
+    enqueue = min(on_loop(_drain(n, slots, handles=False)) for _ in range(repeat))
+    submit = min(on_loop(_drain(n, slots, handles=True)) for _ in range(repeat))
     return {
         "tasks": n,
         "enqueue_per_s": n / enqueue[0],

@@ -9,7 +9,6 @@ when it dispatches. Nothing here asserts: the numbers are for people.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import os
 import statistics
 import time
@@ -24,6 +23,8 @@ from cronoq.logs import configure
 from shard.store.base import Batch
 from shard.store.postgres import PostgresStore
 from tests.postgres import running_postgres
+
+from . import on_loop
 
 SIZES = (1, 64, 1000)
 PAYLOAD = b"x" * 200
@@ -95,7 +96,7 @@ def main() -> None:
         {"CRONOQ_LOG": os.environ.get("CRONOQ_LOG", "warning")}
     )  # the store's info lines are noise here
     with running_postgres() as server:
-        asyncio.run(run(server.url, args.commits))
+        on_loop(run(server.url, args.commits))
 
 
 if __name__ == "__main__":

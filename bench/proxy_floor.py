@@ -10,7 +10,6 @@ router's own overhead (issue #4 asks for at most 1 ms).
 from __future__ import annotations
 
 import argparse
-import asyncio
 import statistics
 import time
 
@@ -19,6 +18,7 @@ import grpc
 from cronoq.v1 import cronoq_pb2 as pb
 from cronoq.v1 import cronoq_pb2_grpc as pbg
 
+from . import on_loop
 from .rawgrpc import free_port, serve, spawn
 
 
@@ -62,7 +62,7 @@ def run(n: int = 1000) -> tuple[float, float]:
     procs = [spawn("bench.proxy_floor", "--echo", str(echo_port))]
     try:
         procs.append(spawn("bench.proxy_floor", "--proxy", str(proxy_port), str(echo_port)))
-        return asyncio.run(_median_submit_s(echo_port, n)), asyncio.run(_median_submit_s(proxy_port, n))
+        return on_loop(_median_submit_s(echo_port, n)), on_loop(_median_submit_s(proxy_port, n))
     finally:
         for proc in procs:
             proc.kill()
@@ -75,10 +75,10 @@ if __name__ == "__main__":
     p.add_argument("--proxy", type=int, nargs=2, metavar=("PORT", "ECHO_PORT"))
     args = p.parse_args()
     if args.echo:
-        asyncio.run(serve(args.echo, lambda server: pbg.add_TasksServicer_to_server(_Echo(), server)))
+        on_loop(serve(args.echo, lambda server: pbg.add_TasksServicer_to_server(_Echo(), server)))
     elif args.proxy:
         port, echo_port = args.proxy
-        asyncio.run(serve(port, lambda server: pbg.add_TasksServicer_to_server(_Proxy(echo_port), server)))
+        on_loop(serve(port, lambda server: pbg.add_TasksServicer_to_server(_Proxy(echo_port), server)))
     else:
         direct, proxied = run()
         print(f"raw grpc.aio Submit: {direct * 1e3:.2f} ms direct, {proxied * 1e3:.2f} ms through a proxy")

@@ -18,7 +18,7 @@ from pathlib import Path
 from cronoq.client import Client, task
 from tests.integration.shardproc import ShardSpec, cluster_tables, new_cluster, router_process
 
-from . import proxy_floor
+from . import on_loop, proxy_floor
 from .worker import start_worker
 
 POOLS = {"a": "a1", "b": "b1"}
@@ -80,8 +80,8 @@ async def drain(target: str, pools: list[str], n: int, slots: int) -> float:
 
 def run(tasks: int, slots: int) -> None:
     with tempfile.TemporaryDirectory() as tmp, Cluster(Path(tmp)) as cluster:
-        direct = asyncio.run(submit_latency(cluster.shards["a"].target, 1000))
-        routed = asyncio.run(submit_latency(cluster.router.target, 1000))
+        direct = on_loop(submit_latency(cluster.shards["a"].target, 1000))
+        routed = on_loop(submit_latency(cluster.router.target, 1000))
         print(
             f"router overhead per Submit: p50 {direct * 1e3:.2f} ms direct to the shard, "
             f"{routed * 1e3:.2f} ms through the router: +{(routed - direct) * 1e3:.2f} ms   target <= 1 ms",
@@ -93,8 +93,8 @@ def run(tasks: int, slots: int) -> None:
             f"to a Submit ({raw * 1e3:.2f} ms direct, {proxied * 1e3:.2f} ms proxied; no routing or checks)",
             flush=True,
         )
-        one = asyncio.run(drain(cluster.shards["a"].target, ["a1"], tasks // 2, slots))
-        two = asyncio.run(drain(cluster.router.target, ["a1", "b1"], tasks, slots))
+        one = on_loop(drain(cluster.shards["a"].target, ["a1"], tasks // 2, slots))
+        two = on_loop(drain(cluster.router.target, ["a1", "b1"], tasks, slots))
         print(
             f"sharded drain: one shard {one:,.0f} tasks/s ({tasks // 2:,} tasks, direct); two shards through the "
             f"router (workers redirected) {two:,.0f} tasks/s ({tasks:,} tasks): {two / one:.2f}x   target >= 1.6x",

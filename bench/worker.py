@@ -12,6 +12,8 @@ import time
 
 from cronoq.client import Lease, Worker
 
+from . import on_loop
+
 
 async def main() -> None:
     p = argparse.ArgumentParser()
@@ -69,4 +71,4 @@ def start_worker(target: str, expect: int, slots: int, pool: str = "default") ->
 
 
 if __name__ == "__main__":
-    asyncio.run(main())
+    on_loop(main())

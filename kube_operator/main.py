@@ -16,7 +16,7 @@ from cronoq import __version__
 from cronoq.config import ConfigError
 from cronoq.config.startup import refuse
 from cronoq.logs import configure, get_logger
-from cronoq.process import serve_until_signalled
+from cronoq.process import choose_event_loop, serve_until_signalled
 
 from .config import OperatorConfig, check_token_file, load_operator_config
 from .kube import KubeApi, KubeTarget, in_cluster
@@ -155,10 +155,11 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     try:
         target = kube_target(args, os.environ)
+        loop = choose_event_loop()
     except ValueError as err:
         print(f"cronoq-operator: {err}", file=sys.stderr)
         return 1
-    asyncio.run(serve(config, target))
+    loop.run(serve(config, target))
     return 0
 
 

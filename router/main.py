@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import asyncio
 import os
 import sys
 
@@ -11,7 +10,7 @@ from cronoq import __version__
 from cronoq.config import Config, ConfigError, load_config
 from cronoq.config.startup import preflight, refuse
 from cronoq.logs import configure, get_logger
-from cronoq.process import serve_until_signalled
+from cronoq.process import choose_event_loop, serve_until_signalled
 
 log = get_logger("cronoq.router")
 
@@ -77,7 +76,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"configuration ok: {len(config.shards)} shard(s): {', '.join(s.name for s in config.shards)}")
         return 0
     try:
-        asyncio.run(serve(config))
+        loop = choose_event_loop()
+    except ValueError as err:
+        return refuse("cronoq-router: cannot start:", [err])
+    try:
+        loop.run(serve(config))
     except OSError as err:
         print(f"cronoq-router: cannot start: {err}", file=sys.stderr)
         return 1

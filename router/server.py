@@ -23,6 +23,7 @@ from cronoq.discovery import forwarding
 from cronoq.errors import ApiError, InvalidArgument, NotFound, PermissionDenied
 from cronoq.forward import WrongShard
 from cronoq.logs import get_logger
+from cronoq.process import running_loop_name
 from cronoq.shards import ShardMap
 from cronoq.tls import load_server_tls
 from cronoq.transport import take_first_message
@@ -157,6 +158,7 @@ class RouterServer:
             grpc_addr=cfg.router.grpc_addr,
             http_addr=cfg.router.http_addr,
             shards=[s.name for s in self.service.shards],
+            event_loop=running_loop_name(),
         )
 
     async def shutdown(self) -> None:

@@ -16,6 +16,7 @@ import cronoq
 from cronoq.client import Lease, Worker
 from cronoq.config import default_config
 from cronoq.logs import configure
+from cronoq.process import choose_event_loop
 
 from .server import ShardServer
 
@@ -72,7 +73,12 @@ async def run() -> None:
 def main() -> None:
     configure()
     try:
-        asyncio.run(run())
+        loop = choose_event_loop()
+    except ValueError as err:
+        print(f"make run: {err}", file=sys.stderr)
+        sys.exit(1)
+    try:
+        loop.run(run())
     except OSError as err:
         print(f"make run: cannot start: {err}", file=sys.stderr)
         sys.exit(1)

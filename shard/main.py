@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import asyncio
 import os
 import sys
 from importlib import resources
@@ -12,7 +11,7 @@ from cronoq import __version__
 from cronoq.config import Config, ConfigError, default_config, load_config, validate_config
 from cronoq.config.startup import preflight, refuse
 from cronoq.logs import configure, get_logger
-from cronoq.process import serve_until_signalled
+from cronoq.process import choose_event_loop, serve_until_signalled
 
 from .support import server_problems
 
@@ -111,7 +110,11 @@ def main(argv: list[str] | None = None) -> int:
         print(_checked(config))
         return 0
     try:
-        failure = asyncio.run(serve(config))
+        loop = choose_event_loop()
+    except ValueError as err:
+        return refuse("cronoq-server: cannot start:", [err])
+    try:
+        failure = loop.run(serve(config))
     except OSError as err:
         log.error("startup_failed", error=str(err))
         print(f"cronoq-server: cannot start: {err}", file=sys.stderr)

@@ -39,6 +39,7 @@ from cronoq.engine.model import (
 )
 from cronoq.errors import DataLoss, Unavailable
 from cronoq.logs import get_logger
+from cronoq.timers import call_no_earlier
 
 from .outputs import OutputCache
 from .store import Batch, Store, StoreError, StoreUnavailable
@@ -353,9 +354,8 @@ class Runtime:
             return
         if self._timer is not None:
             self._timer.cancel()
-        loop = asyncio.get_running_loop()
         self._timer_at = wake
-        self._timer = loop.call_later(max(0.0, wake - self.clock()), self._on_timer)
+        self._timer = call_no_earlier(asyncio.get_running_loop(), wake - self.clock(), self._on_timer)
 
     def _on_timer(self) -> None:
         self._timer = None

@@ -46,6 +46,7 @@ from cronoq.errors import Unavailable
 from cronoq.forward import Peers, write_forwarding
 from cronoq.limits import LimitHits
 from cronoq.logs import get_logger
+from cronoq.process import running_loop_name
 from cronoq.prometheus import Writer
 from cronoq.shards import ShardMap
 from cronoq.tls import ServerTls, load_server_tls
@@ -476,6 +477,7 @@ class ShardServer:
             http_addr=cfg.server.http_addr,
             pools=[p.name for p in self.engine_pools],
             auth=self.auth.enabled,
+            event_loop=running_loop_name(),
         )
 
     async def _close_unless_serving(self, request: web.Request, response: web.StreamResponse) -> None:

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 from cronoq import __version__
 from cronoq.errors import ApiError, Unavailable
+from cronoq.process import choose_event_loop
 
 if TYPE_CHECKING:
     from cronoq.client import Client, Snapshot
@@ -457,7 +458,11 @@ def main(argv: list[str] | None = None) -> int:
     except UsageError as err:
         p.error(str(err))  # exits 2, after the usage line, as argparse's own errors do
     try:
-        asyncio.run(run(args))
+        loop = choose_event_loop()
+    except ValueError as err:
+        p.error(str(err))
+    try:
+        loop.run(run(args))
     except ApiError as err:
         print(f"cronoq: {err.code}: {err.message}", file=sys.stderr)
         return 1

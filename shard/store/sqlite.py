@@ -203,6 +203,7 @@ class SqliteStore:
         self._executor: ThreadPoolExecutor | None = ThreadPoolExecutor(1, thread_name_prefix="cronoq-sqlite")
         self._conn: sqlite3.Connection | None = None  # used on the executor's thread only
         self._leadership: Leadership | None = None
+        self._stored_max_id = 0  # the id high-water mark as this leader last committed it
         self._live_rows = LiveRows()
         self._keeper: asyncio.Task[None] | None = None
 
@@ -230,6 +231,7 @@ class SqliteStore:
             await asyncio.sleep(self._lock_poll)
         await self._stop_keeper()
         self._live_rows.reset()
+        self._stored_max_id = 0
         leadership = self._leadership = Leadership(epoch)
         self._keeper = asyncio.create_task(self._keep_lease(leadership, started + self._lease_ttl))
         log.info("acquired cronoq leadership", epoch=epoch, holder=self._holder, path=self._path)
@@ -261,10 +263,11 @@ class SqliteStore:
                 (bytes(output), output_type, task_id) for task_id, output, output_type in batch.outputs
             ]
             schedules = schedule_changes(batch.schedules)
-            await self._run(
-                lambda: self._commit(updates, rows, outputs, schedules, batch.max_id, leadership.epoch)
-            )
+            max_id = batch.max_id if batch.max_id > self._stored_max_id else None
+            await self._run(lambda: self._commit(updates, rows, outputs, schedules, max_id, leadership.epoch))
             self._live_rows.committed(batch.tasks)
+            if max_id is not None:
+                self._stored_max_id = max_id
         except Fenced as err:
             leadership.lose(str(err))
             self._leadership = None
@@ -489,20 +492,29 @@ class SqliteStore:
         rows: list[Row],
         outputs: list[tuple[bytes, str, int]],
         schedules: tuple[list[Row], list[str]],
-        max_id: int,
+        max_id: int | None,
         epoch: int,
     ) -> None:
+        """One commit. Empty parts are skipped, and the id high-water mark is written only when it
+        rose (``max_id`` None otherwise): most commits carry outcomes alone, and each statement, and the
+        leader row's page in the write-ahead log, cost every commit."""
         with self._write() as conn:
             current = conn.execute("SELECT epoch FROM cronoq_leader WHERE id = 1").fetchone()[0]
             if current != epoch:
                 raise Fenced(f"fenced: the cronoq leader epoch is now {current}, this leader had {epoch}")
-            conn.executemany(_UPDATE_STATE, updates)
-            conn.executemany(_UPSERT, rows)
-            conn.executemany("UPDATE cronoq_tasks SET output = ?, output_type = ? WHERE id = ?", outputs)
+            if updates:
+                conn.executemany(_UPDATE_STATE, updates)
+            if rows:
+                conn.executemany(_UPSERT, rows)
+            if outputs:
+                conn.executemany("UPDATE cronoq_tasks SET output = ?, output_type = ? WHERE id = ?", outputs)
             upserts, deletes = schedules
-            conn.executemany(_UPSERT_SCHEDULE, upserts)
-            conn.executemany("DELETE FROM cronoq_recurring WHERE name = ?", [(name,) for name in deletes])
-            conn.execute("UPDATE cronoq_leader SET max_id = max(max_id, ?) WHERE id = 1", (max_id,))
+            if upserts:
+                conn.executemany(_UPSERT_SCHEDULE, upserts)
+            if deletes:
+                conn.executemany("DELETE FROM cronoq_recurring WHERE name = ?", [(name,) for name in deletes])
+            if max_id is not None:
+                conn.execute("UPDATE cronoq_leader SET max_id = max(max_id, ?) WHERE id = 1", (max_id,))
 
     def _recover(
         self, since_ns: int | None

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import re
 import signal
@@ -204,6 +205,33 @@ async def test_metrics_exposition(server: ServerProcess) -> None:
     assert 'cronoq_pool_reservations{pool="default"} 0' in text
     assert "cronoq_recurring_conflicts_total 0" in text
     assert "# TYPE cronoq_tasks_total counter" in text
+
+
+def _serving_event_loop(server: ServerProcess) -> str:
+    serving = [json.loads(line) for line in server.logs().splitlines() if '"event": "serving"' in line]
+    assert len(serving) == 1, server.logs()
+    return str(serving[0]["event_loop"])
+
+
+@pytest.mark.parametrize(("choice", "loop"), [("", "uvloop"), ("asyncio", "asyncio")])
+def test_the_server_runs_on_the_event_loop_chosen(tmp_path: Path, choice: str, loop: str) -> None:
+    """uvloop by default (a dependency on this platform), the standard loop when asked; the serving log
+    line says which, and the server works on either."""
+    with running_server(tmp_path, env={"CRONOQ_EVENT_LOOP": choice}) as server:
+        assert _serving_event_loop(server) == loop
+        with urllib.request.urlopen(f"{server.http}/v1/snapshot", timeout=5) as response:
+            assert response.status == 200
+
+
+def test_an_unknown_event_loop_is_refused_by_every_program(tmp_path: Path) -> None:
+    bad = environment(CRONOQ_EVENT_LOOP="tokio")
+    message = "CRONOQ_EVENT_LOOP='tokio': expected one of auto, uvloop, asyncio"
+    out = run_server_cli(env=bad)
+    assert out.returncode == 1 and out.stderr == f"cronoq-server: cannot start:\n  - {message}\n"
+    cli = subprocess.run(
+        [sys.executable, "-m", "cronoq.cli", "snapshot"], capture_output=True, text=True, timeout=60, env=bad
+    )
+    assert cli.returncode == 2 and f"cronoq: error: {message}" in cli.stderr
 
 
 def test_version_flags() -> None:

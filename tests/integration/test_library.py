@@ -8,6 +8,7 @@ slower, not flaky. Waits are bounded by ``within``.
 from __future__ import annotations
 
 import asyncio
+import inspect
 import subprocess
 import sys
 import textwrap
@@ -29,6 +30,7 @@ from cronoq import (
     TaskContext,
     TaskFailed,
 )
+from cronoq.process import EVENT_LOOP_ENV, choose_event_loop
 
 T = TypeVar("T")
 
@@ -240,3 +242,17 @@ def test_library_mode_in_a_fresh_process() -> None:
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "[0, 1, 4, 9, 16]"
+
+
+_TIMED = [
+    name
+    for name, test in list(globals().items())
+    if name.startswith("test_") and inspect.iscoroutinefunction(test)
+]
+
+
+@pytest.mark.parametrize("name", _TIMED)
+def test_on_uvloop(name: str) -> None:
+    """Each test above again on uvloop (pytest-asyncio runs them on asyncio's loop): library mode runs on
+    its caller's loop, and uvloop's timers, unlike asyncio's, can fire early (see cronoq.timers)."""
+    choose_event_loop({EVENT_LOOP_ENV: "uvloop"}).run(globals()[name]())

@@ -47,6 +47,7 @@ from cronoq.engine import (
 from cronoq.engine import StatusEvent as EngineEvent
 from cronoq.engine import SubmitError as EngineSubmitError
 from cronoq.errors import Permanent, Retryable
+from cronoq.timers import call_no_earlier
 
 from . import validate
 from .context import Capacity, TaskContext
@@ -681,7 +682,7 @@ class Scheduler:
         if self._timer is not None:
             self._timer.cancel()
         self._timer_at = wake
-        self._timer = self._loop.call_later(max(0.0, wake - _time()), self._on_timer)
+        self._timer = call_no_earlier(self._loop, wake - _time(), self._on_timer)
 
     def _on_timer(self) -> None:
         self._timer = None
