@@ -27,7 +27,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
-from tests.integration.serverproc import free_ports
+from tests.ports import free_ports
 
 from .compose_image import REPO, VENV_BIN, DockerIgnore, Image, local_program
 from .compose_model import Project, Service

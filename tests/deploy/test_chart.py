@@ -23,8 +23,9 @@ import pytest
 import yaml
 
 from cronoq.shards import SHARD_SHIFT
-from tests.integration.serverproc import ServerProcess, free_ports
+from tests.integration.serverproc import ServerProcess
 from tests.pki import issue, new_ca
+from tests.ports import free_ports
 
 from .chart_render import (
     CHART,

@@ -17,7 +17,7 @@ from functools import partial
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-import jsonschema  # type: ignore[import-untyped]  # no types-jsonschema among the dev dependencies
+import jsonschema
 import psycopg
 import pytest
 import yaml

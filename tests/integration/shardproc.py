@@ -15,7 +15,9 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from .serverproc import ServerProcess, free_ports, write_config
+from tests.ports import free_ports
+
+from .serverproc import ServerProcess, write_config
 
 
 @dataclass(frozen=True, slots=True)

@@ -20,10 +20,11 @@ from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 from grpc_tools import protoc
 
 from cronoq.client import Client, Lease
+from tests.ports import free_port
 
 from . import test_tls
 from .helpers import worker
-from .serverproc import ServerProcess, free_port, running_server
+from .serverproc import ServerProcess, running_server
 from .test_auth import CLIENT, METRICS, WORKER
 from .test_auth import CONFIG as AUTH_CONFIG
 from .test_tls import Pki, _tls_config

@@ -33,8 +33,9 @@ import pytest
 
 from cronoq.v1 import cronoq_pb2 as pb
 from cronoq.v1 import cronoq_pb2_grpc as pbg
+from tests.ports import free_port
 
-from .serverproc import ServerProcess, free_port, running_server
+from .serverproc import ServerProcess, running_server
 from .shardproc import ShardSpec, cluster_tables, router_process
 
 pytestmark = pytest.mark.asyncio

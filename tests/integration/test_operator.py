@@ -1,5 +1,5 @@
 """``cronoq-operator`` as a real process between a real ``cronoq-server`` and a fake Kubernetes API
-(:mod:`.kube_fake`, its own process): Deployments follow their pool's desired capacity through the scale
+(:mod:`tests.kube_fake`, its own process): Deployments follow their pool's desired capacity through the scale
 subresource, and every case the operator must not scale in is left alone with a status that says why."""
 
 from __future__ import annotations
@@ -17,9 +17,10 @@ import grpc
 import pytest
 
 from cronoq.client import Client, task
+from tests.kube_fake import FakeKube
 from tests.pki import issue, new_ca
 
-from .operator_proc import FakeKube, OperatorProcess, until
+from .operator_proc import OperatorProcess, until
 from .serverproc import ServerProcess, new_server
 
 pytestmark = pytest.mark.asyncio

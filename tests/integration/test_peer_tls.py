@@ -18,8 +18,9 @@ from cronoq.client import Client
 from cronoq.errors import FailedPrecondition, Unavailable
 from cronoq.shards import SHARD_SHIFT
 from tests.pki import issue, new_ca
+from tests.ports import free_ports
 
-from .serverproc import ServerProcess, free_ports, write_config
+from .serverproc import ServerProcess, write_config
 from .shardproc import ShardSpec, cluster_tables
 from .test_tls import Pki, _https, _tls_config
 

@@ -18,9 +18,10 @@ import pytest
 from cronoq.client import Client, Lease, task
 from cronoq.errors import NotFound, Unavailable
 from cronoq.shards import SHARD_SHIFT
+from tests.ports import free_ports
 
 from .helpers import scrape_metrics, watch_while, worker
-from .serverproc import ServerProcess, free_ports, write_config
+from .serverproc import ServerProcess, write_config
 from .shardproc import ShardSpec, cluster_tables, router_process
 
 pytestmark = pytest.mark.asyncio

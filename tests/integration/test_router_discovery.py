@@ -15,8 +15,9 @@ import pytest
 
 from cronoq.discovery import LeaderFinder
 from cronoq.shards import Shard, ShardMap
+from tests.ports import free_port
 
-from .serverproc import ServerProcess, free_port, leader_and_standby, new_server
+from .serverproc import ServerProcess, leader_and_standby, new_server
 
 pytestmark = pytest.mark.asyncio
 

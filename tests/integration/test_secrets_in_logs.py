@@ -29,9 +29,10 @@ from aiohttp import web
 from cronoq.client import Client, ClientError, Lease
 from cronoq.v1 import cronoq_pb2 as pb
 from cronoq.v1 import cronoq_pb2_grpc as pbg
+from tests.ports import free_port
 
 from .helpers import worker
-from .serverproc import free_port, new_server
+from .serverproc import new_server
 
 pytestmark = pytest.mark.asyncio
 

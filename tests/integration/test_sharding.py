@@ -36,9 +36,10 @@ from cronoq.errors import (
 )
 from cronoq.v1 import cronoq_pb2 as pb
 from cronoq.v1 import cronoq_pb2_grpc as pbg
+from tests.ports import free_ports
 
 from .helpers import Metrics, eager_worker_refusals, scrape_metrics, watch_while, worker
-from .serverproc import ServerProcess, free_ports, write_config
+from .serverproc import ServerProcess, write_config
 from .shardproc import ShardSpec, cluster_tables, router_process, running_cluster
 
 pytestmark = pytest.mark.asyncio

@@ -14,8 +14,9 @@ import pytest
 from cronoq.client import Client, ClientError
 from cronoq.errors import PermissionDenied, Unauthenticated
 from tests.pki import issue, new_ca
+from tests.ports import free_ports
 
-from .serverproc import ServerProcess, free_ports, running_server, write_config
+from .serverproc import ServerProcess, running_server, write_config
 
 pytestmark = pytest.mark.asyncio
 

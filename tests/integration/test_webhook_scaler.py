@@ -16,8 +16,9 @@ import pytest
 from aiohttp import web
 
 from cronoq.client import Client, task
+from tests.ports import free_port
 
-from .serverproc import ServerProcess, free_port, new_server
+from .serverproc import ServerProcess, new_server
 
 pytestmark = pytest.mark.asyncio
 

@@ -19,8 +19,7 @@ from kube_operator.config import OperatorConfig, ServerEntry
 from kube_operator.kube import KubeApi, KubeError, KubeTarget
 from kube_operator.readings import Unknown
 from kube_operator.reconciler import Reconciler
-from tests.integration.kube_fake import make_app
-from tests.integration.operator_proc import FakeKube
+from tests.kube_fake import FakeKube, make_app
 
 TOKEN = "kube-token-0123456789"
 CONFIG = OperatorConfig(

@@ -19,7 +19,7 @@ from cronoq.v1 import cronoq_pb2 as pb
 from kube_operator.config import OperatorConfig, ServerEntry
 from kube_operator.readings import Unknown
 from kube_operator.servers import Servers, ServerSource
-from tests.integration.serverproc import free_port
+from tests.ports import free_port
 from tests.unit.client.scripted import ApiServer, Refusal, serve
 from tests.unit.operator.operator_pki import OperatorPki
 

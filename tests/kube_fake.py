@@ -1,6 +1,6 @@
-"""A fake Kubernetes API server for the operator's integration tests, run as its own process:
+"""A fake Kubernetes API server for the operator's tests, run as its own process:
 
-    python -m tests.integration.kube_fake --port PORT [--cert PEM --key PEM] [--page-size N]
+    python -m tests.kube_fake --port PORT [--cert PEM --key PEM] [--page-size N]
 
 with the bearer token it accepts in ``KUBE_FAKE_TOKEN``. It keeps ``CronoqWorkerScaler`` resources and
 Deployments in memory and serves what the operator uses, the way the API server does: lists (cluster-wide
@@ -15,14 +15,25 @@ not do. ``GET /_fake/ready`` needs no token.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import itertools
 import json
 import os
 import ssl
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
+import aiohttp
 from aiohttp import web
+
+from tests.ports import free_port
 
 SCALERS = "/apis/cronoq.io/v1alpha1"
 APPS = "/apis/apps/v1"
@@ -247,6 +258,117 @@ def make_app(token: str, page_size: int = 0) -> web.Application:
     app.router.add_get("/_fake/requests", api.recorded)
     app.router.add_get("/_fake/ready", api.ready)
     return app
+
+
+@dataclass
+class FakeKube:
+    """The fake API server process; :meth:`start` runs it, the other methods talk to it."""
+
+    directory: Path
+    token: str
+    page_size: int = 0
+    cert: tuple[Path, Path] | None = None  # (certificate, key): serve https
+    ca: Path | None = None  # trusted by the test's own calls over https
+    port: int = field(default_factory=free_port)
+    proc: subprocess.Popen[bytes] | None = None
+    _session: aiohttp.ClientSession | None = None
+
+    @property
+    def url(self) -> str:
+        return f"{'https' if self.cert else 'http'}://127.0.0.1:{self.port}"
+
+    @property
+    def token_file(self) -> Path:
+        return self.directory / "kube-token"
+
+    def start(self, timeout: float = 10.0) -> None:
+        self.directory.mkdir(parents=True, exist_ok=True)
+        self.token_file.write_text(self.token + "\n")
+        command = [sys.executable, "-m", "tests.kube_fake", "--port", str(self.port)]
+        command += ["--page-size", str(self.page_size)]
+        if self.cert is not None:
+            command += ["--cert", str(self.cert[0]), "--key", str(self.cert[1])]
+        log = (self.directory / "kube.log").open("ab")
+        self.proc = subprocess.Popen(
+            command, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "KUBE_FAKE_TOKEN": self.token}
+        )
+        context = ssl.create_default_context(cafile=str(self.ca)) if self.ca else None
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"the fake Kubernetes API exited with {self.proc.returncode}")
+            with (
+                contextlib.suppress(OSError, urllib.error.URLError),
+                urllib.request.urlopen(f"{self.url}/_fake/ready", timeout=1, context=context) as r,
+            ):
+                if r.status == 200:
+                    return
+            time.sleep(0.05)
+        self.proc.kill()  # a failed start has no cleanup to stop it
+        self.proc.wait(10)
+        raise TimeoutError(f"the fake Kubernetes API did not start within {timeout} s")
+
+    async def stop(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            self.proc.wait(10)
+
+    async def call(self, method: str, path: str, body: object = None, *, patch: bool = False) -> Any:
+        if self._session is None:
+            ssl_option: ssl.SSLContext | bool = (
+                ssl.create_default_context(cafile=str(self.ca)) if self.ca else True
+            )
+            self._session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(ssl=ssl_option))
+        headers = {"Authorization": f"Bearer {self.token}"}
+        if patch:
+            headers["Content-Type"] = "application/merge-patch+json"
+        async with self._session.request(
+            method, self.url + path, json=body, headers=headers, timeout=aiohttp.ClientTimeout(total=5)
+        ) as response:
+            answer = await response.json()
+            assert response.status < 400, (method, path, response.status, answer)
+            return answer
+
+    async def create_deployment(self, namespace: str, name: str, replicas: int) -> None:
+        body = {
+            "apiVersion": "apps/v1",
+            "kind": "Deployment",
+            "metadata": {"name": name},
+            "spec": {"replicas": replicas},
+        }
+        await self.call("POST", f"{APPS}/namespaces/{namespace}/deployments", body)
+
+    async def create_scaler(self, namespace: str, name: str, spec: dict[str, Any]) -> None:
+        body = {
+            "apiVersion": "cronoq.io/v1alpha1",
+            "kind": "CronoqWorkerScaler",
+            "metadata": {"name": name},
+            "spec": spec,
+        }
+        await self.call("POST", f"{SCALERS}/namespaces/{namespace}/cronoqworkerscalers", body)
+
+    async def patch_scaler(self, namespace: str, name: str, patch: dict[str, Any]) -> None:
+        await self.call(
+            "PATCH", f"{SCALERS}/namespaces/{namespace}/cronoqworkerscalers/{name}", patch, patch=True
+        )
+
+    async def scaler_status(self, namespace: str, name: str) -> dict[str, Any]:
+        obj = await self.call("GET", f"{SCALERS}/namespaces/{namespace}/cronoqworkerscalers/{name}")
+        return dict(obj.get("status", {}))
+
+    async def replicas(self, namespace: str, deployment: str) -> int:
+        obj = await self.call("GET", f"{APPS}/namespaces/{namespace}/deployments/{deployment}")
+        return int(obj["spec"]["replicas"])
+
+    async def operator_requests(self) -> list[tuple[str, str]]:
+        """Every request the operator made so far (told from the test's own by its user agent), in order."""
+        return [
+            (entry["method"], entry["path"])
+            for entry in await self.call("GET", "/_fake/requests")
+            if entry["agent"].startswith("cronoq-operator/")
+        ]
 
 
 def main() -> None:
