@@ -252,11 +252,11 @@ def memory_figures(args: argparse.Namespace) -> None:
         f"4,000 tasks {large:.3f} s ({large / small:.1f}x for 4x the tasks: linear is 4x, quadratic 16x)",
         flush=True,
     )
-    ceiling, ceiling_cpu = grpc_ceiling.run(args.tasks)
+    ceiling, server_us, client_us = grpc_ceiling.run(args.tasks)
     print(
         f"transport ceiling: raw grpc.aio Work-stream round trips between two processes: {ceiling:,.0f}/s, "
-        f"{ceiling_cpu:.0f} us of CPU per round trip on the serving side "
-        "(no scheduler; the end-to-end drain cannot exceed this)",
+        f"CPU per round trip {server_us:.0f} us serving, {client_us:.0f} us as the client "
+        "(no scheduler; the end-to-end drain cannot exceed this, nor its CPU per task go below it)",
         flush=True,
     )
     with tempfile.TemporaryDirectory() as tmp, running_server(Path(tmp), POOL_CONFIG) as server:

@@ -73,15 +73,17 @@ async def _client(port: int, n: int) -> float:
         return n / (time.perf_counter() - start)
 
 
-def run(n: int = 20_000, window: int = 64) -> tuple[float, float]:
+def run(n: int = 20_000, window: int = 64) -> tuple[float, float, float]:
     """Round trips per second between two processes on this machine, and the CPU microseconds the
-    serving process spent per round trip (the price of the transport alone, on each side)."""
+    serving process and the client (this process) each spent per round trip: the price of the transport
+    alone on each side, the floor under the server's and a worker's CPU per task."""
     port = free_port()
     server = spawn("bench.grpc_ceiling", "--serve", str(port), "--n", str(n), "--window", str(window))
     try:
-        before = process_cpu_s(server.pid)
+        before, own_before = process_cpu_s(server.pid), time.process_time()
         rate = on_loop(_client(port, n))
-        return rate, (process_cpu_s(server.pid) - before) / n * 1e6
+        own = time.process_time() - own_before
+        return rate, (process_cpu_s(server.pid) - before) / n * 1e6, own / n * 1e6
     finally:
         server.kill()
         server.wait()
@@ -96,5 +98,7 @@ if __name__ == "__main__":
     if args.serve:
         on_loop(_serve(args.serve, args.n, args.window))
     else:
-        rate, cpu_us = run(args.n, args.window)
-        print(f"{rate:,.0f} round trips/s, {cpu_us:.0f} us of server CPU per round trip")
+        rate, server_us, client_us = run(args.n, args.window)
+        print(
+            f"{rate:,.0f} round trips/s, CPU per round trip: server {server_us:.0f} us, client {client_us:.0f} us"
+        )
