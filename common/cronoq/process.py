@@ -21,7 +21,7 @@ EVENT_LOOP_CHOICES = ("auto", "uvloop", "asyncio")
 class EventLoop:
     """The event loop a process runs on: ``uvloop`` or the standard library's ``asyncio``.
 
-    uvloop is the default where it is installed (every platform but Windows, as a dependency): grpc.aio
+    uvloop is the default where it is installed (a dependency on CPython everywhere but Windows): grpc.aio
     wakes the loop from its poller thread for every message, and uvloop's wake-up and callback
     scheduling cost less than asyncio's. ``make bench`` measured about 25% more raw gRPC round trips per
     second and 10-16% more end-to-end drain throughput on this project's reference machine.
