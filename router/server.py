@@ -14,19 +14,18 @@ import grpc
 from aiohttp import web
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
-from cronoq.api.grpc_api import AdminServicer, Ctx, TasksServicer, authorize, call
+from cronoq.api.grpc_api import AdminServicer, Ctx, TasksServicer, authorize_worker, call
 from cronoq.api.http_api import build_http_app
 from cronoq.api.limits import LimitsInterceptor, RequestLimits, grpc_server_options
-from cronoq.auth import Authenticator, Role
+from cronoq.auth import Authenticator
 from cronoq.config import Config
 from cronoq.discovery import forwarding
-from cronoq.errors import ApiError, InvalidArgument, NotFound, PermissionDenied
+from cronoq.errors import InvalidArgument, NotFound, PermissionDenied
 from cronoq.forward import WrongShard
 from cronoq.logs import get_logger
 from cronoq.process import running_loop_name
 from cronoq.shards import ShardMap
 from cronoq.tls import load_server_tls
-from cronoq.transport import take_first_message
 from cronoq.v1 import cronoq_pb2_grpc as pbg
 
 from . import metrics
@@ -44,11 +43,7 @@ class RedirectWorkers(pbg.WorkersServicer):  # type: ignore[misc]
 
     async def Work(self, request_iterator: object, context: Ctx) -> None:
         async def run() -> None:
-            try:
-                caller = authorize(self.service, context, Role.WORKER)
-            except ApiError:
-                await take_first_message(context)
-                raise
+            caller = await authorize_worker(self.service, context)
             first = await context.read()
             if first is grpc.aio.EOF or first.WhichOneof("msg") != "register":
                 raise InvalidArgument("register: the first message of a Work stream must be register")

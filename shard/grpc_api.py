@@ -5,11 +5,11 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from cronoq.api.grpc_api import Ctx, authorize, call
-from cronoq.auth import Principal, Role
+from cronoq.api.grpc_api import Ctx, authorize_worker, call
+from cronoq.auth import Principal
 from cronoq.errors import ApiError
 from cronoq.logs import get_logger
-from cronoq.transport import grpc_status, take_first_message
+from cronoq.transport import grpc_status
 from cronoq.v1 import cronoq_pb2_grpc as pbg
 
 from .service import Service
@@ -26,11 +26,7 @@ class WorkersServicer(pbg.WorkersServicer):  # type: ignore[misc]
 
     async def Work(self, request_iterator: object, context: Ctx) -> None:
         async def run() -> None:
-            try:
-                caller = authorize(self.service, context, Role.WORKER)
-            except ApiError:
-                await take_first_message(context)
-                raise
+            caller = await authorize_worker(self.service, context)
             stream = self.make_stream(context, caller)
             self.streams.add(stream)
             try:

@@ -58,10 +58,14 @@ def choose_event_loop(env: Mapping[str, str] = os.environ) -> EventLoop:
     return EventLoop("asyncio", asyncio.new_event_loop)
 
 
+def is_uvloop(loop: asyncio.AbstractEventLoop) -> bool:
+    """Whether ``loop`` is uvloop's (told by its class, so without importing uvloop)."""
+    return type(loop).__module__.startswith("uvloop")
+
+
 def running_loop_name() -> str:
     """``uvloop`` or ``asyncio``: which kind of loop runs the calling coroutine (for the startup log)."""
-    module = type(asyncio.get_running_loop()).__module__
-    return "uvloop" if module.startswith("uvloop") else "asyncio"
+    return "uvloop" if is_uvloop(asyncio.get_running_loop()) else "asyncio"
 
 
 async def serve_until_signalled(

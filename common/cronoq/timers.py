@@ -14,6 +14,8 @@ import asyncio
 import math
 from collections.abc import Callable
 
+from cronoq.process import is_uvloop
+
 # uvloop: the rounding (up to half a millisecond early) and the truncated clock (up to a whole one).
 _MS = 0.001
 
@@ -25,6 +27,6 @@ def call_no_earlier(
     delay is rounded up to a whole millisecond, plus one (a timer then fires 1-2 ms late, about as late
     as asyncio's do)."""
     delay = max(0.0, delay)
-    if type(loop).__module__.startswith("uvloop"):
+    if is_uvloop(loop):
         delay = math.ceil(delay / _MS) * _MS + _MS
     return loop.call_later(delay, callback)

@@ -502,17 +502,16 @@ class SqliteStore:
             current = conn.execute("SELECT epoch FROM cronoq_leader WHERE id = 1").fetchone()[0]
             if current != epoch:
                 raise Fenced(f"fenced: the cronoq leader epoch is now {current}, this leader had {epoch}")
-            if updates:
-                conn.executemany(_UPDATE_STATE, updates)
-            if rows:
-                conn.executemany(_UPSERT, rows)
-            if outputs:
-                conn.executemany("UPDATE cronoq_tasks SET output = ?, output_type = ? WHERE id = ?", outputs)
             upserts, deletes = schedules
-            if upserts:
-                conn.executemany(_UPSERT_SCHEDULE, upserts)
-            if deletes:
-                conn.executemany("DELETE FROM cronoq_recurring WHERE name = ?", [(name,) for name in deletes])
+            for statement, params in (
+                (_UPDATE_STATE, updates),
+                (_UPSERT, rows),
+                ("UPDATE cronoq_tasks SET output = ?, output_type = ? WHERE id = ?", outputs),
+                (_UPSERT_SCHEDULE, upserts),
+                ("DELETE FROM cronoq_recurring WHERE name = ?", [(name,) for name in deletes]),
+            ):
+                if params:
+                    conn.executemany(statement, params)
             if max_id is not None:
                 conn.execute("UPDATE cronoq_leader SET max_id = max(max_id, ?) WHERE id = 1", (max_id,))
 

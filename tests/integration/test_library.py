@@ -244,6 +244,39 @@ def test_library_mode_in_a_fresh_process() -> None:
     assert done.stdout.strip() == "[0, 1, 4, 9, 16]"
 
 
+async def _wakes_before_deadline() -> list[tuple[float, float]]:
+    """Retries with backoffs of fractions of a millisecond, so that the scheduler arms its engine timer
+    for deadlines that do not fall on whole milliseconds: every timer callback that ran before the
+    deadline it was armed for, as (now, deadline)."""
+    early: list[tuple[float, float]] = []
+
+    async def flaky(ctx: TaskContext, payload: object) -> object:
+        if ctx.attempt < 8:
+            raise Retryable("again")
+        return ctx.attempt
+
+    retry = RetryPolicy(max_attempts=8, initial_backoff=0.0003, multiplier=1.7, jitter=False)
+    async with Scheduler([Pool("default", flaky, autoscale=False, retry=retry)]) as scheduler:
+        on_timer = scheduler._on_timer
+
+        def checked() -> None:
+            deadline, now = scheduler._timer_at, time.time()
+            if deadline is not None and now < deadline:
+                early.append((now, deadline))
+            on_timer()
+
+        scheduler._on_timer = checked  # type: ignore[method-assign]
+        handles = [await scheduler.submit(n) for n in range(10)]
+        assert [await within(handle) for handle in handles] == [8] * 10
+    return early
+
+
+def test_on_uvloop_the_engine_timer_never_fires_before_its_deadline() -> None:
+    """Library mode arms its engine timer through ``call_no_earlier``: a plain ``call_later`` fires up to
+    a millisecond early on uvloop, and the scheduler would then spin until the deadline passed."""
+    assert choose_event_loop({EVENT_LOOP_ENV: "uvloop"}).run(_wakes_before_deadline()) == []
+
+
 _TIMED = [
     name
     for name, test in list(globals().items())

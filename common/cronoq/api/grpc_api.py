@@ -13,7 +13,14 @@ from cronoq.auth import Principal, Role
 from cronoq.errors import ApiError
 from cronoq.logs import get_logger
 from cronoq.routing import Watch, serving
-from cronoq.transport import OUTPUT_TYPE_KEY, UNAVAILABLE_SHARDS_KEY, bearer, forwarded, grpc_status
+from cronoq.transport import (
+    OUTPUT_TYPE_KEY,
+    UNAVAILABLE_SHARDS_KEY,
+    bearer,
+    forwarded,
+    grpc_status,
+    take_first_message,
+)
 from cronoq.v1 import cronoq_pb2 as pb
 from cronoq.v1 import cronoq_pb2_grpc as pbg
 
@@ -27,6 +34,16 @@ log = get_logger("cronoq.grpc")
 def authorize(service: RequestHandler, context: Ctx, role: Role) -> Principal:
     metadata = context.invocation_metadata()
     return service.authorize(bearer(metadata), role, forwarded(metadata), cert_dns_names(context))
+
+
+async def authorize_worker(service: RequestHandler, context: Ctx) -> Principal:
+    """``authorize`` for a Workers.Work call (shard or router): a refused worker has its Register taken
+    first (``take_first_message``), so that it gets this status rather than INTERNAL."""
+    try:
+        return authorize(service, context, Role.WORKER)
+    except ApiError:
+        await take_first_message(context)
+        raise
 
 
 def cert_dns_names(context: Ctx) -> list[str]:
