@@ -13,23 +13,29 @@
 FROM debian:13-slim AS build
 
 # Unpinned on purpose: this stage never ships, Debian 13 keeps these packages on Python 3.13, and a
-# pinned point version stops building whenever Debian replaces it with a security update.
+# pinned point version stops building whenever Debian replaces it with a security update. The C
+# compiler, the C library's headers and Python's headers are for mypyc, which compiles the engine.
 # hadolint ignore=DL3008
 RUN apt-get update \
-    && apt-get install -y --no-install-recommends python3 python3-venv \
+    && apt-get install -y --no-install-recommends python3 python3-venv python3-dev gcc libc6-dev \
     && rm -rf /var/lib/apt/lists/*
+
+# The image ships the compiled engine (setup.py): fail the build rather than fall back to the sources.
+ENV CRONOQ_COMPILE=1
 
 WORKDIR /src
 # What `pip wheel` needs: the project metadata (pyproject.toml names README.md as the long
-# description) and every folder [tool.setuptools] package-dir maps to a package.
-COPY pyproject.toml README.md ./
+# description), the build hook that compiles the engine, and every folder [tool.setuptools]
+# package-dir maps to a package.
+COPY pyproject.toml setup.py README.md ./
 COPY common ./common
 COPY proto ./proto
 COPY shard ./shard
 COPY router ./router
 COPY kube_operator ./kube_operator
 
-# Build the wheel, install it and its dependencies (binary wheels: grpcio, protobuf, psycopg[binary])
+# Build the wheel (pip fetches setuptools and mypy, whose mypyc compiles the engine, into an isolated
+# build environment), install it and its dependencies (binary wheels: grpcio, protobuf, psycopg[binary])
 # into the venv, drop pip and setuptools (not needed at run time), then compile the byte-code once,
 # here: unchecked-hash .pyc files are used as they are, whatever the sources' timestamps, so the running
 # server never has to write byte-code (it could not: PYTHONDONTWRITEBYTECODE below, and a read-only

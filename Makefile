@@ -23,7 +23,8 @@ help:
 	@echo "make bench  - engine, transport, drain, latency, sharding, durable stores, failover (numbers printed)"
 	@echo "make proto  - regenerate proto/cronoq/v1/*_pb2*.py from proto/cronoq/v1/cronoq.proto"
 
-$(STAMP): pyproject.toml
+# The engine is compiled with mypyc at install time (setup.py): a change to its sources reinstalls.
+$(STAMP): pyproject.toml setup.py $(wildcard common/cronoq/engine/*.py)
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet -e '.[dev]'
@@ -38,7 +39,7 @@ test: $(STAMP) $(HELM) $(COMPOSE_SCHEMA)
 lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
-	$(BIN)/mypy common shard router kube_operator bench tests compose dashboards
+	$(BIN)/mypy setup.py common shard router kube_operator bench tests compose dashboards
 
 bench: $(STAMP)
 	$(BIN)/python -m bench

@@ -24,6 +24,7 @@ import urllib.request
 from pathlib import Path
 
 from cronoq.client import Client, task
+from cronoq.engine import compiled
 from tests.integration.serverproc import ServerProcess, running_server
 from tests.postgres import running_postgres
 
@@ -194,7 +195,8 @@ def main() -> None:
     args = p.parse_args()
     stores = set(args.stores.split(","))
     print(
-        f"event loop: {LOOP.name} (CRONOQ_EVENT_LOOP={os.environ.get('CRONOQ_EVENT_LOOP') or 'auto'})",
+        f"event loop: {LOOP.name} (CRONOQ_EVENT_LOOP={os.environ.get('CRONOQ_EVENT_LOOP') or 'auto'}); "
+        f"engine: {'compiled with mypyc' if compiled() else 'interpreted (built with CRONOQ_COMPILE=0 or no C compiler)'}",
         flush=True,
     )
     if "library" in stores:

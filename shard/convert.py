@@ -14,7 +14,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from cronoq.engine.model import (
-    NO_RESOURCES,
     Dep,
     DepOn,
     MissPolicy,
@@ -27,6 +26,7 @@ from cronoq.engine.model import (
     Task,
     TaskSpec,
 )
+from cronoq.engine.readonly import NO_RESOURCES
 from cronoq.errors import InvalidArgument, NotFound
 from cronoq.limits import exceeded
 from cronoq.v1 import cronoq_pb2 as pb

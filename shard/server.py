@@ -41,7 +41,7 @@ from cronoq.auth import Authenticator, Principal
 from cronoq.config import Config
 from cronoq.config.model import WebhookScaler
 from cronoq.discovery import LeaderFinder, forwarding
-from cronoq.engine import Engine
+from cronoq.engine import Engine, compiled
 from cronoq.errors import Unavailable
 from cronoq.forward import Peers, write_forwarding
 from cronoq.limits import LimitHits
@@ -478,6 +478,7 @@ class ShardServer:
             pools=[p.name for p in self.engine_pools],
             auth=self.auth.enabled,
             event_loop=running_loop_name(),
+            engine="compiled" if compiled() else "interpreted",
         )
 
     async def _close_unless_serving(self, request: web.Request, response: web.StreamResponse) -> None:

@@ -96,6 +96,11 @@ class Stage:
     def all(self, keyword: str) -> list[Instruction]:
         return [i for i in self.body if i.keyword == keyword]
 
+    @property
+    def env(self) -> dict[str, str]:
+        """What the stage's ENV instructions set (a stage starts from its base image's environment)."""
+        return {k: v for ins in self.all("ENV") for k, v in _pairs(ins.args).items()}
+
     def copies(self) -> list[Copy]:
         found: list[Copy] = []
         workdir = PurePosixPath("/")
@@ -149,7 +154,7 @@ class Image:
 
     @property
     def env(self) -> dict[str, str]:
-        return {k: v for ins in self.final.all("ENV") for k, v in _pairs(ins.args).items()}
+        return self.final.env
 
     @property
     def labels(self) -> dict[str, str]:

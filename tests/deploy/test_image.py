@@ -56,10 +56,12 @@ def wheel(image: Image, tmp_path_factory: pytest.TempPathFactory) -> zipfile.Zip
     (run,) = (i.args for i in build.all("RUN") if "pip wheel" in i.args)
     assert str(build.workdir()) in run.split(), "the build stage builds its WORKDIR into a wheel"
     out = root / "wheels"
+    # With the engine left interpreted (CRONOQ_COMPILE=0): compiling it again would add most of a minute
+    # to the suite and prove nothing more than test_the_image_ships_the_compiled_engine does.
     done = subprocess.run(
         [sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--no-build-isolation",
          "--wheel-dir", str(out), str(root / build.workdir().relative_to("/"))],
-        capture_output=True, text=True, timeout=120,
+        capture_output=True, text=True, timeout=120, env={**os.environ, **build.env, "CRONOQ_COMPILE": "0"},
     )  # fmt: skip
     assert done.returncode == 0, f"no wheel from what the build stage copies:\n{done.stdout}{done.stderr}"
     (found,) = out.glob("cronoq-*.whl")
@@ -120,6 +122,27 @@ def test_image_follows_the_shared_contract(image: Image) -> None:
     assert from_build[("/opt/cronoq",)].destination == "/opt/cronoq"
     assert from_build[("/rootfs/var/lib/cronoq",)].destination == image.volumes[0]
     assert from_build[("/rootfs/var/lib/cronoq",)].chown == image.user
+
+
+def test_the_image_ships_the_compiled_engine(image: Image, tmp_path: Path) -> None:
+    """The build stage has a C compiler and the headers mypyc needs, insists on compiling
+    (CRONOQ_COMPILE=1: no quiet fall-back to the slower sources) before it builds the wheel, and its
+    context holds the build hook and every engine source byte for byte, the ones this checkout's own
+    install compiled (tests/unit/test_build.py); a checkout's compiled modules stay out of it."""
+    build = image.stage("build")
+    assert build.env["CRONOQ_COMPILE"] == "1"
+    body = [i.keyword for i in build.body]
+    assert body.index("ENV") < next(n for n, i in enumerate(build.body) if "pip wheel" in i.args)
+    packages = " ".join(i.args for i in build.all("RUN") if "apt-get install" in i.args).split()
+    assert {"gcc", "libc6-dev", "python3-dev"} <= set(packages)
+    stage_context(image, build, tmp_path)
+    src = tmp_path / build.workdir().relative_to("/")
+    assert (src / "setup.py").read_bytes() == (REPO / "setup.py").read_bytes()
+    engine = Path("common") / "cronoq" / "engine"
+    sources = sorted(p.name for p in (REPO / engine).glob("*.py"))
+    assert sorted(p.name for p in (src / engine).iterdir()) == sources, "only the engine's sources"
+    for name in sources:
+        assert (src / engine / name).read_bytes() == (REPO / engine / name).read_bytes()
 
 
 def test_byte_code_is_compiled_at_build_time(image: Image) -> None:
@@ -183,6 +206,7 @@ def test_copy_sources_are_in_the_build_context(image: Image) -> None:
         "dist/cronoq-0.1.0-py3-none-any.whl",
         "cronoq.egg-info/PKG-INFO",
         "compose/.env",
+        "common/cronoq/engine/engine.cpython-311-x86_64-linux-gnu.so",
     ],
 )
 def test_dockerignore_keeps_out(path: str) -> None:

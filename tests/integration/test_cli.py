@@ -20,6 +20,7 @@ from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 from grpc_tools import protoc
 
 from cronoq.client import Client, Lease
+from cronoq.engine import compiled
 from tests.ports import free_port
 
 from . import test_tls
@@ -208,10 +209,21 @@ async def test_metrics_exposition(server: ServerProcess) -> None:
     assert "# TYPE cronoq_tasks_total counter" in text
 
 
-def _serving_event_loop(server: ServerProcess) -> str:
+def _serving(server: ServerProcess) -> dict[str, object]:
     serving = [json.loads(line) for line in server.logs().splitlines() if '"event": "serving"' in line]
     assert len(serving) == 1, server.logs()
-    return str(serving[0]["event_loop"])
+    return dict(serving[0])
+
+
+def _serving_event_loop(server: ServerProcess) -> str:
+    return str(_serving(server)["event_loop"])
+
+
+def test_the_serving_line_says_which_engine_build_runs(tmp_path: Path) -> None:
+    """The server runs the engine this test process runs (test_compiled checks that it is the compiled
+    one unless CRONOQ_COMPILE=0), and says so."""
+    with running_server(tmp_path) as server:
+        assert _serving(server)["engine"] == ("compiled" if compiled() else "interpreted")
 
 
 @pytest.mark.parametrize(("choice", "loop"), [("", "uvloop"), ("asyncio", "asyncio")])

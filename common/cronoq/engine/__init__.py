@@ -3,8 +3,14 @@
 Inputs (submit, cancel, worker capacity, attempt outcomes, heartbeats, ``tick(now)``) go in; actions
 (dispatch a lease, abort a lease, status events) come out of ``take_actions()``. Nothing here does I/O
 or reads a clock, so every rule is tested in microseconds with injected time.
+
+Installed from source on CPython, the modules of this package (all but this one and ``readonly``) are
+compiled to C with mypyc (``setup.py``); ``compiled()`` says whether this process runs that build.
 """
 
+from importlib.machinery import EXTENSION_SUFFIXES
+
+from . import engine as _engine_module
 from .engine import Engine
 from .model import (
     Abort,
@@ -37,6 +43,14 @@ from .model import (
     UnknownDependency,
 )
 from .snapshot import GroupStats, PoolStats, ResourceStats, Snapshot, Totals, WorkerView
+
+
+def compiled() -> bool:
+    """Whether the engine runs from its mypyc-compiled extension modules rather than its Python sources
+    (a build without a C compiler, or with ``CRONOQ_COMPILE=0``, runs the sources: same rules, about
+    half the speed)."""
+    return (_engine_module.__file__ or "").endswith(tuple(EXTENSION_SUFFIXES))
+
 
 __all__ = [
     "Abort",
@@ -74,4 +88,5 @@ __all__ = [
     "Totals",
     "UnknownDependency",
     "WorkerView",
+    "compiled",
 ]

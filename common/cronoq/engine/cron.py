@@ -45,6 +45,8 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from croniter import HOUR_FIELD, CroniterBadDateError, croniter
 
+from .model import Rebuilt
+
 MAX_LENGTH = 256
 """Longest cron expression accepted; real ones are far shorter."""
 
@@ -69,7 +71,7 @@ _FIELD_RE = re.compile(r"\S+", re.ASCII)
 
 
 @dataclass(frozen=True, slots=True)
-class CronSchedule:
+class CronSchedule(Rebuilt):
     """A validated cron schedule in an IANA time zone. Build it with :meth:`parse`.
 
     ``expr`` is the expression as given and ``tz`` the zone name ("UTC" when none was given); both

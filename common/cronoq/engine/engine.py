@@ -18,6 +18,7 @@ import random
 from collections import Counter
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from heapq import heapify, heappop, heappush
+from typing import Final
 
 from .admission import Shed, plan
 from .autoscale import Autoscaler
@@ -25,7 +26,6 @@ from .cron import CronSchedule, occurrence_key
 from .deps import Dependencies, edge_met
 from .fixed import Reservations, Window, reservation_limit
 from .model import (
-    NO_RESOURCES,
     Abort,
     Action,
     Dep,
@@ -50,6 +50,7 @@ from .model import (
     UnknownDependency,
 )
 from .pool import PoolState
+from .readonly import NO_RESOURCES
 from .resources import Resources
 from .retry import backoff_delay
 from .snapshot import GroupStats, PoolStats, Snapshot, Totals, WorkerView
@@ -60,28 +61,29 @@ from .workers import Worker, label_set
 
 # Module constants for the statuses of the hot path: a global load costs a seventh of an enum class
 # attribute lookup (``Status.SUCCEEDED``) in CPython 3.11.
-BLOCKED = Status.BLOCKED
-SCHEDULED = Status.SCHEDULED
-READY = Status.READY
-RUNNING = Status.RUNNING
-RETRYING = Status.RETRYING
-SUCCEEDED = Status.SUCCEEDED
-FAILED = Status.FAILED
-CANCELLED = Status.CANCELLED
+BLOCKED: Final = Status.BLOCKED
+SCHEDULED: Final = Status.SCHEDULED
+READY: Final = Status.READY
+RUNNING: Final = Status.RUNNING
+RETRYING: Final = Status.RETRYING
+SUCCEEDED: Final = Status.SUCCEEDED
+FAILED: Final = Status.FAILED
+CANCELLED: Final = Status.CANCELLED
 
-TIMED_OUT = "attempt timed out"
-LEASE_EXPIRED = "lease expired"
-DISCONNECTED = "worker disconnected"
-LOST_IN_FAILOVER = "attempt lost in failover"
-LOST_EXHAUSTED = "attempt lost in failover; retries exhausted"
-FIXED_MISSED = "fixed start missed"
-OVERLAPPED = "previous occurrence still running"
-AWAIT_TIMED_OUT = "timed out awaiting unknown dependency"
-MIN_HOLD_AHEAD = 1.0  # a worker is held from start - max(tolerance, this) for a fixed start
-_WAITING = frozenset({BLOCKED, SCHEDULED})  # pending but not yet eligible: not backlog
+TIMED_OUT: Final = "attempt timed out"
+LEASE_EXPIRED: Final = "lease expired"
+DISCONNECTED: Final = "worker disconnected"
+LOST_IN_FAILOVER: Final = "attempt lost in failover"
+LOST_EXHAUSTED: Final = "attempt lost in failover; retries exhausted"
+FIXED_MISSED: Final = "fixed start missed"
+OVERLAPPED: Final = "previous occurrence still running"
+AWAIT_TIMED_OUT: Final = "timed out awaiting unknown dependency"
+MIN_HOLD_AHEAD: Final = 1.0  # a worker is held from start - max(tolerance, this) for a fixed start
+_WAITING: Final = frozenset({BLOCKED, SCHEDULED})  # pending but not yet eligible: not backlog
 
-_TIMER_SLACK = 1024  # dead timer entries tolerated before the heap is worth compacting
-_PARKED_SLACK = 256  # entries of a resource's parked heap tolerated before dead ones are worth dropping
+_TIMER_SLACK: Final = 1024  # dead timer entries tolerated before the heap is worth compacting
+# Entries of a resource's parked heap tolerated before dead ones are worth dropping.
+_PARKED_SLACK: Final = 256
 
 
 class Engine:

@@ -9,8 +9,31 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Mapping
-from dataclasses import dataclass, field
-from typing import Any, TypeAlias
+from dataclasses import dataclass, field, fields
+from typing import TYPE_CHECKING, Any, TypeAlias, cast
+
+from .readonly import NO_RESOURCES
+
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
+
+
+class Rebuilt:
+    """Base of the dataclasses that copies and pickles must rebuild through their constructor.
+
+    The engine is compiled with mypyc (``setup.py``), which breaks the usual way for two kinds: a
+    compiled frozen dataclass restores its state field by field through the frozen ``__setattr__``
+    (``FrozenInstanceError``), and a compiled class with a hand-written ``__init__`` runs it from
+    ``__new__`` (a missing argument), so ``copy.deepcopy`` and ``pickle`` of one, or of a task holding
+    one, would raise. Every field of these classes is an ``__init__`` argument, in order, so the
+    constructor rebuilds them exactly, compiled or not.
+    """
+
+    __slots__ = ()
+
+    def __reduce__(self) -> tuple[type[Rebuilt], tuple[object, ...]]:
+        instance = cast("DataclassInstance", self)
+        return type(self), tuple(getattr(self, f.name) for f in fields(instance))
 
 
 class Status(enum.IntEnum):
@@ -98,7 +121,7 @@ class Overlap(enum.Enum):
 
 
 @dataclass(slots=True, frozen=True)
-class Dep:
+class Dep(Rebuilt):
     """A dependency edge: the task waits until ``target`` (a task id, or a key) ends as ``on`` says."""
 
     target: int | str
@@ -106,7 +129,7 @@ class Dep:
 
 
 @dataclass(slots=True, frozen=True)
-class Semaphore:
+class Semaphore(Rebuilt):
     """A resource of which running attempts hold at most ``permits`` units at once."""
 
     name: str
@@ -114,7 +137,7 @@ class Semaphore:
 
 
 @dataclass(slots=True, frozen=True)
-class TokenBucket:
+class TokenBucket(Rebuilt):
     """A resource refilled at ``rate`` units per second up to ``burst``; each dispatch takes its amount."""
 
     name: str
@@ -126,7 +149,7 @@ ResourceConfig = Semaphore | TokenBucket
 
 
 @dataclass(slots=True, frozen=True)
-class AutoscaleConfig:
+class AutoscaleConfig(Rebuilt):
     """How a pool's desired capacity follows queue pressure (engine-behaviour §6); ``slo`` maps a class
     to the seconds within which its backlog should drain."""
 
@@ -144,7 +167,7 @@ class AutoscaleConfig:
 
 
 @dataclass(slots=True, frozen=True)
-class RetryPolicy:
+class RetryPolicy(Rebuilt):
     """Attempts and backoff; delay after attempt k is min(max, initial * multiplier**(k-1))."""
 
     max_attempts: int = 3
@@ -193,29 +216,15 @@ class EngineLimits:
     record_max: int | None = None
 
 
-class _NoResources(dict[str, int]):
-    """The one empty, read-only ``resources`` every spec without resources shares.
-
-    Almost no task names resources; a fresh empty dict per task would be one more object per task
-    that the dispatch path touches (to see that it is empty), which measurably slows the engine. A dict
-    subclass keeps the truth test and lookups at C speed; hashable so a dataclass accepts it as a
-    default; every mutator refuses.
-    """
-
-    __slots__ = ()
-    __hash__ = object.__hash__  # type: ignore[assignment]
-
-    def _refuse(self, *args: object, **kwargs: object) -> None:
-        raise TypeError("the shared empty resources of a TaskSpec cannot be changed; assign a new dict")
-
-    __setitem__ = __delitem__ = update = setdefault = pop = popitem = clear = __ior__ = _refuse  # type: ignore[assignment]
+# The classes made once per task (TaskSpec, Task, Submitted, Dispatch) write their own __init__
+# (init=False): compiled with mypyc (setup.py) a hand-written __init__ is native code, while the one the
+# dataclass decorator generates stays interpreted bytecode that sets each field through a descriptor,
+# about 7x as slow. Each takes the fields in order, with the same defaults; repr, eq and fields() are
+# still the dataclass's.
 
 
-NO_RESOURCES: dict[str, int] = _NoResources()
-
-
-@dataclass(slots=True)
-class TaskSpec:
+@dataclass(slots=True, init=False)
+class TaskSpec(Rebuilt):
     """A validated submission. Validation (field names in messages) happens before the engine."""
 
     pool: str
@@ -236,6 +245,46 @@ class TaskSpec:
     on_miss: MissPolicy = MissPolicy.RUN_LATE
     deps: tuple[Dep, ...] = ()
     resources: dict[str, int] = NO_RESOURCES  # resource name -> amount (> 0)
+
+    def __init__(
+        self,
+        pool: str,
+        payload: Any = b"",
+        content_type: str = "",
+        kind: str = "default",
+        priority: Priority = Priority.NORMAL,
+        key: str = "",
+        deadline: float | None = None,
+        duration_hint: float | None = None,
+        timeout: float | None = None,
+        retry: RetryPolicy | None = None,
+        tags: dict[str, str] | None = None,  # None: a new empty dict
+        labels: dict[str, str] | None = None,  # None: a new empty dict
+        tenant: str = "",
+        start: float | None = None,
+        tolerance: float = 1.0,
+        on_miss: MissPolicy = MissPolicy.RUN_LATE,
+        deps: tuple[Dep, ...] = (),
+        resources: dict[str, int] = NO_RESOURCES,
+    ) -> None:
+        self.pool = pool
+        self.payload = payload
+        self.content_type = content_type
+        self.kind = kind
+        self.priority = priority
+        self.key = key
+        self.deadline = deadline
+        self.duration_hint = duration_hint
+        self.timeout = timeout
+        self.retry = retry
+        self.tags = {} if tags is None else tags
+        self.labels = {} if labels is None else labels
+        self.tenant = tenant
+        self.start = start
+        self.tolerance = tolerance
+        self.on_miss = on_miss
+        self.deps = deps
+        self.resources = resources
 
 
 @dataclass(slots=True)
@@ -264,8 +313,8 @@ class Recurring:
     last_task_id: int = 0
 
 
-@dataclass(slots=True)
-class Task:
+@dataclass(slots=True, init=False)  # __init__ below: see the note above TaskSpec
+class Task(Rebuilt):
     """A task the engine knows, live or retained after it finished."""
 
     id: int
@@ -282,13 +331,47 @@ class Task:
     lease: int = 0  # current lease id while RUNNING, else 0
     worker: int = 0  # id of the worker holding that lease while RUNNING, else 0
 
+    def __init__(
+        self,
+        id: int,
+        spec: TaskSpec,
+        seq: int,
+        status: Status,
+        created: float,
+        attempt: int = 0,
+        max_attempts: int = 1,
+        ready_at: float | None = None,
+        started: float | None = None,
+        finished: float | None = None,
+        message: str = "",
+        lease: int = 0,
+        worker: int = 0,
+    ) -> None:
+        self.id = id
+        self.spec = spec
+        self.seq = seq
+        self.status = status
+        self.created = created
+        self.attempt = attempt
+        self.max_attempts = max_attempts
+        self.ready_at = ready_at
+        self.started = started
+        self.finished = finished
+        self.message = message
+        self.lease = lease
+        self.worker = worker
 
-@dataclass(slots=True)  # not frozen: one per submitted task, see the note on actions below
-class Submitted:
+
+@dataclass(slots=True, init=False)  # not frozen: one per submitted task, see the note on actions below
+class Submitted(Rebuilt):
     """The answer to one submitted spec: its id, and whether the key named an existing task."""
 
     id: int
     duplicate: bool
+
+    def __init__(self, id: int, duplicate: bool) -> None:  # see the note above TaskSpec
+        self.id = id
+        self.duplicate = duplicate
 
 
 # ------------------------------------------------------------------------------------------- actions
@@ -297,8 +380,8 @@ class Submitted:
 # much. Treat them as read-only all the same.
 
 
-@dataclass(slots=True)
-class Dispatch:
+@dataclass(slots=True, init=False)
+class Dispatch(Rebuilt):
     """Send this lease to this worker."""
 
     worker_id: int
@@ -306,6 +389,15 @@ class Dispatch:
     task: Task
     attempt: int
     lease_ttl: float | None
+
+    def __init__(  # see the note above TaskSpec
+        self, worker_id: int, lease: int, task: Task, attempt: int, lease_ttl: float | None
+    ) -> None:
+        self.worker_id = worker_id
+        self.lease = lease
+        self.task = task
+        self.attempt = attempt
+        self.lease_ttl = lease_ttl
 
 
 @dataclass(slots=True)

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from .model import Rebuilt
+
 
 @dataclass(slots=True)
 class GroupStats:
@@ -76,7 +78,7 @@ class Totals:
 
 
 @dataclass(slots=True, frozen=True)
-class ResourceStats:
+class ResourceStats(Rebuilt):
     """One ``[[resources]]`` entry: ``capacity`` (permits, or burst), ``available`` (what a dispatch
     could take now: free permits, or tokens) and ``waiting`` (READY tasks parked until it has room).
     Not on the wire; ``/metrics`` shows it."""

@@ -19,22 +19,23 @@ from __future__ import annotations
 import math
 from bisect import bisect_left, bisect_right
 from collections.abc import Iterable, Iterator
+from typing import Final
 
 from .model import Status
 
-SLOTS = 60  # buckets per window
+SLOTS: Final = 60  # buckets per window
 # Globals: cheaper than an enum class attribute lookup on the path every attempt takes.
-_SUCCEEDED = Status.SUCCEEDED
-_FAILED = Status.FAILED
+_SUCCEEDED: Final = Status.SUCCEEDED
+_FAILED: Final = Status.FAILED
 
 # Histogram: bin 0 holds durations under 1 ms; then 8 linear sub-bins per octave from 1 ms, 31 octaves
 # (to about 24 days); the last bin also takes anything longer.
-_UNIT = 1e-3
-_SUB = 8
-BINS = 1 + 31 * _SUB
+_UNIT: Final = 1e-3
+_SUB: Final = 8
+BINS: Final = 1 + 31 * _SUB
 # Where each bin from 1 on begins, in units. The edges are exact binary fractions, so bisecting them
 # finds the bin the octave arithmetic defines, in one C call: every finished attempt pays for one.
-_EDGES = [2.0**octave * (1.0 + sub / _SUB) for octave in range(31) for sub in range(_SUB)]
+_EDGES: Final = [2.0**octave * (1.0 + sub / _SUB) for octave in range(31) for sub in range(_SUB)]
 
 
 def duration_bin(seconds: float) -> int:
@@ -180,7 +181,7 @@ class Bucket:
         self.retried += 1
 
 
-_EMPTY = [0] * BINS
+_EMPTY: Final = [0] * BINS
 
 
 class WindowView:

@@ -10,12 +10,13 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Mapping
+from typing import Final
 
 from .model import Task
 
 LabelSet = frozenset[tuple[str, str]]
-NO_LABELS: LabelSet = frozenset()
-_COMPATIBLE_CACHE = 1024  # label sets whose compatible groups are remembered
+NO_LABELS: Final[LabelSet] = frozenset()
+_COMPATIBLE_CACHE: Final = 1024  # label sets whose compatible groups are remembered
 
 
 def label_set(labels: Mapping[str, str]) -> LabelSet:
