@@ -5,6 +5,12 @@
 dispatches the next task, until all are done. Decisions = submits + dispatches + outcomes. Simulated
 time advances 10 us per outcome, so the metrics window rotates as it would under real load. Nothing is
 printed by ``run``; ``python -m bench.engine_bench`` prints its result.
+
+``run(features=True)`` is the same run with every feature a task or pool can switch on that does not
+change how many decisions there are: fair share among four tenants (one weighted), a key per task,
+deadlines on a tenth, a timeout and a lease TTL per attempt (two timers each), a semaphore permit for
+every task and a token for half of them (both ample), overflow shedding armed, and the autoscaler,
+evaluated by a tick every 1,000 outcomes (10 ms simulated) as the server's timer would.
 """
 
 from __future__ import annotations
@@ -14,24 +20,39 @@ import random
 import time
 from collections import deque
 
-from cronoq.engine import Dispatch, Engine, PoolConfig, Priority, Semaphore, TaskSpec, TokenBucket
+from cronoq.engine import (
+    AutoscaleConfig,
+    Dispatch,
+    Engine,
+    Overflow,
+    PoolConfig,
+    Priority,
+    ResourceConfig,
+    Semaphore,
+    TaskSpec,
+    TokenBucket,
+)
 
 BATCH = 1000
 SLOTS = 1024
 STEP = 1e-5  # simulated seconds per outcome
 
 
-def run(n: int = 100_000, repeat: int = 3) -> dict[str, float]:
+def run(n: int = 100_000, repeat: int = 3, *, features: bool = False) -> dict[str, float]:
     """Time the run ``repeat`` times with the cyclic garbage collector paused (the engine's own cost,
     ``decisions_per_s``) and as often with it on as Python configures it by default
     (``decisions_per_s_with_gc``), after a short warm-up, and keep the fastest of each: on a shared
     machine interference only ever slows a run down. The collector's share depends on everything else
     the process keeps alive (here up to 100,000 queued and retained tasks), which a server controls with
     its own GC policy, so both numbers are reported."""
-    _measure(max(1, n // 10), collect=False)  # warm-up: the allocator grows its arenas once
+    _measure(max(1, n // 10), collect=False, features=features)  # warm-up: the allocator grows its arenas
     baseline = min(baseline_loop_ns() for _ in range(repeat))
-    paused = min((_measure(n, collect=False) for _ in range(repeat)), key=lambda r: r["seconds"])
-    with_gc = min((_measure(n, collect=True) for _ in range(repeat)), key=lambda r: r["seconds"])
+    paused = min(
+        (_measure(n, collect=False, features=features) for _ in range(repeat)), key=lambda r: r["seconds"]
+    )
+    with_gc = min(
+        (_measure(n, collect=True, features=features) for _ in range(repeat)), key=lambda r: r["seconds"]
+    )
     decisions = paused["decisions"]
     return {
         **paused,
@@ -52,12 +73,10 @@ def baseline_loop_ns(iterations: int = 2_000_000) -> float:
     return (time.perf_counter() - start) / iterations * 1e9
 
 
-def _measure(n: int, *, collect: bool) -> dict[str, float]:
+def _measure(n: int, *, collect: bool, features: bool = False) -> dict[str, float]:
     """One timed run; like the server, the loop takes the engine's actions after every input."""
-    engine = Engine([PoolConfig("bench", max=SLOTS)], rng=random.Random(0))
-    classes = list(Priority)
-    specs = [TaskSpec("bench", payload=None, priority=classes[i % len(classes)]) for i in range(n)]
     now = 1_000_000.0
+    engine, specs = _featured(n, now) if features else _plain(n)
     engine.add_worker(1, "bench", SLOTS, {}, now)
     complete = engine.complete
     take_actions = engine.take_actions
@@ -79,6 +98,8 @@ def _measure(n: int, *, collect: bool) -> dict[str, float]:
             now += STEP
             complete(1, leases.popleft(), now)
             completed += 1
+            if features and not completed % 1000:
+                engine.tick(now)
             for action in take_actions():
                 if action.__class__ is Dispatch:
                     lease(action.lease)
@@ -96,6 +117,41 @@ def _measure(n: int, *, collect: bool) -> dict[str, float]:
         "decisions": float(n + dispatched + completed),
         "seconds": seconds,
     }
+
+
+def _plain(n: int) -> tuple[Engine, list[TaskSpec]]:
+    classes = list(Priority)
+    specs = [TaskSpec("bench", payload=None, priority=classes[i % len(classes)]) for i in range(n)]
+    return Engine([PoolConfig("bench", max=SLOTS)], rng=random.Random(0)), specs
+
+
+def _featured(n: int, now: float) -> tuple[Engine, list[TaskSpec]]:
+    pool = PoolConfig(
+        "bench",
+        max=SLOTS,
+        lease_ttl=60.0,
+        max_pending=2 * n,
+        overflow=Overflow.SHED_LOWEST,
+        fair_share=True,
+        tenant_weights={"t0": 2.0},
+        autoscale=AutoscaleConfig(),
+    )
+    resources: list[ResourceConfig] = [Semaphore("db", SLOTS), TokenBucket("api", rate=1e9, burst=1e9)]
+    classes = list(Priority)
+    specs = [
+        TaskSpec(
+            "bench",
+            payload=None,
+            priority=classes[i % len(classes)],
+            key=f"k{i}",
+            tenant=f"t{i % 4}",
+            deadline=now + 60.0 if i % 10 == 0 else None,
+            timeout=60.0,
+            resources={"db": 1, "api": 1} if i % 2 else {"db": 1},
+        )
+        for i in range(n)
+    ]
+    return Engine([pool], resources=resources, rng=random.Random(0)), specs
 
 
 def backlog(n: int) -> float:
@@ -144,5 +200,6 @@ def rate_limited(n: int, rate: float = 1000.0) -> float:
 
 if __name__ == "__main__":
     print(run())
+    print(run(features=True))
     print({n: backlog(n) for n in (1000, 4000)})
     print({n: rate_limited(n) for n in (1000, 4000)})

@@ -7,9 +7,10 @@ they refill with time.
 
 Token buckets are kept in exact rational arithmetic. With floats, ``refill_at`` could name a time at
 which ``take`` still finds the bucket a rounding error short (Unix timestamps carry only about 0.2 µs
-of precision), and a bucket refilled to ``burst`` could yield one dispatch fewer than ``burst``. Buckets are
-rate limits, so they see at most a few thousand dispatches per second and the exact arithmetic costs
-nothing noticeable; semaphores are plain ints.
+of precision), and a bucket refilled to ``burst`` could yield one dispatch fewer than ``burst``. A
+bucket that is certainly full, which floats can tell with a margin far above their rounding, is taken
+from without any rational arithmetic (a bucket that rarely limits, taken from by every dispatch, would
+otherwise cost more than the rest of the engine); semaphores are plain ints.
 """
 
 from __future__ import annotations
@@ -17,9 +18,15 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from fractions import Fraction
+from typing import Final
 
 from .model import ResourceConfig, Semaphore
 from .snapshot import ResourceStats
+
+# The slack of the float bounds below: a float operation is off by at most 1.1e-16 of its magnitude,
+# so a few of them on values up to M are off by far less than _RELATIVE * M (+ _ABSOLUTE near 0).
+_RELATIVE: Final = 1e-12
+_ABSOLUTE: Final = 1e-9
 
 
 class _Semaphore:
@@ -37,32 +44,75 @@ class _Bucket:
 
     It holds min(burst, (now - empty_at) * rate) tokens; ``empty_at`` None means it has been full for ever
     (it starts full). Taking ``a`` tokens moves ``empty_at`` forward by a / rate.
+
+    A take from a full bucket sets ``empty_at`` to now - fill_time + a / rate, which depends on nothing
+    else: it is kept as (now, a) in ``_lazy_now``/``_lazy_amount`` and worked out only when an exact
+    answer is needed. ``_empty_by`` is a float never before the exact ``empty_at`` (-inf: full for ever),
+    so ``full_at`` can tell a certainly full bucket in floats.
     """
 
-    __slots__ = ("_empty_at", "_fill_time", "burst", "rate")
+    __slots__ = (
+        "_empty_at",
+        "_empty_by",
+        "_fill_by",
+        "_fill_time",
+        "_lazy_amount",
+        "_lazy_now",
+        "_rate_f",
+        "burst",
+        "rate",
+    )
 
     def __init__(self, rate: float, burst: float) -> None:
         self.rate = Fraction(rate)
         self.burst = Fraction(burst)
         self._fill_time = self.burst / self.rate  # from empty to full
         self._empty_at: Fraction | None = None
+        self._rate_f = rate
+        self._fill_by = _float_at_or_after(self._fill_time)
+        self._empty_by = -math.inf
+        self._lazy_now = 0.0
+        self._lazy_amount = 0  # 0: no take waits to be worked out
+
+    def full_at(self, now: float) -> bool:
+        """Whether the bucket certainly holds ``burst`` tokens at ``now`` (False when unsure)."""
+        slack = _ABSOLUTE + _RELATIVE * (abs(now) + self._fill_by)
+        return now - self._empty_by >= self._fill_by + slack
+
+    def _exact_empty_at(self) -> Fraction | None:
+        if self._lazy_amount:
+            self._empty_at = Fraction(self._lazy_now) - self._fill_time + self._lazy_amount / self.rate
+            self._lazy_amount = 0
+        return self._empty_at
 
     def ready_at(self, amount: int) -> Fraction | None:
         """The exact time from which ``amount`` tokens are there (None: since for ever)."""
-        if self._empty_at is None:
+        empty_at = self._exact_empty_at()
+        if empty_at is None:
             return None
-        return self._empty_at + amount / self.rate
+        return empty_at + amount / self.rate
 
-    def take(self, amount: int, now: Fraction) -> None:
+    def take(self, amount: int, now: float, exact_now: Fraction | None) -> None:
         """Consume ``amount`` tokens; the caller has checked that they are there."""
-        full_since = now - self._fill_time  # tokens saved up before this are lost to the cap
-        start = full_since if self._empty_at is None else max(self._empty_at, full_since)
+        if self.full_at(now):
+            self._lazy_now = now
+            self._lazy_amount = amount
+            refill = amount / self._rate_f
+            slack = _ABSOLUTE + _RELATIVE * (abs(now) + self._fill_by + refill)
+            self._empty_by = now - self._fill_by + refill + slack
+            return
+        empty_at = self._exact_empty_at()
+        exact = Fraction(now) if exact_now is None else exact_now
+        full_since = exact - self._fill_time  # tokens saved up before this are lost to the cap
+        start = full_since if empty_at is None else max(empty_at, full_since)
         self._empty_at = start + amount / self.rate
+        self._empty_by = _float_at_or_after(self._empty_at)
 
     def tokens(self, now: Fraction) -> Fraction:
-        if self._empty_at is None:
+        empty_at = self._exact_empty_at()
+        if empty_at is None:
             return self.burst
-        return min(self.burst, (now - self._empty_at) * self.rate)
+        return min(self.burst, (now - empty_at) * self.rate)
 
 
 def _float_at_or_after(exact: Fraction) -> float:
@@ -148,6 +198,8 @@ class Resources:
                 if resource.held + amount > resource.permits:
                     return name
             else:
+                if resource.full_at(now):
+                    continue  # burst tokens, and check() saw that amount <= burst
                 ready = resource.ready_at(amount)
                 if ready is None:
                     continue
@@ -162,7 +214,7 @@ class Resources:
             if isinstance(resource, _Semaphore):
                 resource.held += amount
             else:
-                resource.take(amount, Fraction(now) if exact_now is None else exact_now)
+                resource.take(amount, now, exact_now)
         return None
 
     def refills(self, name: str) -> bool:
