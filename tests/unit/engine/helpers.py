@@ -12,6 +12,7 @@ from cronoq.engine import (
     Dispatch,
     Engine,
     EngineLimits,
+    Overflow,
     PoolConfig,
     Priority,
     RetryPolicy,
@@ -19,7 +20,32 @@ from cronoq.engine import (
     StatusEvent,
     Task,
     TaskSpec,
+    UnknownDependency,
 )
+
+# Two pools between them using every pool option that changes scheduling: the feature property tests
+# and the compiled-against-interpreted trace (trace.py) run on them.
+FEATURE_POOLS = [
+    PoolConfig(
+        "a",
+        max=4,
+        lease_ttl=3.0,
+        max_pending=8,
+        overflow=Overflow.SHED_LOWEST,
+        retry=RetryPolicy(max_attempts=3, initial_backoff=0.5, max_backoff=2.0),
+        unknown_dependency=UnknownDependency.AWAIT,
+        await_timeout=6.0,
+        fair_share=True,
+        tenant_weights={"t1": 2.0},
+    ),
+    PoolConfig(
+        "b",
+        max=3,
+        max_pending=6,
+        overflow=Overflow.REJECT,
+        retry=RetryPolicy(max_attempts=2, initial_backoff=0.0, jitter=False),
+    ),
+]
 
 NO_RETRY = RetryPolicy(max_attempts=1)
 FIXED = RetryPolicy(max_attempts=3, initial_backoff=1.0, multiplier=2.0, max_backoff=60.0, jitter=False)

@@ -20,21 +20,18 @@ from cronoq.engine import (
     DepOn,
     Engine,
     MissPolicy,
-    Overflow,
-    PoolConfig,
     Priority,
     ResourceConfig,
-    RetryPolicy,
     Semaphore,
     Status,
     SubmitError,
     Task,
     TaskSpec,
     TokenBucket,
-    UnknownDependency,
 )
 from cronoq.engine.deps import edge_met
 
+from .helpers import FEATURE_POOLS
 from .test_properties import EngineMachine
 
 S = Status
@@ -45,27 +42,6 @@ NEXT: dict[Status, set[Status]] = {
     S.RUNNING: {S.SUCCEEDED, S.FAILED, S.DEAD_LETTERED, S.CANCELLED, S.RETRYING},
     S.RETRYING: {S.READY, S.CANCELLED, S.SHED},
 }
-POOLS = [
-    PoolConfig(
-        "a",
-        max=4,
-        lease_ttl=3.0,
-        max_pending=8,
-        overflow=Overflow.SHED_LOWEST,
-        retry=RetryPolicy(max_attempts=3, initial_backoff=0.5, max_backoff=2.0),
-        unknown_dependency=UnknownDependency.AWAIT,
-        await_timeout=6.0,
-        fair_share=True,
-        tenant_weights={"t1": 2.0},
-    ),
-    PoolConfig(
-        "b",
-        max=3,
-        max_pending=6,
-        overflow=Overflow.REJECT,
-        retry=RetryPolicy(max_attempts=2, initial_backoff=0.0, jitter=False),
-    ),
-]
 GPU_PERMITS = 2
 RESOURCES: list[ResourceConfig] = [Semaphore("gpu", GPU_PERMITS), TokenBucket("api", rate=2.0, burst=2.0)]
 KEYS = ["", "", "k1", "k2", "k3", "k4"]
@@ -76,7 +52,7 @@ class FeatureMachine(EngineMachine):
 
     def __init__(self) -> None:
         super().__init__()
-        self.engine = Engine(POOLS, rng=random.Random(0), resources=RESOURCES)
+        self.engine = Engine(FEATURE_POOLS, rng=random.Random(0), resources=RESOURCES)
 
     def may_wait(self, task: Task) -> bool:
         # It may wait for a resource without room for it (permits held by running tasks, tokens not yet

@@ -18,42 +18,18 @@ from cronoq.engine import (
     Dispatch,
     Engine,
     MissPolicy,
-    Overflow,
     Overlap,
-    PoolConfig,
     Priority,
     RecurringError,
     RecurringSpec,
-    RetryPolicy,
     Semaphore,
     SubmitError,
     TaskSpec,
     TokenBucket,
-    UnknownDependency,
     compiled,
 )
+from tests.unit.engine.helpers import FEATURE_POOLS
 
-POOLS = [
-    PoolConfig(
-        "a",
-        max=6,
-        lease_ttl=3.0,
-        max_pending=12,
-        overflow=Overflow.SHED_LOWEST,
-        retry=RetryPolicy(max_attempts=3, initial_backoff=0.5, max_backoff=2.0),
-        unknown_dependency=UnknownDependency.AWAIT,
-        await_timeout=6.0,
-        fair_share=True,
-        tenant_weights={"t1": 2.0},
-    ),
-    PoolConfig(
-        "b",
-        max=4,
-        max_pending=10,
-        overflow=Overflow.SHED_OLDEST,
-        retry=RetryPolicy(max_attempts=2, initial_backoff=0.0, jitter=False),
-    ),
-]
 KEYS = ["", "", "", "", "", "", "k1", "k2", "k3", "k4", "k5"]
 LABELS: list[dict[str, str]] = [{}, {}, {"gpu": "a100"}, {"zone": "eu"}]
 
@@ -84,7 +60,7 @@ def run(seed: int, steps: int) -> list[str]:
     """The trace: every action the engine took and every answer it gave, then its final snapshot."""
     rng = random.Random(seed)
     engine = Engine(
-        POOLS,
+        FEATURE_POOLS,
         resources=[Semaphore("db", 2), TokenBucket("api", rate=4.0, burst=2.0)],
         rng=random.Random(seed),
     )
