@@ -191,7 +191,7 @@ class Resources:
         by_name = self._by_name
         exact_now: Fraction | None = None
         wait: str | None = None
-        wait_ready = Fraction(0)
+        wait_ready: Fraction | None = None  # (not Fraction(0): that is a Python call on every take)
         for name, amount in amounts.items():
             resource = by_name[name]
             if isinstance(resource, _Semaphore):
@@ -205,7 +205,7 @@ class Resources:
                     continue
                 if exact_now is None:
                     exact_now = Fraction(now)
-                if exact_now < ready and (wait is None or ready > wait_ready):
+                if exact_now < ready and (wait_ready is None or ready > wait_ready):
                     wait, wait_ready = name, ready
         if wait is not None:
             return wait
