@@ -4,11 +4,17 @@ from __future__ import annotations
 
 import random
 import socket
+from collections import deque
 
 # Below Linux's ephemeral range (32768-60999 by default), from which bind(0) and every outgoing
 # connection draw: a port picked there could be the same twice, or be taken by a client's connection
 # before the server binds it (both happened: "duplicate listener address").
 _TEST_PORTS = range(20_000, 32_000)
+# Ports handed out lately. A port is free when it is picked, but its server binds it only when it
+# starts, which may be after a later call: a router made before the shards it fronts start could be given
+# one of their ports (seen: the router's HTTP probe answered by a shard's gRPC listener). No port is
+# handed out again until this many others have been.
+_RECENT: deque[int] = deque(maxlen=3_000)
 
 
 def free_ports(n: int) -> list[int]:
@@ -17,13 +23,19 @@ def free_ports(n: int) -> list[int]:
     try:
         while len(held) < n:
             s = socket.socket()
+            port = random.choice(_TEST_PORTS)
+            if port in _RECENT:
+                s.close()
+                continue
             try:
-                s.bind(("127.0.0.1", random.choice(_TEST_PORTS)))
+                s.bind(("127.0.0.1", port))
             except OSError:  # in use, or already picked in this call
                 s.close()
                 continue
             held.append(s)
-        return [int(s.getsockname()[1]) for s in held]
+        ports = [int(s.getsockname()[1]) for s in held]
+        _RECENT.extend(ports)
+        return ports
     finally:
         for s in held:
             s.close()
