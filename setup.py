@@ -41,10 +41,12 @@ def engine_sources(root: Path = Path()) -> list[str]:
 
 def engine_extensions(env: Mapping[str, str]) -> list[Extension]:
     choice = compile_choice(env)
-    if choice == "0" or (choice == "auto" and platform.python_implementation() != "CPython"):
+    if choice == "0":
         return []
     if platform.python_implementation() != "CPython":
-        raise SystemExit("CRONOQ_COMPILE=1: mypyc compiles for CPython only")
+        if choice == "1":
+            raise SystemExit("CRONOQ_COMPILE=1: mypyc compiles for CPython only")
+        return []
     from mypyc.build import mypycify  # a build requirement on CPython (pyproject.toml)
 
     # mypyc type-checks before it compiles, in the build's own environment, where cronoq's dependencies
