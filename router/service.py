@@ -7,12 +7,13 @@ owning shard's leader, which authenticates it again and decides by its own confi
 
 from __future__ import annotations
 
-from collections import Counter, OrderedDict
+from collections import Counter
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import replace
 from functools import partial
 from typing import Any
 
+from cronoq.api.output_types import OutputTypes
 from cronoq.auth import Authenticator, Principal, Role
 from cronoq.errors import InvalidArgument, NotFound
 from cronoq.forward import Peers
@@ -22,7 +23,6 @@ from cronoq.shards import Shard, ShardMap
 from cronoq.v1 import cronoq_pb2 as pb
 
 DEFAULT_PAGE = 100  # ListTasks without a limit
-OUTPUT_TYPES_KEPT = 10_000  # content types of recently forwarded outputs, for HTTP rendering
 # Answers that name unreachable shards (Watch in its initial metadata).
 FAN_OUTS = ("ListTasks", "Snapshot", "ListWorkers", "ListRecurring", "Watch")
 
@@ -51,7 +51,7 @@ class RouterService:
         self.max_list = max_list
         self.limit_hits = LimitHits()  # [limits] hits at the router (cronoq_limit_hits_total)
         self.default_pool = "default" if "default" in pools else pools[0]
-        self._types: OrderedDict[int, str] = OrderedDict()
+        self._types = OutputTypes()  # of recently forwarded outputs, for HTTP rendering
         self.routing = Routing(
             shards,
             peers,
@@ -89,12 +89,10 @@ class RouterService:
         return replace(principal, credential=authorization or "", forwarded=forwarded)
 
     def _keep_type(self, task_id: int, output: bytes, content_type: str) -> None:
-        self._types[task_id] = content_type
-        if len(self._types) > OUTPUT_TYPES_KEPT:
-            self._types.popitem(last=False)
+        self._types.record(task_id, content_type)
 
     def output_type(self, task_id: int) -> str:
-        return self._types.get(task_id, "")
+        return self._types.get(task_id)
 
     def _owner(self, field: str, pool: str) -> Shard:
         owner = self.routing.pool_owner(pool)

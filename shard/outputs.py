@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 
-TYPES_KEPT = 10_000  # content types of the most recent outputs put here, cached or not
+from cronoq.api.output_types import OutputTypes
 
 
 class OutputCache:
@@ -20,14 +20,10 @@ class OutputCache:
         self._max_bytes = max_bytes
         self._bytes = 0
         self._items: OrderedDict[int, tuple[bytes, str]] = OrderedDict()
-        self._types: OrderedDict[int, str] = OrderedDict()
+        self._types = OutputTypes()  # of the most recent outputs put here, cached or not
 
     def put(self, task_id: int, output: bytes, content_type: str) -> None:
-        if content_type:
-            self._types[task_id] = content_type
-            self._types.move_to_end(task_id)
-            if len(self._types) > TYPES_KEPT:
-                self._types.popitem(last=False)
+        self._types.record(task_id, content_type)
         size = len(output)
         if size > self._max_bytes or self._max_entries <= 0:
             return
@@ -45,7 +41,7 @@ class OutputCache:
 
     def content_type(self, task_id: int) -> str:
         """The content type of the task's output, if one was put here lately ("" otherwise)."""
-        return self._types.get(task_id, "")
+        return self._types.get(task_id)
 
     def __contains__(self, task_id: int) -> bool:
         return task_id in self._items

@@ -11,6 +11,7 @@ import pytest
 import structlog
 
 from cronoq import errors
+from cronoq.api.output_types import OutputTypes
 from cronoq.auth import ANONYMOUS_ADMIN, Authenticator, Role, TokenEntry
 from cronoq.logs import configure, get_logger, level_from_env
 from shard.outputs import OutputCache
@@ -102,3 +103,20 @@ def test_output_cache_bounds_entries_and_bytes() -> None:
     assert 4 not in cache and len(cache) == 2
     cache.put(5, b"dddddddd", "")  # 8 bytes: evicts until the total fits
     assert cache.nbytes <= 10 and 5 in cache
+
+
+def test_output_types_outlive_their_outputs_within_their_own_bound() -> None:
+    cache = OutputCache(max_entries=1, max_bytes=10)
+    cache.put(1, b"{}", "application/json")
+    cache.put(2, b"ab", "")  # evicts 1's output, not its type
+    cache.put(3, b"x" * 11, "text/plain")  # too big to cache: its type is kept all the same
+    assert 1 not in cache and 3 not in cache
+    assert [cache.content_type(i) for i in (1, 2, 3, 4)] == ["application/json", "", "text/plain", ""]
+
+    types = OutputTypes(kept=2)
+    types.record(1, "application/json")
+    types.record(2, "text/plain")
+    types.record(1, "application/json")  # recorded again: now the newest
+    types.record(3, "")  # nothing to keep: evicts nothing
+    types.record(4, "text/csv")  # one over the bound: the oldest recorded (2) goes
+    assert [types.get(i) for i in (1, 2, 3, 4)] == ["application/json", "", "", "text/csv"]
