@@ -17,7 +17,6 @@ import contextlib
 import json
 import os
 import re
-import resource
 import statistics
 import tempfile
 import time
@@ -30,7 +29,7 @@ from tests.integration.serverproc import ServerProcess, running_server
 from tests.postgres import running_postgres
 
 from . import LOOP, engine_bench, failover, grpc_ceiling, latency_floor, library, on_loop, sharding
-from .grpc_ceiling import process_cpu_s
+from .cpu import postgres_cpu_s, process_cpu_s, self_cpu_s
 from .worker import start_worker
 
 POOL_CONFIG = """
@@ -51,38 +50,11 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else float("nan")
 
 
-def children_cpu_s() -> float:
-    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return usage.ru_utime + usage.ru_stime
-
-
-def self_cpu_s() -> float:
-    usage = resource.getrusage(resource.RUSAGE_SELF)
-    return usage.ru_utime + usage.ru_stime
-
-
-def postgres_cpu_s() -> float:
-    """CPU seconds used so far by every process named ``postgres`` on this machine (the postmaster and
-    its backends, including those that exited and were waited for): the database's share of a drain.
-    Meaningful only while no other Postgres works, as during ``make bench``."""
-    total = 0
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            text = stat.read_text()
-        except OSError:  # exited meanwhile
-            continue
-        head, _, rest = text.rpartition(")")
-        if head.endswith("(postgres"):
-            fields = rest.split()
-            total += sum(int(f) for f in fields[11:15])  # utime, stime, cutime, cstime
-    return total / os.sysconf("SC_CLK_TCK")
-
-
 async def drain(server: ServerProcess, n: int, slots: int) -> dict[str, float]:
     """Tasks/s end to end, and the CPU each process spent per task: on a machine whose cores are all
     busy, cores / (CPU per task) bounds the rate whatever the scheduling does."""
     assert server.proc is not None
-    cpu = (process_cpu_s(server.proc.pid), children_cpu_s(), self_cpu_s(), postgres_cpu_s())
+    cpu = (process_cpu_s(server.proc.pid), self_cpu_s(), postgres_cpu_s())
     worker = start_worker(server.target, n, slots)
     async with Client(server.target) as client:
         start = time.perf_counter()
@@ -92,11 +64,12 @@ async def drain(server: ServerProcess, n: int, slots: int) -> dict[str, float]:
         submitted = time.perf_counter()
         out, _ = await asyncio.to_thread(worker.communicate)
         end = time.perf_counter()
-    handled = json.loads(out.strip().splitlines()[-1])["handled"]
+    summary = json.loads(out.strip().splitlines()[-1])
+    handled = summary["handled"]
     server_s = process_cpu_s(server.proc.pid) - cpu[0]
-    worker_s = children_cpu_s() - cpu[1]  # the worker process, waited for above
-    producer_s = self_cpu_s() - cpu[2]
-    database_s = postgres_cpu_s() - cpu[3]
+    worker_s = summary["cpu_s"]  # from registering to the last task: its start-up is not the drain's
+    producer_s = self_cpu_s() - cpu[1]
+    database_s = postgres_cpu_s() - cpu[2]
     return {
         "tasks": handled,
         "submit_s": submitted - start,

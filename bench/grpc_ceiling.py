@@ -9,9 +9,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
 import time
-from pathlib import Path
 
 import grpc
 
@@ -19,13 +17,8 @@ from cronoq.v1 import cronoq_pb2 as pb
 from cronoq.v1 import cronoq_pb2_grpc as pbg
 
 from . import on_loop
+from .cpu import process_cpu_s
 from .rawgrpc import free_port, serve, spawn
-
-
-def process_cpu_s(pid: int) -> float:
-    """CPU seconds (user + system) a running process has used so far (Linux /proc)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 class _Echo(pbg.WorkersServicer):  # type: ignore[misc]

@@ -3,22 +3,27 @@ what the router adds to a Submit. Memory stores, so that the numbers are about r
 
 Issue #4's targets: aggregate throughput ≥ 1.6 times one shard's; router overhead per forwarded Submit
 ≤ 1 ms p50. Next to the overhead it prints what one raw grpc.aio forwarding hop adds (``proxy_floor``),
-which no router on grpc.aio can go below.
+which no router on grpc.aio can go below. Beside each drain it prints the CPU its processes spent per
+task and the rate the machine's cores allow at those costs: where one shard already keeps every core
+busy, two shards on the same cores cannot go faster than that bound, whatever the router does.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import os
 import statistics
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 from cronoq.client import Client, task
 from tests.integration.shardproc import ShardSpec, cluster_tables, new_cluster, router_process
 
 from . import on_loop, proxy_floor
+from .cpu import process_cpu_s, self_cpu_s
 from .worker import start_worker
 
 POOLS = {"a": "a1", "b": "b1"}
@@ -60,9 +65,26 @@ async def submit_latency(target: str, n: int) -> float:
     return statistics.median(samples)
 
 
-async def drain(target: str, pools: list[str], n: int, slots: int) -> float:
-    """Tasks/s for ``n`` no-op tasks split over ``pools``, one worker per pool, all through ``target``."""
+@dataclass(frozen=True, slots=True)
+class Drain:
+    """A drain's rate and the CPU its processes spent per task, in microseconds."""
+
+    tasks_per_s: float
+    servers_us: float  # the shard servers and the router
+    workers_us: float
+    producer_us: float
+
+    @property
+    def cpu_bound(self) -> float:
+        """The most tasks/s this machine's cores allow at these costs, however the work is spread."""
+        return (os.cpu_count() or 1) * 1e6 / (self.servers_us + self.workers_us + self.producer_us)
+
+
+async def drain(cluster: Cluster, target: str, pools: list[str], n: int, slots: int) -> Drain:
+    """``n`` no-op tasks split over ``pools``, one worker per pool, all through ``target``."""
     per_pool = n // len(pools)
+    servers = [proc.proc.pid for proc in (*cluster.shards.values(), cluster.router) if proc.proc is not None]
+    before = (sum(process_cpu_s(pid) for pid in servers), self_cpu_s())
     workers = [start_worker(target, per_pool, slots, pool) for pool in pools]
     async with Client(target) as client:
         began = time.perf_counter()
@@ -74,8 +96,15 @@ async def drain(target: str, pools: list[str], n: int, slots: int) -> float:
         await asyncio.gather(*(submit(pool) for pool in pools))
         outs = await asyncio.gather(*(asyncio.to_thread(w.communicate) for w in workers))
         elapsed = time.perf_counter() - began
-    handled = sum(json.loads(out.strip().splitlines()[-1])["handled"] for out, _ in outs)
-    return float(handled) / elapsed
+    summaries = [json.loads(out.strip().splitlines()[-1]) for out, _ in outs]
+    handled = sum(summary["handled"] for summary in summaries)
+    us = 1e6 / handled
+    return Drain(
+        tasks_per_s=handled / elapsed,
+        servers_us=(sum(process_cpu_s(pid) for pid in servers) - before[0]) * us,
+        workers_us=sum(summary["cpu_s"] for summary in summaries) * us,
+        producer_us=(self_cpu_s() - before[1]) * us,
+    )
 
 
 def run(tasks: int, slots: int) -> None:
@@ -93,10 +122,20 @@ def run(tasks: int, slots: int) -> None:
             f"to a Submit ({raw * 1e3:.2f} ms direct, {proxied * 1e3:.2f} ms proxied; no routing or checks)",
             flush=True,
         )
-        one = on_loop(drain(cluster.shards["a"].target, ["a1"], tasks // 2, slots))
-        two = on_loop(drain(cluster.router.target, ["a1", "b1"], tasks, slots))
+        one = on_loop(drain(cluster, cluster.shards["a"].target, ["a1"], tasks // 2, slots))
+        two = on_loop(drain(cluster, cluster.router.target, ["a1", "b1"], tasks, slots))
         print(
-            f"sharded drain: one shard {one:,.0f} tasks/s ({tasks // 2:,} tasks, direct); two shards through the "
-            f"router (workers redirected) {two:,.0f} tasks/s ({tasks:,} tasks): {two / one:.2f}x   target >= 1.6x",
+            f"sharded drain: one shard {one.tasks_per_s:,.0f} tasks/s ({tasks // 2:,} tasks, direct); two shards "
+            f"through the router (workers redirected) {two.tasks_per_s:,.0f} tasks/s ({tasks:,} tasks): "
+            f"{two.tasks_per_s / one.tasks_per_s:.2f}x   target >= 1.6x\n"
+            f"{_cpu_figures('one shard', one)}\n{_cpu_figures('two shards', two)}: "
+            f"{two.cpu_bound / one.tasks_per_s:.2f}x one shard's rate is the most these {os.cpu_count()} cores allow",
             flush=True,
         )
+
+
+def _cpu_figures(name: str, d: Drain) -> str:
+    return (
+        f"  CPU per task, {name}: servers and router {d.servers_us:.0f} us, workers {d.workers_us:.0f} us, "
+        f"producer {d.producer_us:.0f} us; {os.cpu_count()} cores allow at most {d.cpu_bound:,.0f} tasks/s"
+    )

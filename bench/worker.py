@@ -1,5 +1,6 @@
 """A benchmark worker process: no-op handler; records submit→start latency when the payload carries
-the submit time (Unix ns as text), and prints a JSON summary after ``--expect`` tasks."""
+the submit time (Unix ns as text), and prints a JSON summary after ``--expect`` tasks, with the CPU the
+process spent between registering and its last task (its start-up is not the drain's cost)."""
 
 from __future__ import annotations
 
@@ -38,10 +39,12 @@ async def main() -> None:
     task = asyncio.create_task(worker.run())
     await worker.wait_registered(30)
     print(json.dumps({"registered": True}), flush=True)
+    registered_cpu = time.process_time()
     await done.wait()
+    cpu_s = time.process_time() - registered_cpu  # every thread's, start-up and shutdown left out
     await worker.stop()
     await task
-    print(json.dumps({"handled": count, "latencies": latencies}), flush=True)
+    print(json.dumps({"handled": count, "latencies": latencies, "cpu_s": cpu_s}), flush=True)
     sys.exit(0)
 
 
