@@ -154,14 +154,17 @@ class WorkerStream:
                 self.queue.get_nowait()
                 self.queue.task_done()
             self.queue.put_nowait(_STOP)
-            with contextlib.suppress(Exception):  # a failed write is reported below
+            with contextlib.suppress(Exception):  # a failed write is reported by _writer_done
                 await asyncio.wait_for(asyncio.shield(writer), WRITER_STOP_S)
             if not writer.done():
                 writer.cancel()  # the peer stopped reading; the call ends when its connection does
-                return
-        # A write fails when the worker went away (cancelled its call, lost its connection) while a
-        # message was on its way: nothing to report to anyone, but the error must be collected here,
-        # or asyncio logs it (with a traceback) as "never retrieved".
+
+    def _writer_done(self, writer: asyncio.Task[None]) -> None:
+        """A write fails when the worker went away (cancelled its call, lost its connection) while a
+        message was on its way: nothing to report to anyone, but the error must be collected, or asyncio
+        logs it with a traceback as "never retrieved". Collected here, when the writer ends, rather than
+        by whoever stops it: a call cancelled while ``_stop_writer`` waits never gets back to it (and
+        ``shield`` then drops its own interest in the writer's outcome)."""
         error = None if writer.cancelled() else writer.exception()
         if error is not None:
             log.info("worker_write_failed", worker_id=self.worker_id, error=type(error).__name__)
@@ -223,6 +226,7 @@ class WorkerStream:
             registered.lease_ttl_s = cfg.lease_ttl
         self.queue.put_nowait(pb.ServerMessage(registered=registered))
         self._writer = asyncio.create_task(self._write_loop())
+        self._writer.add_done_callback(self._writer_done)
         self.connected[worker_id] = (first.register.worker_name, time.time_ns())
         log.info(
             "worker_registered",
