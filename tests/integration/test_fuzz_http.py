@@ -1,4 +1,5 @@
-"""Fuzz the HTTP/JSON API of a real server process over a real socket.
+"""Fuzz the HTTP/JSON API of a real server process over a real socket, and the same API through a
+router in front of two shards (every test runs against both).
 
 1. schemathesis against the server's own ``/v1/openapi.json`` (its examples, coverage and fuzzing phases:
    boundary values, wrong types, missing and unexpected fields, other methods, requests without and with
@@ -30,6 +31,7 @@ from schemathesis.engine import Status, events
 from cronoq.api.openapi import OPENAPI
 
 from .serverproc import ServerProcess, running_server
+from .shardproc import ShardSpec, cluster_tables, router_process, running_cluster
 
 CLIENT = "client-fuzz-token-0123456789abcdef"
 ADMIN = "admin-fuzz-token-0123456789abcdef"
@@ -81,10 +83,36 @@ OPERATION_OVERRIDES = [
 ]
 
 
-@pytest.fixture(scope="module")
-def fuzz_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
-    with running_server(Path(tmp_path_factory.mktemp("fuzz-http")), CONFIG, env=ENV) as proc:
-        yield proc
+# The same API through a router in front of two shards: the router parses, checks and routes every
+# request itself before a shard sees it. Each pool's options go to its shard; the rest is shared.
+SHARDS = [
+    ShardSpec("a", 1, ("default",), pool_options="max = 4"),
+    ShardSpec("b", 2, ("reject",), pool_options='max = 1\nmax_pending = 2\noverflow = "reject"'),
+]
+GPU_ON_A = '[[resources]]\nkind = "semaphore"\nname = "gpu"\npermits = 2\nshard = "a"\n'
+SHARED = CONFIG[: CONFIG.index("[[pools]]")] + GPU_ON_A  # the limits and the tokens
+
+
+@pytest.fixture(scope="module", params=["server", "router"])
+def fuzz_server(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[ServerProcess]:
+    directory = Path(tmp_path_factory.mktemp(f"fuzz-http-{request.param}"))
+    if request.param == "server":
+        with running_server(directory, CONFIG, env=ENV) as proc:
+            yield proc
+        return
+    with running_cluster(directory, SHARDS, extra=dict.fromkeys("ab", SHARED), env=ENV) as shards:
+        endpoints = {name: f"http://127.0.0.1:{proc.grpc_port}" for name, proc in shards.items()}
+        router = router_process(directory / "router", f"{SHARED}\n{cluster_tables(SHARDS, endpoints)}")
+        router.env = ENV
+        router.start()
+        try:
+            yield router
+        finally:
+            router.stop()
+        for shard in shards.values():  # what the router let through reached them cleanly too
+            assert_clean_log(shard)
 
 
 def _schemathesis(
