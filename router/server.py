@@ -14,13 +14,13 @@ import grpc
 from aiohttp import web
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
-from cronoq.api.grpc_api import AdminServicer, Ctx, TasksServicer, authorize_worker, call
+from cronoq.api.grpc_api import AdminServicer, Ctx, TasksServicer, authorize_worker, call, registration
 from cronoq.api.http_api import build_http_app
 from cronoq.api.limits import LimitsInterceptor, RequestLimits, grpc_server_options
 from cronoq.auth import Authenticator
 from cronoq.config import Config
 from cronoq.discovery import forwarding
-from cronoq.errors import InvalidArgument, NotFound, PermissionDenied
+from cronoq.errors import NotFound, PermissionDenied
 from cronoq.forward import WrongShard
 from cronoq.logs import get_logger
 from cronoq.process import running_loop_name
@@ -45,9 +45,9 @@ class RedirectWorkers(pbg.WorkersServicer):  # type: ignore[misc]
         async def run() -> None:
             caller = await authorize_worker(self.service, context)
             first = await context.read()
-            if first is grpc.aio.EOF or first.WhichOneof("msg") != "register":
-                raise InvalidArgument("register: the first message of a Work stream must be register")
-            pool = first.register.pool
+            if first is grpc.aio.EOF:  # closed before registering: nothing to refuse (as at a shard)
+                return
+            pool = registration(first).pool
             shard = self.service.shards.by_pool(pool)
             if shard is None:
                 raise NotFound(f"register.pool: unknown pool '{pool}'")

@@ -13,6 +13,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from cronoq.checks import MAX_POOL_LEN, check_text
 from cronoq.engine.model import (
     Dep,
     DepOn,
@@ -79,21 +80,6 @@ class SpecLimits:
     max_deps: int = 100
     max_resources: int = 8
     max_message_bytes: int = 4 * 1024 * 1024
-
-
-def check_text(field: str, value: str, max_len: int, limit: str | None = None) -> str:
-    """``value`` unless it holds NUL or is longer than ``max_len``; ``limit`` names the ``[limits]`` key
-    that sets ``max_len``, if one does (the error then names it and counts as its hit)."""
-    if "\x00" in value:
-        raise InvalidArgument(f"{field}: must not contain NUL characters")
-    if len(value) > max_len:
-        if limit is None:
-            raise InvalidArgument(f"{field}: longer than {max_len} characters ({len(value)})")
-        raise exceeded(
-            limit,
-            InvalidArgument(f"{field}: longer than {max_len} characters ({len(value)}); limits.{limit}"),
-        )
-    return value
 
 
 def check_duration(field: str, value: float) -> float:
@@ -163,7 +149,7 @@ def spec_from_wire(
     """
     pool = msg.pool or default_pool
     if pool not in pools:  # configured names are valid (config rules), so only an unknown one is checked
-        check_text(f"{field}.pool", pool, 64)
+        check_text(f"{field}.pool", pool, MAX_POOL_LEN)
         raise NotFound(f"{field}.pool: unknown pool '{pool}'")
     if template:
         _refuse_in_template(field, msg)

@@ -13,6 +13,7 @@ from collections.abc import AsyncIterator, Collection, Sequence
 from dataclasses import replace
 
 from cronoq.auth import Authenticator, Principal, Role
+from cronoq.checks import check_text
 from cronoq.engine.fixed import reservation_limit
 from cronoq.engine.model import PoolConfig, RecurringError, RetryPolicy, Status, SubmitError, Task, TaskSpec
 from cronoq.engine.snapshot import Snapshot, Totals
@@ -37,7 +38,6 @@ from .convert import (
     NS,
     SpecLimits,
     check_duration,
-    check_text,
     recurring_from_wire,
     recurring_info,
     spec_from_wire,

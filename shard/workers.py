@@ -16,7 +16,9 @@ from typing import Any
 
 import grpc
 
+from cronoq.api.grpc_api import registration
 from cronoq.auth import Principal
+from cronoq.checks import check_text
 from cronoq.engine.model import Abort, Dispatch
 from cronoq.errors import ApiError, FailedPrecondition, InvalidArgument, NotFound, PermissionDenied
 from cronoq.forward import WrongShard
@@ -25,7 +27,7 @@ from cronoq.logs import get_logger
 from cronoq.shards import Shard, ShardMap
 from cronoq.v1 import cronoq_pb2 as pb
 
-from .convert import MAX_WORKER_MESSAGE, NS, SpecLimits, check_map, check_text, priority_to_wire
+from .convert import MAX_WORKER_MESSAGE, NS, SpecLimits, check_map, priority_to_wire
 from .runtime import Runtime
 
 PROTOCOL_VERSION = 3
@@ -170,12 +172,7 @@ class WorkerStream:
             log.info("worker_write_failed", worker_id=self.worker_id, error=type(error).__name__)
 
     def _register(self, msg: pb.WorkerMessage) -> tuple[str, int, dict[str, str]]:
-        if msg.WhichOneof("msg") != "register":
-            raise FailedPrecondition("the first message on a Work stream must be register")
-        reg = msg.register
-        if not reg.pool:
-            raise InvalidArgument("register.pool: required")
-        check_text("register.pool", reg.pool, 64)
+        reg = registration(msg)
         check_text("register.worker_name", reg.worker_name, MAX_WORKER_NAME)
         labels = check_map("register.labels", reg.labels, self.spec_limits)
         owner = self.shards.by_pool(reg.pool)

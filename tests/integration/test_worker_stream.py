@@ -16,6 +16,7 @@ from cronoq.v1 import cronoq_pb2 as pb
 from cronoq.v1 import cronoq_pb2_grpc as pbg
 
 from .serverproc import ServerProcess, running_server
+from .shardproc import ShardSpec, cluster_tables, router_process, running_cluster
 
 pytestmark = pytest.mark.asyncio
 
@@ -263,3 +264,39 @@ async def test_shutdown_starts_no_new_attempt_during_its_grace(tmp_path: Path) -
             after = await w.recv(timeout=10)
             assert after.WhichOneof("msg") == "shutdown", after
         assert await asyncio.to_thread(server.wait, 30) == 0
+
+
+OPENINGS = [
+    {"heartbeat": pb.Heartbeat(lease=1)},
+    {"register": pb.Register(pool="", slots=1)},
+    {"register": pb.Register(pool="a1\x00", slots=1)},
+    {"register": pb.Register(pool="p" * 65, slots=1)},
+    {"register": pb.Register(pool="nope", slots=1)},
+]
+
+
+async def test_the_router_refuses_a_bad_opening_as_a_shard_does(tmp_path: Path) -> None:
+    """A worker learns the same from the router (which only redirects workers) as from a shard: the
+    same status and message for each bad first message, and a quiet end for a stream closed unopened."""
+    specs = [ShardSpec("a", 1, ("a1",))]
+    with running_cluster(tmp_path, specs) as shards:
+        shard = shards["a"]
+        router = router_process(tmp_path / "router", cluster_tables(specs, {"a": f"http://{shard.target}"}))
+        router.start()
+        try:
+            for first in OPENINGS:
+                answers = []
+                for proc in (shard, router):
+                    async with grpc.aio.insecure_channel(proc.target) as ch:
+                        w = RawWorker(ch)
+                        w.send(**first)
+                        answers.append((await w.status(), await w.call.details()))
+                assert answers[0] == answers[1], first
+                assert answers[0][0] != grpc.StatusCode.OK, first
+            for proc in (shard, router):
+                async with grpc.aio.insecure_channel(proc.target) as ch:
+                    w = RawWorker(ch)
+                    w.outbox.put_nowait(None)  # half-close before any message
+                    assert await w.status() == grpc.StatusCode.OK
+        finally:
+            router.stop()

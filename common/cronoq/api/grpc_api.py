@@ -1,7 +1,8 @@
 """gRPC adapters: thin Tasks and Admin servicers over a :class:`.handler.RequestHandler`.
 
 Each method authenticates from the call's metadata, calls the shared request logic and renders an
-:class:`~cronoq.errors.ApiError` as a gRPC status (with its metadata). Nothing else lives here.
+:class:`~cronoq.errors.ApiError` as a gRPC status (with its metadata). The opening of a Workers.Work
+call, which a shard serves and the router redirects, is checked here for both.
 """
 
 from __future__ import annotations
@@ -10,7 +11,8 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, TypeVar
 
 from cronoq.auth import Principal, Role
-from cronoq.errors import ApiError
+from cronoq.checks import MAX_POOL_LEN, check_text
+from cronoq.errors import ApiError, FailedPrecondition, InvalidArgument
 from cronoq.logs import get_logger
 from cronoq.routing import Watch, serving
 from cronoq.transport import (
@@ -44,6 +46,18 @@ async def authorize_worker(service: RequestHandler, context: Ctx) -> Principal:
     except ApiError:
         await take_first_message(context)
         raise
+
+
+def registration(first: Any) -> Any:
+    """The ``Register`` a Work stream must open with (``first``, its first message), checked as far as
+    it can be without knowing the pool: a shard and the router refuse a bad opening alike."""
+    if first.WhichOneof("msg") != "register":
+        raise FailedPrecondition("the first message on a Work stream must be register")
+    register = first.register
+    if not register.pool:
+        raise InvalidArgument("register.pool: required")
+    check_text("register.pool", register.pool, MAX_POOL_LEN)
+    return register
 
 
 def cert_dns_names(context: Ctx) -> list[str]:
