@@ -183,3 +183,11 @@ def running_server(
         yield proc
     finally:
         proc.stop()
+
+
+def assert_clean_log(proc: ServerProcess) -> None:
+    """Nothing went wrong unnoticed in the process: no traceback, no error-level line (ours as JSON, or
+    asyncio's and grpc's as plain ``ERROR:`` lines)."""
+    logs = proc.logs()
+    assert "Traceback" not in logs, logs[-4000:]
+    assert '"level": "error"' not in logs and "ERROR:" not in logs, logs[-4000:]

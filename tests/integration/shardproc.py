@@ -17,7 +17,7 @@ from pathlib import Path
 
 from tests.ports import free_ports
 
-from .serverproc import ServerProcess, write_config
+from .serverproc import ServerProcess, assert_clean_log, running_server, write_config
 
 
 @dataclass(frozen=True, slots=True)
@@ -143,3 +143,42 @@ def running_cluster(
     finally:
         for proc in procs.values():
             proc.stop()
+
+
+@contextlib.contextmanager
+def routed_cluster(
+    directory: Path, shards: Sequence[ShardSpec], shared: str, env: dict[str, str] | None = None
+) -> Iterator[tuple[ServerProcess, dict[str, ServerProcess]]]:
+    """A router in front of a cluster of ``shards``, all started; every process also reads ``shared``
+    (limits, tokens, resources). Yields the router and the shards' processes by name."""
+    with running_cluster(directory, shards, extra={spec.name: shared for spec in shards}, env=env) as procs:
+        endpoints = {name: f"http://{proc.target}" for name, proc in procs.items()}
+        router = router_process(directory / "router", f"{shared}\n{cluster_tables(shards, endpoints)}")
+        router.env = dict(env or {})
+        router.start()
+        try:
+            yield router, procs
+        finally:
+            router.stop()
+
+
+@contextlib.contextmanager
+def server_or_router(
+    kind: str,
+    directory: Path,
+    config: str,
+    shards: Sequence[ShardSpec],
+    shared: str,
+    env: dict[str, str] | None = None,
+) -> Iterator[ServerProcess]:
+    """The same API served two ways, for tests that run against both: ``kind`` "server" is one server
+    reading ``config``; "router" is a router in front of ``shards`` (``shared`` read by every process),
+    whose shards' logs are checked clean at the end as well: what the router let through reached them."""
+    if kind == "server":
+        with running_server(directory, config, env=env) as proc:
+            yield proc
+        return
+    with routed_cluster(directory, shards, shared, env) as (router, procs):
+        yield router
+    for proc in procs.values():
+        assert_clean_log(proc)

@@ -26,8 +26,8 @@ from hypothesis import strategies as st
 from cronoq.v1 import cronoq_pb2 as pb
 from cronoq.v1 import cronoq_pb2_grpc as pbg
 
-from .serverproc import ServerProcess, running_server
-from .shardproc import ShardSpec, cluster_tables, router_process, running_cluster
+from .serverproc import ServerProcess, assert_clean_log
+from .shardproc import ShardSpec, server_or_router
 
 LIMITS = "[limits]\nmax_wait_s = 0.2\n"
 POOLS = ("default", "reject")
@@ -132,20 +132,8 @@ def target(
     request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[ServerProcess]:
     directory = Path(tmp_path_factory.mktemp(f"fuzz-grpc-{request.param}"))
-    if request.param == "server":
-        with running_server(directory, CONFIG) as proc:
-            yield proc
-        return
-    with running_cluster(directory, SHARDS, extra=dict.fromkeys("ab", LIMITS)) as shards:
-        endpoints = {name: f"http://{proc.target}" for name, proc in shards.items()}
-        router = router_process(directory / "router", f"{LIMITS}\n{cluster_tables(SHARDS, endpoints)}")
-        router.start()
-        try:
-            yield router
-        finally:
-            router.stop()
-        for shard in shards.values():
-            assert_clean_log(shard)
+    with server_or_router(request.param, directory, CONFIG, SHARDS, LIMITS) as proc:
+        yield proc
 
 
 async def _call(target: str, service: str, method: str, request: Any) -> tuple[grpc.StatusCode, str]:
@@ -156,11 +144,6 @@ async def _call(target: str, service: str, method: str, request: Any) -> tuple[g
         except grpc.aio.AioRpcError as err:
             return err.code(), err.details() or ""
         return grpc.StatusCode.OK, ""
-
-
-def assert_clean_log(proc: ServerProcess) -> None:
-    logs = proc.logs()
-    assert "Traceback" not in logs and '"level": "error"' not in logs and "ERROR:" not in logs, logs[-4000:]
 
 
 def test_random_requests_get_an_answer_a_caller_can_act_on(target: ServerProcess) -> None:

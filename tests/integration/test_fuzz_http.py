@@ -30,8 +30,8 @@ from schemathesis.engine import Status, events
 
 from cronoq.api.openapi import OPENAPI
 
-from .serverproc import ServerProcess, running_server
-from .shardproc import ShardSpec, cluster_tables, router_process, running_cluster
+from .serverproc import ServerProcess, assert_clean_log
+from .shardproc import ShardSpec, server_or_router
 
 CLIENT = "client-fuzz-token-0123456789abcdef"
 ADMIN = "admin-fuzz-token-0123456789abcdef"
@@ -98,21 +98,8 @@ def fuzz_server(
     request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[ServerProcess]:
     directory = Path(tmp_path_factory.mktemp(f"fuzz-http-{request.param}"))
-    if request.param == "server":
-        with running_server(directory, CONFIG, env=ENV) as proc:
-            yield proc
-        return
-    with running_cluster(directory, SHARDS, extra=dict.fromkeys("ab", SHARED), env=ENV) as shards:
-        endpoints = {name: f"http://127.0.0.1:{proc.grpc_port}" for name, proc in shards.items()}
-        router = router_process(directory / "router", f"{SHARED}\n{cluster_tables(SHARDS, endpoints)}")
-        router.env = ENV
-        router.start()
-        try:
-            yield router
-        finally:
-            router.stop()
-        for shard in shards.values():  # what the router let through reached them cleanly too
-            assert_clean_log(shard)
+    with server_or_router(request.param, directory, CONFIG, SHARDS, SHARED, ENV) as proc:
+        yield proc
 
 
 def _schemathesis(
@@ -217,12 +204,6 @@ def counts(server: ServerProcess) -> tuple[int, int, int]:
     status, schedules = request(server, "GET", "/v1/recurring", token=ADMIN)
     assert status == 200, schedules
     return snapshot["totals"]["submitted"], snapshot["live_tasks"], len(schedules["schedules"])
-
-
-def assert_clean_log(server: ServerProcess) -> None:
-    logs = server.logs()
-    assert "Traceback" not in logs, logs[-4000:]
-    assert '"level": "error"' not in logs and "ERROR:" not in logs, logs[-4000:]
 
 
 def _schema(schema: dict[str, Any]) -> dict[str, Any]:

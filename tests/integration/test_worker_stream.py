@@ -16,7 +16,7 @@ from cronoq.v1 import cronoq_pb2 as pb
 from cronoq.v1 import cronoq_pb2_grpc as pbg
 
 from .serverproc import ServerProcess, running_server
-from .shardproc import ShardSpec, cluster_tables, router_process, running_cluster
+from .shardproc import ShardSpec, routed_cluster
 
 pytestmark = pytest.mark.asyncio
 
@@ -278,25 +278,19 @@ OPENINGS = [
 async def test_the_router_refuses_a_bad_opening_as_a_shard_does(tmp_path: Path) -> None:
     """A worker learns the same from the router (which only redirects workers) as from a shard: the
     same status and message for each bad first message, and a quiet end for a stream closed unopened."""
-    specs = [ShardSpec("a", 1, ("a1",))]
-    with running_cluster(tmp_path, specs) as shards:
+    with routed_cluster(tmp_path, [ShardSpec("a", 1, ("a1",))], "") as (router, shards):
         shard = shards["a"]
-        router = router_process(tmp_path / "router", cluster_tables(specs, {"a": f"http://{shard.target}"}))
-        router.start()
-        try:
-            for first in OPENINGS:
-                answers = []
-                for proc in (shard, router):
-                    async with grpc.aio.insecure_channel(proc.target) as ch:
-                        w = RawWorker(ch)
-                        w.send(**first)
-                        answers.append((await w.status(), await w.call.details()))
-                assert answers[0] == answers[1], first
-                assert answers[0][0] != grpc.StatusCode.OK, first
+        for first in OPENINGS:
+            answers = []
             for proc in (shard, router):
                 async with grpc.aio.insecure_channel(proc.target) as ch:
                     w = RawWorker(ch)
-                    w.outbox.put_nowait(None)  # half-close before any message
-                    assert await w.status() == grpc.StatusCode.OK
-        finally:
-            router.stop()
+                    w.send(**first)
+                    answers.append((await w.status(), await w.call.details()))
+            assert answers[0] == answers[1], first
+            assert answers[0][0] != grpc.StatusCode.OK, first
+        for proc in (shard, router):
+            async with grpc.aio.insecure_channel(proc.target) as ch:
+                w = RawWorker(ch)
+                w.outbox.put_nowait(None)  # half-close before any message
+                assert await w.status() == grpc.StatusCode.OK
