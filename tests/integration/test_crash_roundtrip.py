@@ -88,7 +88,9 @@ async def leases(target: str, count: int) -> dict[int, pb.Lease]:
 
 
 @pytest.mark.parametrize("kind", ["sqlite", "postgres"])
-def test_every_field_of_every_accepted_task_survives_a_crash(kind: str, tmp_path: Path, request: Any) -> None:
+def test_every_field_of_every_accepted_task_survives_a_crash(
+    kind: str, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
     env: dict[str, str] = {}
     if kind == "sqlite":
         store = f'[store]\nkind = "sqlite"\npath = "{tmp_path / "cronoq.db"}"\n'
