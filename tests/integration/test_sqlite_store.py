@@ -181,8 +181,9 @@ async def test_a_task_with_a_row_gets_state_updates_and_its_spec_is_written_once
     stores: list[SqliteStore], path: Path
 ) -> None:
     """A task's whole row (spec and payload) is bound once; its later changes, in this leadership or
-    after a takeover, update the state columns only. A task that ends and a new one reusing its key
-    share a commit without tripping the live-key index."""
+    after a takeover, update the state columns only (and the output, in the same statement). A task
+    that ends and a new one reusing its key share a commit without tripping the live-key index; the
+    output of a task written whole in its commit (no row yet) follows its insert."""
     store = await opened(stores, path)
     await store.acquire()
     await store.recover(0)
@@ -201,7 +202,7 @@ async def test_a_task_with_a_row_gets_state_updates_and_its_spec_is_written_once
     first.spec.payload = None  # as the engine's retention drops it; the stored payload stays
     second = Task(2, TaskSpec("default", payload=b"q", key="k"), 2, Status.READY, 3.0)
     await store.commit(Batch([second, first], outputs=[(1, b"out", "text/plain")], max_id=2))
-    assert task_writes(statements) == ["update", "insert", "output"]
+    assert task_writes(statements) == ["update", "insert"]  # the output rides in the state update
     done = await store.fetch(1)
     assert done is not None and done.task.status is Status.SUCCEEDED and done.output == b"out"
     assert done.task.spec.payload == b"p" * 100
@@ -218,6 +219,13 @@ async def test_a_task_with_a_row_gets_state_updates_and_its_spec_is_written_once
     assert task_writes(statements) == ["update"]
     again = await successor.fetch(2)
     assert again is not None and again.task.status is Status.RUNNING and again.task.spec.payload == b"q"
+
+    statements.clear()
+    third = Task(3, TaskSpec("default", payload=b"r"), 3, Status.SUCCEEDED, 5.0, attempt=1, finished=5.0)
+    await successor.commit(Batch([third], outputs=[(3, b"", "text/plain")], max_id=3))
+    assert task_writes(statements) == ["insert", "output"]
+    empty = await successor.fetch(3)
+    assert empty is not None and (empty.output, empty.output_type) == (b"", "text/plain")
 
 
 # ------------------------------------------------------------------------------ errors, fencing

@@ -462,6 +462,31 @@ async def test_outputs_are_fetched_by_id_and_by_newest_key(backend: Backend) -> 
     assert await store.fetch("unknown") is None
 
 
+async def test_a_large_batch_of_state_changes_lands_on_each_row_with_its_own_output(
+    backend: Backend,
+) -> None:
+    """More state changes in one commit than a store writes in one statement (SQLite: 1,024 rows,
+    padded up to a power of two): every row gets its own state, and its own output when it has one (an
+    empty output stays an empty output, not a missing one); the others keep theirs."""
+    n = 2 * sqlite_store.UPDATE_CHUNK + 77
+    store, _ = await leader(backend)
+    await store.commit(Batch([task(i) for i in range(1, n + 1)], max_id=n))
+    outputs = {i: (str(i).encode() * (i % 3), f"type/{i}") for i in range(1, n + 1) if i % 2}
+    changed = [
+        task(i, Status.SUCCEEDED, finished=NOW + i / 2)
+        if i % 2
+        else replace(task(i, Status.RUNNING), attempt=1)
+        for i in range(1, n + 1)
+    ]
+    await store.commit(Batch(changed, outputs=[(i, *out) for i, out in outputs.items()], max_id=n))
+
+    assert (await store.recover(0)).tasks == changed
+    for i in (1, 2, 3, 1024, 1025, 1026, 2048, 2049, n - 1, n):
+        fetched = await store.fetch(i)
+        assert fetched is not None and fetched.task == changed[i - 1]
+        assert (fetched.output, fetched.output_type) == (outputs.get(i) or (None, ""))
+
+
 async def test_prune_deletes_only_tasks_that_finished_before_the_cutoff(backend: Backend) -> None:
     store, _ = await leader(backend)
     old_live = replace(task(1, Status.READY), created=NOW - 1000)
