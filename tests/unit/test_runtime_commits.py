@@ -303,3 +303,49 @@ async def test_a_fenced_commit_answers_unavailable_delivers_nothing_and_reports_
     with pytest.raises(Unavailable, match="stepped down"):  # nor reported from the unwritten state
         await service.list_tasks(caller, pb.ListTasksRequest())
     runtime.cancel_timer()
+
+
+class QueuedSink:
+    """A worker stream as the server has one: leases and aborts queue up, a writer task takes them."""
+
+    def __init__(self) -> None:
+        self.queue: asyncio.Queue[Dispatch | Abort] = asyncio.Queue()
+        self.written: list[Dispatch | Abort] = []
+        self.writer = asyncio.ensure_future(self._write())
+
+    def send_lease(self, action: Dispatch) -> None:
+        self.queue.put_nowait(action)
+
+    def send_abort(self, action: Abort) -> None:
+        self.queue.put_nowait(action)
+
+    async def _write(self) -> None:
+        while True:
+            self.written.append(await self.queue.get())
+
+
+async def test_with_the_memory_store_the_writers_start_before_the_caller_is_answered() -> None:
+    """Submit and Cancel answer after one pass of the loop when a lease or an abort went out, so that the
+    worker stream's writer takes it first; an answer written first would delay the lease."""
+    pools = [PoolConfig("default")]
+    runtime = Runtime(Engine(pools), OutputCache(10, 1 << 20), clock=lambda: NOW)
+    service = service_over(runtime, pools)
+    caller = service.authorize(None, Role.ADMIN)
+    sink = QueuedSink()
+    try:
+        runtime.attach(1, sink, "default", 1, {})
+        answer = await service.submit(caller, pb.SubmitRequest(task=pb.TaskSpec(pool="default")))
+        assert [action.task.id for action in sink.written if isinstance(action, Dispatch)] == [answer.id]
+
+        queued = await service.submit(caller, pb.SubmitRequest(task=pb.TaskSpec(pool="default")))
+        assert sink.queue.empty() and len(sink.written) == 1  # no free slot: nothing went out
+        assert runtime.engine.get(queued.id) is not None
+
+        cancelled = await service.cancel(caller, pb.CancelRequest(task=pb.TaskRef(id=answer.id)))
+        assert cancelled.cancelled
+        aborts = [action for action in sink.written if isinstance(action, Abort)]
+        leases = [action for action in sink.written if isinstance(action, Dispatch)]
+        assert len(aborts) == 1 and [lease.task.id for lease in leases] == [answer.id, queued.id]
+    finally:
+        sink.writer.cancel()
+        runtime.cancel_timer()
