@@ -149,7 +149,8 @@ class Runtime:
         self.max_id = 0  # highest task id issued, for the store's high-water mark
         self.commit_stats = CommitStats()
         self.sessions: dict[int, WorkerSink] = {}
-        self._handed = False  # memory store: leases or aborts went to worker streams since the last sync()
+        # Leases or aborts went to worker streams since the last sync() (read with the memory store only).
+        self._handed = False
         self.accepting = True
         self._next_worker_id = 1
         self._waiters: dict[int, list[asyncio.Future[None]]] = {}

@@ -133,10 +133,11 @@ _UPSERT = (
 # waits. With executemany a commit of about 20 rows spent 630 us on the store's thread for 240 us of CPU.
 UPDATE_CHUNK: Final = 1024  # rows of 11 parameters: far below SQLite's 32,766 parameters a statement
 _STATE_PARAMS: Final = ("id", *STATE_COLUMNS, "output", "output_type")
+_NO_OUTPUT: Final = (None, None)  # the output and output_type of a row with no new output
 
 
 @functools.cache
-def update_states(rows: int) -> str:
+def _update_states(rows: int) -> str:
     """The update of ``rows`` tasks' states (``rows`` a power of two: a chunk is padded with rows whose
     id is NULL, which match nothing, so that the statement cache holds a dozen statements, not one per
     batch size). A row's output is written when it has one (not NULL: an empty output is b'')."""
@@ -151,7 +152,7 @@ def update_states(rows: int) -> str:
     )
 
 
-def chunked_params(rows: Sequence[Row]) -> Iterator[tuple[str, list[Any]]]:
+def _chunked_params(rows: Sequence[Row]) -> Iterator[tuple[str, list[Any]]]:
     """``rows`` (in _STATE_PARAMS order) as (statement, flat parameters) per chunk, in order."""
     padding = (None,) * len(_STATE_PARAMS)
     for start in range(0, len(rows), UPDATE_CHUNK):
@@ -159,7 +160,7 @@ def chunked_params(rows: Sequence[Row]) -> Iterator[tuple[str, list[Any]]]:
         size = 1 << (len(chunk) - 1).bit_length()
         params = [value for row in chunk for value in row]
         params.extend(padding * (size - len(chunk)))
-        yield update_states(size), params
+        yield _update_states(size), params
 
 
 _UPSERT_SCHEDULE = (
@@ -199,8 +200,6 @@ _QUARANTINE = (
 _TRANSIENT = frozenset(
     {sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED, sqlite3.SQLITE_IOERR, sqlite3.SQLITE_FULL}
 )
-
-_NO_OUTPUT: Final = (None, None)
 
 LEASE_TAKEN_OVER = "cronoq leader lease was taken over; stepping down"
 LEASE_RAN_OUT = "cronoq leader lease could not be renewed before it ran out; stepping down"
@@ -539,7 +538,7 @@ class SqliteStore:
             if current != epoch:
                 raise Fenced(f"fenced: the cronoq leader epoch is now {current}, this leader had {epoch}")
             upserts, deletes = schedules
-            for statement, chunk in chunked_params(updates):
+            for statement, chunk in _chunked_params(updates):
                 conn.execute(statement, chunk)
             for statement, params in (
                 (_UPSERT, rows),
