@@ -20,7 +20,7 @@ from cronoq.api.limits import LimitsInterceptor, RequestLimits, grpc_server_opti
 from cronoq.auth import Authenticator
 from cronoq.config import Config
 from cronoq.discovery import forwarding
-from cronoq.errors import NotFound, PermissionDenied
+from cronoq.errors import NotFound, PermissionDenied, shown
 from cronoq.forward import WrongShard
 from cronoq.logs import get_logger
 from cronoq.process import running_loop_name
@@ -50,9 +50,9 @@ class RedirectWorkers(pbg.WorkersServicer):  # type: ignore[misc]
             pool = registration(first).pool
             shard = self.service.shards.by_pool(pool)
             if shard is None:
-                raise NotFound(f"register.pool: unknown pool '{pool}'")
+                raise NotFound(f"register.pool: unknown pool {shown(pool)}")
             if not caller.may_use_pool(pool):
-                raise PermissionDenied(f"register.pool: this credential may not serve pool '{pool}'")
+                raise PermissionDenied(f"register.pool: this credential may not serve pool {shown(pool)}")
             # The shard's leader as last seen, so that workers need not go through a balancer that may
             # hand them to a standby; after a failover they come back here and are sent on again.
             self.service.redirects[(shard.name, pool)] += 1

@@ -15,7 +15,7 @@ from typing import Any
 
 from cronoq.api.output_types import OutputTypes
 from cronoq.auth import Authenticator, Principal, Role
-from cronoq.errors import InvalidArgument, NotFound
+from cronoq.errors import InvalidArgument, NotFound, shown
 from cronoq.forward import Peers
 from cronoq.limits import LimitHits
 from cronoq.routing import Routing, check_batch
@@ -97,7 +97,7 @@ class RouterService:
     def _owner(self, field: str, pool: str) -> Shard:
         owner = self.routing.pool_owner(pool)
         if owner is None:
-            raise NotFound(f"{field}: unknown pool '{pool or self.default_pool}'")
+            raise NotFound(f"{field}: unknown pool {shown(pool or self.default_pool)}")
         return owner
 
     async def _ref_owner(self, caller: Principal, ref: pb.TaskRef) -> Shard:
@@ -107,7 +107,7 @@ class RouterService:
             raise InvalidArgument("task.key: must not be empty")
         owner = await self.routing.ref_owner(caller, "task", ref, lambda key: False)
         if owner is None:
-            raise NotFound(f"task: no task {ref.key!r}")
+            raise NotFound(f"task: no task {shown(ref.key)}")
         return owner
 
     # ------------------------------------------------------------------------------------ tasks
@@ -120,7 +120,7 @@ class RouterService:
             check_batch(req, self.max_tasks_per_batch)
         owner = self.routing.batch_owner(req)
         if owner is None:
-            raise NotFound(f"tasks[0].pool: unknown pool '{req.tasks[0].pool or self.default_pool}'")
+            raise NotFound(f"tasks[0].pool: unknown pool {shown(req.tasks[0].pool or self.default_pool)}")
         return await self.routing.forward(owner, "SubmitBatch", req, caller)
 
     async def cancel(self, caller: Principal, req: pb.CancelRequest) -> pb.CancelResponse:

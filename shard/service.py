@@ -26,6 +26,7 @@ from cronoq.errors import (
     PermissionDenied,
     ResourceExhausted,
     Unavailable,
+    shown,
 )
 from cronoq.forward import Peers
 from cronoq.limits import LimitHits
@@ -167,7 +168,7 @@ class Service:
 
     def _check_pool(self, caller: Principal, field: str, pool: str) -> None:
         if not caller.may_use_pool(pool):
-            raise PermissionDenied(f"{field}: this credential may not use pool '{pool}'")
+            raise PermissionDenied(f"{field}: this credential may not use pool {shown(pool)}")
 
     async def _task(self, caller: Principal, field: str, ref: pb.TaskRef) -> Task | StoredTask:
         """The task ``ref`` names: from the engine (every live task and recently finished ones), else
@@ -189,7 +190,7 @@ class Service:
                 runtime.outputs.put(found.task.id, found.output, found.output_type)
         pool = (found.task if isinstance(found, StoredTask) else found).spec.pool if found is not None else ""
         if found is None or not caller.may_use_pool(pool):
-            raise NotFound(f"{field}: no task {target!r}")
+            raise NotFound(f"{field}: no task {shown(target) if isinstance(target, str) else target}")
         return found
 
     # ---------------------------------------------------------------------------------- submit
@@ -224,13 +225,13 @@ class Service:
         held = engine.get(spec.key) if spec.key else None
         if held is not None and not caller.may_use_pool(held.spec.pool):
             raise PermissionDenied(
-                f"{field}.key: key '{spec.key}' is held by a task outside this credential's pools"
+                f"{field}.key: key {shown(spec.key)} is held by a task outside this credential's pools"
             )
         for j, dep in enumerate(spec.deps):
             target = engine.get(dep.target)
             if target is not None and not caller.may_use_pool(target.spec.pool):
                 if isinstance(dep.target, str):
-                    raise NotFound(f"{field}.deps[{j}].key: unknown dependency '{dep.target}'")
+                    raise NotFound(f"{field}.deps[{j}].key: unknown dependency {shown(dep.target)}")
                 raise NotFound(f"{field}.deps[{j}].id: unknown dependency {dep.target}")
 
     def _own(self, caller: Principal, field: str, spec: TaskSpec) -> None:
@@ -390,7 +391,7 @@ class Service:
         engine = self.runtime.engine
         for pool in req.pools:
             if not engine.has_pool(pool):
-                raise NotFound(f"pools: unknown pool '{pool}'")
+                raise NotFound(f"pools: unknown pool {shown(pool)}")
             self._check_pool(caller, "pools", pool)
         pools: set[str] | None = set(req.pools) if req.pools else None
         if pools is None and caller.pools is not None:
@@ -461,7 +462,7 @@ class Service:
         engine = self.runtime.engine
         for pool in req.pools:
             if not engine.has_pool(pool):
-                raise NotFound(f"pools: unknown pool '{pool}'")
+                raise NotFound(f"pools: unknown pool {shown(pool)}")
             self._check_pool(caller, "pools", pool)
         # No pools asked: every pool the caller may see (None: all; an empty scope sees none).
         pools = frozenset(req.pools) if req.pools else caller.pools

@@ -16,6 +16,32 @@ import numbers
 from datetime import timedelta
 from typing import ClassVar
 
+# An error's message travels as the ``grpc-message`` trailer, percent-encoded (up to 3 bytes per byte);
+# grpc clients refuse trailers over 16 KiB outright and, above 8 KiB, at random, reporting
+# RESOURCE_EXHAUSTED "Stream removed" instead of the error. Messages are cut to this many UTF-8 bytes.
+MAX_MESSAGE_BYTES = 1024
+SHOWN_CHARS = 64  # of a caller's value quoted in a message (see ``shown``)
+
+
+def bounded(message: str) -> str:
+    """``message`` cut to :data:`MAX_MESSAGE_BYTES` UTF-8 bytes (saying how long it was), so that it
+    reaches the caller whatever it quotes."""
+    if len(message) <= MAX_MESSAGE_BYTES // 4:  # no character takes more than 4 bytes
+        return message
+    data = message.encode(errors="replace")  # (text from JSON may hold lone surrogates)
+    if len(data) <= MAX_MESSAGE_BYTES:
+        return message
+    kept = data[: MAX_MESSAGE_BYTES - 48].decode(errors="ignore")
+    return f"{kept}... (message cut: {len(message):,} characters)"
+
+
+def shown(value: str) -> str:
+    """A caller's value quoted for an error message: a value the server does not know (a pool, a key)
+    has not been length-checked, and a message quoting all of it would be as long as the request."""
+    if len(value) <= SHOWN_CHARS:
+        return f"'{value}'"
+    return f"'{value[:SHOWN_CHARS]}...' ({len(value):,} characters)"
+
 
 class CronoqError(Exception):
     """Base of every error cronoq raises."""
@@ -33,6 +59,7 @@ class ApiError(CronoqError):
     limit: str | None = None
 
     def __init__(self, message: str = "", code: str | None = None) -> None:
+        message = bounded(message)
         super().__init__(message)
         self.message = message
         if code is not None and code != type(self).code:

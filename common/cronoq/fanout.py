@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from .errors import ApiError, DeadlineExceeded, NotFound, Unavailable
+from .errors import ApiError, DeadlineExceeded, NotFound, Unavailable, shown
 from .shards import Shard, ShardMap
 from .v1 import cronoq_pb2 as pb
 
@@ -37,7 +37,7 @@ def split_list(shards: ShardMap, req: pb.ListTasksRequest) -> list[tuple[Shard, 
     for, each asked only for its own pools."""
     for pool in req.pools:
         if shards.by_pool(pool) is None:
-            raise NotFound(f"pools: unknown pool '{pool}'")
+            raise NotFound(f"pools: unknown pool {shown(pool)}")
     parts: list[tuple[Shard, pb.ListTasksRequest]] = []
     for shard in shards:
         part = pb.ListTasksRequest()

@@ -14,7 +14,7 @@ from typing import Any, Protocol
 
 from . import fanout
 from .auth import Principal
-from .errors import ApiError, DataLoss, InvalidArgument, NotFound, Unavailable, error_for
+from .errors import ApiError, DataLoss, InvalidArgument, NotFound, Unavailable, error_for, shown
 from .forward import Peers
 from .limits import exceeded
 from .shards import SHARD_SHIFT, Shard, ShardMap
@@ -385,7 +385,7 @@ class Routing:
         shards it could not reach."""
         for pool in req.pools:
             if self.shards.by_pool(pool) is None:
-                raise NotFound(f"pools: unknown pool '{pool}'")
+                raise NotFound(f"pools: unknown pool {shown(pool)}")
         parts: list[tuple[Shard, _Part]] = []
         for shard in self.shards:
             if req.pools and not any(p in shard.pools for p in req.pools):

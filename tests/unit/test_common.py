@@ -46,6 +46,28 @@ def test_unfamiliar_code_is_kept() -> None:
     assert isinstance(err, errors.Unknown) and err.code == "brand_new"
 
 
+def test_an_error_message_is_cut_to_what_a_grpc_trailer_carries() -> None:
+    """A grpc client drops a status whose message is over its metadata limit (8-16 KiB, percent-encoded)
+    and reports RESOURCE_EXHAUSTED "Stream removed" instead: every message is cut below it."""
+    short = errors.NotFound("pools: unknown pool 'x'")
+    assert short.message == "pools: unknown pool 'x'"
+    # 1, 2 and 4 bytes in UTF-8; a lone surrogate (JSON can carry one) is kept as "?", valid UTF-8
+    for char, kept in (("k", "k"), ("é", "é"), ("\U0001f600", "\U0001f600"), ("\ud800", "?")):
+        long = errors.NotFound("pools: unknown pool " + char * 100_000)
+        assert long.message.startswith("pools: unknown pool " + kept * 10)
+        assert long.message.endswith("... (message cut: 100,020 characters)")
+        assert len(long.message.encode(errors="replace")) <= errors.MAX_MESSAGE_BYTES
+        assert str(long) == f"not_found: {long.message}"
+    exactly = "x" * errors.MAX_MESSAGE_BYTES
+    assert errors.InvalidArgument(exactly).message == exactly
+
+
+def test_a_callers_value_is_quoted_short() -> None:
+    assert errors.shown("gpu") == "'gpu'"
+    assert errors.shown("p" * errors.SHOWN_CHARS) == f"'{'p' * errors.SHOWN_CHARS}'"
+    assert errors.shown("p" * 100_000) == f"'{'p' * errors.SHOWN_CHARS}...' (100,000 characters)"
+
+
 def test_authenticator_roles_and_failures() -> None:
     auth = Authenticator([TokenEntry(TOKEN, Role.CLIENT, pools=frozenset({"a"}))])
     assert auth.enabled
