@@ -45,6 +45,9 @@ lease_ttl_s = 30
 """
 
 
+PARTS = ("library", "memory", "shards", "sqlite", "postgres")
+
+
 def percentile(values: list[float], q: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else float("nan")
@@ -151,23 +154,42 @@ def durable_drain(
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(prog="make bench")
-    p.add_argument("--tasks", type=int, default=20_000)
-    p.add_argument("--slots", type=int, default=64)
-    p.add_argument("--rate", type=float, default=200.0)
-    p.add_argument("--seconds", type=float, default=10.0)
-    p.add_argument("--engine-tasks", type=int, default=100_000)
-    p.add_argument("--library-tasks", type=int, default=50_000)
-    p.add_argument("--failovers", type=int, default=5, help="failover rounds on Postgres")
+    p = argparse.ArgumentParser(
+        prog="python -m bench", description="What `make bench` runs (with every part, and these defaults)."
+    )
+    p.add_argument("--tasks", type=int, default=20_000, help="tasks in each drain (default: %(default)s)")
+    p.add_argument("--slots", type=int, default=64, help="the drain worker's slots (default: %(default)s)")
+    p.add_argument(
+        "--rate", type=float, default=200.0, help="tasks/s of the latency run (default: %(default)s)"
+    )
+    p.add_argument(
+        "--seconds", type=float, default=10.0, help="length of the latency run (default: %(default)s)"
+    )
+    p.add_argument(
+        "--engine-tasks", type=int, default=100_000, help="tasks of the engine run (default: %(default)s)"
+    )
+    p.add_argument(
+        "--library-tasks",
+        type=int,
+        default=50_000,
+        help="tasks of the library-mode run (default: %(default)s)",
+    )
+    p.add_argument(
+        "--failovers", type=int, default=5, help="failover rounds on Postgres (default: %(default)s)"
+    )
     p.add_argument(
         "--stores",
-        default="library,memory,shards,sqlite,postgres",
+        default=",".join(PARTS),
         help="comma-separated parts: library (in-process mode), memory (engine, transport, drain, latency), "
         "shards (two shards and a router), "
-        "sqlite and postgres (durable drains; postgres also failover)",
+        "sqlite and postgres (durable drains; postgres also failover) (default: all)",
     )
     args = p.parse_args()
     stores = set(args.stores.split(","))
+    if stores - set(PARTS):
+        p.error(
+            f"--stores: unknown part(s) {', '.join(sorted(stores - set(PARTS)))}; choose from {', '.join(PARTS)}"
+        )
     print(
         f"event loop: {LOOP.name} (CRONOQ_EVENT_LOOP={os.environ.get('CRONOQ_EVENT_LOOP') or 'auto'}); "
         f"engine: {'compiled with mypyc' if compiled() else 'interpreted (built with CRONOQ_COMPILE=0 or no C compiler)'}",
