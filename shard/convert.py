@@ -34,7 +34,6 @@ from cronoq.v1 import cronoq_pb2 as pb
 
 HUNDRED_YEARS_S = 100 * 365 * 86_400.0
 MAX_CONTENT_TYPE = 128
-MAX_WORKER_MESSAGE = 8192
 MAX_RESOURCE_NAME = 64  # resource names follow the pool-name rule of the configuration
 NS = 1_000_000_000
 # A lease on the wire beyond its payload and strings: ids, numbers, field tags and lengths (generous).

@@ -20,14 +20,21 @@ from cronoq.api.grpc_api import registration
 from cronoq.auth import Principal
 from cronoq.checks import check_text
 from cronoq.engine.model import Abort, Dispatch
-from cronoq.errors import ApiError, FailedPrecondition, InvalidArgument, NotFound, PermissionDenied
+from cronoq.errors import (
+    MAX_REPORT_CHARS,
+    ApiError,
+    FailedPrecondition,
+    InvalidArgument,
+    NotFound,
+    PermissionDenied,
+)
 from cronoq.forward import WrongShard
 from cronoq.limits import LimitHits
 from cronoq.logs import get_logger
 from cronoq.shards import Shard, ShardMap
 from cronoq.v1 import cronoq_pb2 as pb
 
-from .convert import MAX_WORKER_MESSAGE, NS, SpecLimits, check_map, priority_to_wire
+from .convert import NS, SpecLimits, check_map, priority_to_wire
 from .runtime import Runtime
 
 PROTOCOL_VERSION = 3
@@ -50,7 +57,7 @@ def _queue_limit(slots: int) -> int:
 
 def _worker_text(value: str) -> str:
     """Messages from workers are stored, not rejected: NUL becomes U+FFFD, length is capped."""
-    return value.replace("\x00", "\ufffd")[:MAX_WORKER_MESSAGE]
+    return value.replace("\x00", "\ufffd")[:MAX_REPORT_CHARS]
 
 
 class WorkerStream:

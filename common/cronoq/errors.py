@@ -21,6 +21,10 @@ from typing import ClassVar
 # RESOURCE_EXHAUSTED "Stream removed" instead of the error. Messages are cut to this many UTF-8 bytes.
 MAX_MESSAGE_BYTES = 1024
 SHOWN_CHARS = 64  # of a caller's value quoted in a message (see ``shown``)
+# Characters of a worker's report text (a failure's message, a nack's reason) that a server keeps. The
+# worker SDK cuts its reports to it: a handler's exception text can be any length, and a report over
+# the server's message limit would end the stream, retrying every lease on it.
+MAX_REPORT_CHARS = 8192
 
 
 def bounded(message: str) -> str:

@@ -219,3 +219,47 @@ async def test_an_invalid_retry_after_does_not_end_the_workers_stream(server: Se
         info = await client.get(done.id)
         assert info.attempt == 2
         assert w.running and w.connections == 1
+
+
+@pytest.mark.parametrize("raised", ["permanent", "exception", "reject"])
+async def test_a_report_with_a_huge_text_does_not_end_the_workers_stream(
+    server: ServerProcess, raised: str
+) -> None:
+    """A failure's message (or a nack's reason) longer than the server's message limit ended the
+    worker's stream: every lease on it was retried, and a Permanent failure was retried until it was
+    dead-lettered as "worker disconnected". The SDK cuts the text to what a server keeps."""
+    huge = "x" * 5_000_000  # the server's limits.max_message_bytes is 4 MiB
+    other_started = asyncio.Event()
+
+    async def handler(lease: Lease) -> str:
+        if lease.payload == b"other":
+            other_started.set()
+            await asyncio.sleep(0.3)  # running on the same stream while the huge report goes out
+            return "other"
+        await other_started.wait()
+        if raised == "permanent":
+            raise cronoq.Permanent(huge)
+        if raised == "reject":
+            if lease.attempt == 1 and not rejected:
+                rejected.append(lease.task_id)
+                raise Reject(huge)
+            return "second lease"
+        raise ValueError(huge)
+
+    rejected: list[int] = []
+    async with worker(server.target, handler, slots=2) as w, Client(server.target) as client:
+        other = await client.submit(b"other")
+        done = await client.submit(b"huge", wait=True, wait_timeout=20)
+        assert done.result is not None
+        other_done = await client.wait(other.id, timeout=10)
+        assert other_done.status == "succeeded" and other_done.text() == "other"
+        info = await client.get(done.id)
+        assert w.connections == 1  # the stream was never ended
+    if raised == "reject":  # no other worker: the attempt failed as retryable, the next one ran
+        assert rejected == [done.id] and done.result.text() == "second lease" and info.attempt == 2
+        return
+    expected = ("failed", 1) if raised == "permanent" else ("dead_lettered", 3)
+    assert (done.result.status, info.attempt) == expected
+    text = huge if raised == "permanent" else f"ValueError: {huge}"
+    suffix = f"... (cut: {len(text):,} characters)"
+    assert done.result.message == text[: 8192 - len(suffix)] + suffix

@@ -32,7 +32,15 @@ from cronoq.client._connect import (
     with_defaults,
 )
 from cronoq.client._wire import duration, optional_seconds, priority_name
-from cronoq.errors import ApiError, CronoqError, FailedPrecondition, Permanent, Retryable, error_for
+from cronoq.errors import (
+    MAX_REPORT_CHARS,
+    ApiError,
+    CronoqError,
+    FailedPrecondition,
+    Permanent,
+    Retryable,
+    error_for,
+)
 from cronoq.v1 import cronoq_pb2 as pb
 from cronoq.v1 import cronoq_pb2_grpc as pb_grpc
 
@@ -615,6 +623,13 @@ def _describe(err: BaseException) -> str:
 
 
 def _wire_text(text: str) -> str:
-    """``text`` as protobuf accepts it: valid UTF-8. An exception about an undecodable file name carries
-    lone surrogates, which would make building the message raise; they are sent escaped instead."""
-    return text.encode("utf-8", "backslashreplace").decode("utf-8")
+    """``text`` as a report carries it: valid UTF-8 (an exception about an undecodable file name carries
+    lone surrogates, which would make building the message raise; they are sent escaped instead), and
+    cut to what a server keeps (:data:`~cronoq.errors.MAX_REPORT_CHARS`), saying how long it was: a
+    handler's exception text can be any length, and a report over the server's message limit would end
+    the stream and retry every lease on it."""
+    text = text.encode("utf-8", "backslashreplace").decode("utf-8")
+    if len(text) <= MAX_REPORT_CHARS:
+        return text
+    cut = f"... (cut: {len(text):,} characters)"
+    return text[: MAX_REPORT_CHARS - len(cut)] + cut
