@@ -448,6 +448,7 @@ class _Session:
                 attempt.cancel()
             self._attempts.clear()
             self._signals.registered.clear()
+            self._end_requests()
             self._closed.set()
 
     async def close(self) -> None:
@@ -586,6 +587,14 @@ class _Session:
 
     def _send(self, message: Any) -> None:
         self._outbox.append(message)
+        self._outbox_filled.set()
+
+    def _end_requests(self) -> None:
+        """End :meth:`_requests` once the call is over. grpc.aio reads it in a task of its own, which a
+        call ended by the server (an error status, a lost connection) leaves waiting for the next message:
+        the task would be destroyed pending and the generator's close fail, both logged by asyncio as
+        errors. What is still queued goes first (after a ``shutdown`` the server may still read it)."""
+        self._half_close = True
         self._outbox_filled.set()
 
     async def _requests(self) -> AsyncIterator[Any]:

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import itertools
+import logging
 import socket
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack
@@ -100,6 +102,26 @@ async def test_a_lease_before_registered_ends_the_session(
         await worker.wait_registered(TIMEOUT)
     assert pauses == [0.1]
     assert worker.connections == 1
+
+
+async def test_a_stream_the_server_ended_leaves_nothing_of_it_behind(
+    workers: WorkersServer, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """grpc.aio reads the worker's messages in a task of its own. When the server ended the stream (an
+    error status, a lost connection), that task waited for the worker's next message forever; once the
+    call was collected, asyncio logged "Task was destroyed but it is pending!" and a failed close of the
+    message generator as errors, in the worker's log, on every reconnect."""
+    worker = Worker(workers.target, "p", _never)
+    pauses = record_pauses(worker, monkeypatch)
+    async with running(worker):
+        first = await workers.accept()
+        await first.handshake()
+        first.end(UNAVAILABLE)
+        await (await workers.accept()).handshake()
+        await worker.wait_registered(TIMEOUT)
+        gc.collect()  # the first call is garbage now: destroying a pending task is logged at once
+    assert pauses == [0.1] and worker.connections == 2
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR] == []
 
 
 async def test_backoff_doubles_up_to_the_maximum(
