@@ -4,14 +4,16 @@ from __future__ import annotations
 
 import asyncio
 import signal
+from pathlib import Path
 
 import pytest
 
 import cronoq
 from cronoq.client import CancelTask, Client, Lease, Reject
 
+from .conftest import DEFAULT_CONFIG
 from .helpers import SubprocessWorker, worker
-from .serverproc import ServerProcess
+from .serverproc import ServerProcess, running_server
 
 pytestmark = pytest.mark.asyncio
 
@@ -228,7 +230,7 @@ async def test_a_report_with_a_huge_text_does_not_end_the_workers_stream(
     """A failure's message (or a nack's reason) longer than the server's message limit ended the
     worker's stream: every lease on it was retried, and a Permanent failure was retried until it was
     dead-lettered as "worker disconnected". The SDK cuts the text to what a server keeps."""
-    huge = "x" * 5_000_000  # the server's limits.max_message_bytes is 4 MiB
+    huge = "x" * 5_000_000  # over the server's limits.max_message_bytes (1 MiB here)
     other_started = asyncio.Event()
 
     async def handler(lease: Lease) -> str:
@@ -263,3 +265,21 @@ async def test_a_report_with_a_huge_text_does_not_end_the_workers_stream(
     text = huge if raised == "permanent" else f"ValueError: {huge}"
     suffix = f"... (cut: {len(text):,} characters)"
     assert done.result.message == text[: 8192 - len(suffix)] + suffix
+
+
+async def test_a_report_is_cut_to_fit_a_small_message_limit(tmp_path: Path) -> None:
+    """Under 8,192 characters but over a small ``max_message_bytes`` in UTF-8 (2 bytes a character
+    here): cut to fit, not sent whole to end the stream."""
+    config = DEFAULT_CONFIG.replace("max_message_bytes = 1048576", "max_message_bytes = 4096")
+
+    async def handler(lease: Lease) -> None:
+        raise cronoq.Permanent("é" * 8000)
+
+    with running_server(tmp_path, config) as server:
+        async with worker(server.target, handler) as w, Client(server.target) as client:
+            done = await client.submit(b"x", wait=True, wait_timeout=10)
+            assert w.connections == 1
+    assert done.result is not None and done.result.status == "failed"
+    message = done.result.message
+    assert message.startswith("é" * 1000) and message.endswith("... (cut: 8,000 characters)")
+    assert len(message.encode()) <= 4096 - 1024  # the SDK keeps 1 KiB for the rest of the message

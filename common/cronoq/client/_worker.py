@@ -463,7 +463,9 @@ class _Session:
         for lease_id, attempt in list(self._attempts.items()):
             del self._attempts[lease_id]
             attempt.cancel()
-            self._send(_fail(lease_id, f"the worker stopped; the handler did not finish within {grace} s"))
+            self._send(
+                self._fail(lease_id, f"the worker stopped; the handler did not finish within {grace} s")
+            )
         self._half_close = True
         self._outbox_filled.set()
         try:
@@ -517,7 +519,9 @@ class _Session:
             # The handler ended, but its report could not be built (an output that breaks the encoder, an
             # exception with a broken attribute). The lease must be answered all the same: unanswered,
             # it would be heartbeated, and its slot held, for as long as the stream lasts.
-            outcome = _fail(lease_id, f"the worker could not report how the handler ended: {_describe(err)}")
+            outcome = self._fail(
+                lease_id, f"the worker could not report how the handler ended: {_describe(err)}"
+            )
         # Gone from the table means aborted, drained or the stream ended: the outcome is not wanted.
         if self._attempts.pop(lease_id, None) is attempt:
             attempt.stop_heartbeat()
@@ -531,17 +535,17 @@ class _Session:
             current = asyncio.current_task()
             if current is not None and current.cancelling():
                 raise  # cancelled by this worker (abort, stop, stream end)
-            return _fail(lease.id, "CancelledError: raised by the handler")
+            return self._fail(lease.id, "CancelledError: raised by the handler")
         except Reject as err:
             return self._give_back(lease.id, err.reason)
         except CancelTask:
             return pb.WorkerMessage(cancelled=pb.Cancelled(lease=lease.id))
         except Retryable as err:
-            return _fail(lease.id, err.message, retry_after=err.retry_after)
+            return self._fail(lease.id, err.message, retry_after=err.retry_after)
         except Permanent as err:
-            return _fail(lease.id, err.message, permanent=True)
+            return self._fail(lease.id, err.message, permanent=True)
         except Exception as err:
-            return _fail(lease.id, _describe(err))
+            return self._fail(lease.id, _describe(err))
         return self._complete(lease.id, value)
 
     async def _invoke(self, lease: Lease) -> object:
@@ -556,10 +560,10 @@ class _Session:
         try:
             output, content_type = encode(value)
         except (TypeError, ValueError, RecursionError) as err:  # RecursionError: nested too deeply
-            return _fail(lease_id, f"the handler's output is not JSON-encodable: {err}", permanent=True)
+            return self._fail(lease_id, f"the handler's output is not JSON-encodable: {err}", permanent=True)
         limit = self._worker.max_message_bytes - OUTPUT_HEADROOM
         if len(output) > limit:
-            return _fail(
+            return self._fail(
                 lease_id,
                 f"the handler's output is {len(output)} bytes; the server accepts at most {limit}",
                 permanent=True,
@@ -568,11 +572,40 @@ class _Session:
             complete=pb.Complete(lease=lease_id, output=output, content_type=content_type)
         )
 
+    def _fail(
+        self, lease_id: int, message: str, *, permanent: bool = False, retry_after: object = None
+    ) -> Any:
+        """A ``fail`` the server accepts whatever ``retry_after`` holds. An invalid one (NaN, negative,
+        not a number: it can be set on a ``Retryable`` after construction) is left out and named in the
+        message: the server would answer it by ending the stream, failing every other lease on it."""
+        try:
+            seconds = Retryable.retry_after_seconds(retry_after)
+        except ValueError as err:
+            seconds, message = None, f"{message} (retry_after not sent: {err})"
+        text = self._wire_text(message)
+        return pb.WorkerMessage(
+            fail=pb.Fail(lease=lease_id, message=text, permanent=permanent, retry_after_s=seconds)
+        )
+
+    def _wire_text(self, text: str) -> str:
+        """``text`` as a report carries it: valid UTF-8 (an exception about an undecodable file name
+        carries lone surrogates, which would make building the message raise; they are sent escaped
+        instead), cut to what a server keeps (:data:`~cronoq.errors.MAX_REPORT_CHARS`) and to what fits
+        in the server's message limit, saying how long it was. A handler's exception text can be any
+        length, and a report over that limit would end the stream and retry every lease on it."""
+        text = text.encode("utf-8", "backslashreplace").decode("utf-8")
+        max_bytes = self._worker.max_message_bytes - OUTPUT_HEADROOM
+        if len(text) <= MAX_REPORT_CHARS and (len(text) * 4 <= max_bytes or len(text.encode()) <= max_bytes):
+            return text
+        cut = f"... (cut: {len(text):,} characters)"
+        kept = text[: MAX_REPORT_CHARS - len(cut)].encode()[: max_bytes - len(cut)]
+        return kept.decode(errors="ignore") + cut
+
     def _give_back(self, lease_id: int, reason: str) -> Any:
         """Nack; servers older than protocol 2 have none, a retryable failure is the closest."""
         if self._worker.server_protocol >= 2:
-            return pb.WorkerMessage(nack=pb.Nack(lease=lease_id, reason=_wire_text(reason)))
-        return _fail(lease_id, reason)
+            return pb.WorkerMessage(nack=pb.Nack(lease=lease_id, reason=self._wire_text(reason)))
+        return self._fail(lease_id, reason)
 
     def _beat_later(self, attempt: _Attempt, interval: float) -> None:
         attempt.heartbeat = asyncio.get_running_loop().call_later(interval, self._beat, attempt, interval)
@@ -610,35 +643,9 @@ class _Session:
             await self._outbox_filled.wait()
 
 
-def _fail(lease_id: int, message: str, *, permanent: bool = False, retry_after: object = None) -> Any:
-    """A ``fail`` the server accepts whatever ``retry_after`` holds. An invalid one (NaN, negative, not
-    a number: it can be set on a ``Retryable`` after construction) is left out and named in the message:
-    the server would answer it by ending the stream, failing every other lease on it."""
-    try:
-        seconds = Retryable.retry_after_seconds(retry_after)
-    except ValueError as err:
-        seconds, message = None, f"{message} (retry_after not sent: {err})"
-    return pb.WorkerMessage(
-        fail=pb.Fail(lease=lease_id, message=_wire_text(message), permanent=permanent, retry_after_s=seconds)
-    )
-
-
 def _describe(err: BaseException) -> str:
     """``TypeName: message`` for a report; just the type's name when the exception cannot be shown."""
     try:
         return f"{type(err).__name__}: {err}"
     except Exception:
         return type(err).__name__
-
-
-def _wire_text(text: str) -> str:
-    """``text`` as a report carries it: valid UTF-8 (an exception about an undecodable file name carries
-    lone surrogates, which would make building the message raise; they are sent escaped instead), and
-    cut to what a server keeps (:data:`~cronoq.errors.MAX_REPORT_CHARS`), saying how long it was: a
-    handler's exception text can be any length, and a report over the server's message limit would end
-    the stream and retry every lease on it."""
-    text = text.encode("utf-8", "backslashreplace").decode("utf-8")
-    if len(text) <= MAX_REPORT_CHARS:
-        return text
-    cut = f"... (cut: {len(text):,} characters)"
-    return text[: MAX_REPORT_CHARS - len(cut)] + cut
