@@ -82,6 +82,7 @@ class RouterServer:
             max_tasks_per_batch=limits.max_tasks_per_batch,
             max_wait_s=limits.max_wait_s,
             max_list=limits.max_list,
+            max_message_bytes=limits.max_message_bytes,
         )
         # The server-wide [limits] gates both listeners share; hits counted with the service's.
         self.request_limits = RequestLimits(limits, self.service.limit_hits)

@@ -44,6 +44,7 @@ class RouterService:
         max_tasks_per_batch: int,
         max_wait_s: float,
         max_list: int,
+        max_message_bytes: int,
     ) -> None:
         self.auth = auth
         self.shards = shards
@@ -58,6 +59,7 @@ class RouterService:
             self.default_pool,
             max_wait_s=max_wait_s,
             max_list=max_list,
+            max_message_bytes=max_message_bytes,
             on_output=self._keep_type,
         )
         self.peers = peers

@@ -28,6 +28,7 @@ from cronoq.errors import (
     Unavailable,
     shown,
 )
+from cronoq.fanout import fitting
 from cronoq.forward import Peers
 from cronoq.limits import LimitHits
 from cronoq.routing import Routing, check_batch
@@ -115,6 +116,7 @@ class Service:
                 self.default_pool,
                 max_wait_s=max_wait_s,
                 max_list=max_list,
+                max_message_bytes=spec_limits.max_message_bytes,
                 on_output=self._keep_output,
             )
             if peers is not None and shards is not None and shards.sharded
@@ -399,9 +401,11 @@ class Service:
         statuses = {status_from_wire("statuses", s) for s in req.statuses} or None
         limit = min(req.limit or DEFAULT_PAGE, self.max_list)
         page, next_after = engine.list_tasks(pools=pools, statuses=statuses, after=req.after, limit=limit)
-        return pb.ListTasksResponse(
-            tasks=[task_info(t, self.runtime.output_available(t)) for t in page], next_after=next_after
-        )
+        infos = [task_info(t, self.runtime.output_available(t)) for t in page]
+        kept = fitting(infos, self.spec_limits.max_message_bytes)
+        if kept < len(infos):
+            infos, next_after = infos[:kept], infos[kept - 1].id
+        return pb.ListTasksResponse(tasks=infos, next_after=next_after)
 
     def _wait_limit(self, field: str, requested: float | None) -> float:
         """The server-side wait: as requested, but at most ``limits.max_wait_s`` (a longer request is cut,

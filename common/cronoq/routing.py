@@ -227,6 +227,7 @@ class Routing:
         *,
         max_wait_s: float,
         max_list: int,
+        max_message_bytes: int,
         on_output: Callable[[int, bytes, str], None],
     ) -> None:
         self.shards = shards
@@ -234,6 +235,7 @@ class Routing:
         self.default_pool = default_pool
         self.max_wait_s = max_wait_s
         self.max_list = max_list
+        self.max_message_bytes = max_message_bytes
         self.on_output = on_output
 
     def remote(self, shard: Shard | None) -> Shard | None:
@@ -337,7 +339,7 @@ class Routing:
     ) -> pb.ListTasksResponse:
         parts = fanout.split_list(self.shards, req)
         answers = await self.fan_out(caller, "tasks", "ListTasks", parts, local)
-        return fanout.merge_pages(answers, min(req.limit or 100, self.max_list))
+        return fanout.merge_pages(answers, min(req.limit or 100, self.max_list), self.max_message_bytes)
 
     async def snapshot(self, caller: Principal, local: Local) -> pb.SnapshotResponse:
         parts = [(shard, pb.Empty()) for shard in self.shards]

@@ -20,12 +20,14 @@ import aiohttp
 import grpc
 import pytest
 
+from cronoq import Permanent
+from cronoq.client import Client, Lease, task
 from cronoq.v1 import cronoq_pb2 as pb
 from cronoq.v1 import cronoq_pb2_grpc as pbg
 
-from .helpers import eager_worker_refusals
+from .helpers import eager_worker_refusals, worker
 from .serverproc import ServerProcess, running_server
-from .shardproc import ShardSpec, cluster_tables, router_process, running_cluster
+from .shardproc import ShardSpec, cluster_tables, router_process, running_cluster, server_or_router
 
 pytestmark = pytest.mark.asyncio
 
@@ -344,6 +346,55 @@ async def test_list_page_is_cut_to_max_list(small: ServerProcess, http: aiohttp.
     status, body = await http_json(http, "GET", "/v1/tasks", params={"limit": "50"})
     assert status == 200 and len(body["tasks"]) == 5 and body["next_after"]
     assert watched.hits("max_list") == 2
+
+
+LONG_MESSAGES = "[limits]\nmax_message_bytes = 65536\n"
+LONG_MESSAGE_SHARDS = [
+    ShardSpec("a", 1, ("default",), pool_options="retry = { max_attempts = 1 }"),
+    ShardSpec("b", 2, ("other",), pool_options="retry = { max_attempts = 1 }"),
+]
+
+
+@pytest.mark.parametrize("kind", ["server", "router"])
+async def test_a_page_of_long_messages_is_cut_to_what_one_answer_carries(tmp_path: Any, kind: str) -> None:
+    """A ListTasks page of ``max_list`` tasks whose failure messages are long can be far larger than
+    ``max_message_bytes``, which grpc refuses to send: the caller got RESOURCE_EXHAUSTED for every
+    such page and could never list past it. The page stops at what fits and the cursor goes on."""
+    config = LONG_MESSAGES + "".join(
+        f'\n[[pools]]\nname = "{p}"\n{spec.pool_options}\n'
+        for spec in LONG_MESSAGE_SHARDS
+        for p in spec.pools
+    )
+
+    async def handler(lease: Lease) -> None:
+        raise Permanent("é" * 8000)  # 16,000 bytes of UTF-8: five make a page too large
+
+    with server_or_router(kind, tmp_path, config, LONG_MESSAGE_SHARDS, LONG_MESSAGES) as target:
+        async with (
+            worker(target.target, handler, "default", slots=4),
+            worker(target.target, handler, "other", slots=4),
+            Client(target.target) as client,
+        ):
+            ids = []
+            for pool in ("default", "other"):
+                ids += [s.id for s in await client.submit_batch([task(b"x", pool=pool) for _ in range(6)])]
+            for task_id in ids:
+                assert (await client.wait(task_id, timeout=10)).status == "failed"
+        listed: list[int] = []
+        after = 0
+        async with grpc_stubs(target) as (tasks, _, _):
+            for _ in range(len(ids)):
+                page = await tasks.ListTasks(pb.ListTasksRequest(after=after, limit=1000))
+                assert 1 <= len(page.tasks) <= 4 and page.ByteSize() <= 65536
+                listed += [t.id for t in page.tasks]
+                after = page.next_after
+                if not after:
+                    break
+        assert listed == sorted(ids)
+        async with aiohttp.ClientSession(base_url=target.http) as session:
+            status, body = await http_json(session, "GET", "/v1/tasks", params={"limit": "1000"})
+        assert status == 200 and [int(t["id"]) for t in body["tasks"]] == sorted(ids)[: len(body["tasks"])]
+        assert len(body["tasks"]) <= 4 and body["next_after"]
 
 
 # ----------------------------------------------------------------------------------- concurrency

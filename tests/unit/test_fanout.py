@@ -10,6 +10,8 @@ from hypothesis import strategies as st
 
 from cronoq.errors import DeadlineExceeded, PermissionDenied, Unauthenticated, Unavailable
 from cronoq.fanout import (
+    PAGE_HEADROOM,
+    fitting,
     merge_pages,
     merge_recurring,
     merge_removed,
@@ -23,6 +25,7 @@ from cronoq.v1 import cronoq_pb2 as pb
 A = Shard("a", 1, "http://127.0.0.1:1", frozenset({"a1", "a2"}))
 B = Shard("b", 2, "http://127.0.0.1:2", frozenset({"b1"}))
 SHARDS = ShardMap([A, B])
+MAX_MESSAGE_BYTES = 4 * 1024 * 1024
 
 
 def page_of(ids: list[int], after: int, limit: int) -> pb.ListTasksResponse:
@@ -51,7 +54,7 @@ def test_paging_through_merged_pages_yields_every_task_once_in_order(
     after = 0
     for _ in range(len(a_ids) + len(b_ids) + 1):
         a_page, b_page = page_of(a_ids, after, min(limit, a_cap)), page_of(b_ids, after, min(limit, b_cap))
-        merged = merge_pages([(A, a_page), (B, b_page)], limit)
+        merged = merge_pages([(A, a_page), (B, b_page)], limit, MAX_MESSAGE_BYTES)
         assert len(merged.tasks) <= limit
         seen += [t.id for t in merged.tasks]
         after = merged.next_after
@@ -60,8 +63,43 @@ def test_paging_through_merged_pages_yields_every_task_once_in_order(
     assert seen == sorted(a_ids + b_ids)
 
 
+@given(st.lists(st.integers(0, 3_000), min_size=1, max_size=40), st.integers(4_096, 40_000))
+def test_paging_by_size_yields_every_task_once_and_each_page_fits(sizes: list[int], max_bytes: int) -> None:
+    """Tasks whose messages make ``limit`` of them larger than one answer may be (grpc refuses to send
+    it): each merged page holds what fits, at least one task, and paging on misses none."""
+    texts = {(1 + (i % 2)) << 56 | (i + 1): "m" * size for i, size in enumerate(sizes)}
+
+    def page(shard: int, after: int) -> pb.ListTasksResponse:
+        ids = [i for i in texts if i >> 56 == shard]
+        answer = page_of(ids, after, 100)
+        for info in answer.tasks:
+            info.message = texts[info.id]
+        return answer
+
+    seen: list[int] = []
+    after = 0
+    for _ in range(len(texts) + 1):
+        merged = merge_pages([(A, page(1, after)), (B, page(2, after))], 100, max_bytes)
+        assert merged.tasks and (len(merged.tasks) == 1 or merged.ByteSize() <= max_bytes - PAGE_HEADROOM)
+        seen += [t.id for t in merged.tasks]
+        after = merged.next_after
+        if after == 0:
+            break
+    assert seen == sorted(texts)
+
+
+def test_a_task_fits_if_it_is_alone_and_a_full_page_is_kept_whole() -> None:
+    big = [pb.TaskInfo(id=1, message="m" * 9_000), pb.TaskInfo(id=2)]
+    assert fitting(big, 4_096) == 1  # alone over the budget: sent, so paging moves on
+    small = [pb.TaskInfo(id=i, message="m" * 100) for i in range(1, 11)]
+    assert fitting(small, MAX_MESSAGE_BYTES) == 10
+    assert fitting(small, PAGE_HEADROOM + 5 * (small[0].ByteSize() + 6)) == 5
+
+
 def test_a_failed_shard_is_named_and_the_rest_kept() -> None:
-    merged = merge_pages([(A, page_of([(1 << 56) | 5], 0, 10)), (B, Unavailable("down"))], 10)
+    merged = merge_pages(
+        [(A, page_of([(1 << 56) | 5], 0, 10)), (B, Unavailable("down"))], 10, MAX_MESSAGE_BYTES
+    )
     assert [t.id for t in merged.tasks] == [(1 << 56) | 5] and list(merged.unavailable_shards) == ["b"]
     snap = pb.SnapshotResponse(
         pools=[pb.PoolSnapshot(name="a1")], live_tasks=3, totals=pb.Totals(submitted=4, retries=1)
@@ -104,7 +142,7 @@ def test_a_removal_is_removed_if_any_shard_removed_it_and_never_a_false_no() -> 
 @pytest.mark.parametrize(
     ("merge", "answer"),
     [
-        (lambda answers: merge_pages(answers, 10), pb.ListTasksResponse()),
+        (lambda answers: merge_pages(answers, 10, MAX_MESSAGE_BYTES), pb.ListTasksResponse()),
         (merge_snapshots, pb.SnapshotResponse()),
         (merge_workers, pb.ListWorkersResponse()),
         (merge_recurring, pb.ListRecurringResponse()),

@@ -28,6 +28,7 @@ B = Shard("b", 2, "http://127.0.0.1:2", frozenset({"b1"}))
 C = Shard("c", 3, "http://127.0.0.1:3", frozenset({"c1"}))
 CALLER = Principal(Role.CLIENT)
 DOWN = Unavailable("shard 'c' is unavailable")
+MAX_MESSAGE_BYTES = 4 * 1024 * 1024
 
 
 class Scripted(Peers):
@@ -64,13 +65,22 @@ def router(script: dict[tuple[str, str], Any]) -> RouterService:
         max_tasks_per_batch=8,
         max_wait_s=1.0,
         max_list=100,
+        max_message_bytes=MAX_MESSAGE_BYTES,
     )
 
 
 def on_shard_a(script: dict[tuple[str, str], Any]) -> Routing:
     """The routing of shard a's server (b and c are its peers)."""
     shards = ShardMap([A, B, C], local="a")
-    return Routing(shards, Scripted(shards, script), "a1", max_wait_s=1.0, max_list=100, on_output=print)
+    return Routing(
+        shards,
+        Scripted(shards, script),
+        "a1",
+        max_wait_s=1.0,
+        max_list=100,
+        max_message_bytes=MAX_MESSAGE_BYTES,
+        on_output=print,
+    )
 
 
 async def test_a_shard_refusing_a_listing_refuses_it_rather_than_look_unavailable() -> None:

@@ -62,7 +62,14 @@ async def cluster(*others: Shard, timeout: float = 2.0) -> AsyncIterator[Cluster
     peers = Peers(shards, insecure_peer_http=False, timeout=timeout)
     pools = [pool for shard in shards for pool in sorted(shard.pools)]
     router = RouterService(
-        pools, Authenticator([]), shards, peers, max_tasks_per_batch=8, max_wait_s=1.0, max_list=100
+        pools,
+        Authenticator([]),
+        shards,
+        peers,
+        max_tasks_per_batch=8,
+        max_wait_s=1.0,
+        max_list=100,
+        max_message_bytes=4 * 1024 * 1024,
     )
     router_server, router_target = await serve_grpc(TasksServicer(router))
     try:
