@@ -63,9 +63,13 @@ def _error(err: grpc.aio.AioRpcError, shard: Shard, url: str) -> ApiError:
 
 # gRPC's reconnect backoff grows to two minutes by default; a shard member that was down and comes back as
 # the new leader must be reachable again within the 2 s in which traffic has to recover (SPEC §9).
+# A forwarded answer is as large as the shard's own limits.max_message_bytes lets it be, and this
+# process's limit bounds what it passes on: grpc's default of 4 MiB on receiving refused every larger
+# output (Submit with wait, Wait) forwarded from a cluster configured above it.
 PEER_CHANNEL_OPTIONS = (
     ("grpc.initial_reconnect_backoff_ms", 100),
     ("grpc.max_reconnect_backoff_ms", 500),
+    ("grpc.max_receive_message_length", -1),
 )
 
 # Retried after UNAVAILABLE (the leader moved, or is between leaders) when a retry cannot run a call

@@ -27,7 +27,14 @@ from cronoq.v1 import cronoq_pb2_grpc as pbg
 
 from .helpers import eager_worker_refusals, worker
 from .serverproc import ServerProcess, running_server
-from .shardproc import ShardSpec, cluster_tables, router_process, running_cluster, server_or_router
+from .shardproc import (
+    ShardSpec,
+    cluster_tables,
+    routed_cluster,
+    router_process,
+    running_cluster,
+    server_or_router,
+)
 
 pytestmark = pytest.mark.asyncio
 
@@ -395,6 +402,25 @@ async def test_a_page_of_long_messages_is_cut_to_what_one_answer_carries(tmp_pat
             status, body = await http_json(session, "GET", "/v1/tasks", params={"limit": "1000"})
         assert status == 200 and [int(t["id"]) for t in body["tasks"]] == sorted(ids)[: len(body["tasks"])]
         assert len(body["tasks"]) <= 4 and body["next_after"]
+
+
+async def test_an_answer_over_grpcs_default_size_is_forwarded_whole(tmp_path: Any) -> None:
+    """With ``max_message_bytes`` above grpc's default of 4 MiB, an output that large reaches a caller
+    of the router, and of a shard that forwards to another: the forwarding channel took grpc's default
+    and refused the shard's answer (RESOURCE_EXHAUSTED "Received message larger than max")."""
+    limits = "[limits]\nmax_message_bytes = 8388608\n"
+    output = b"o" * 5_000_000
+
+    async def handler(lease: Lease) -> bytes:
+        return output
+
+    with routed_cluster(tmp_path, LONG_MESSAGE_SHARDS, limits) as (router, shards):
+        async with worker(router.target, handler, "other"):
+            for via in (router, shards["a"]):  # pool "other" is shard b's
+                async with Client(via.target) as client:
+                    done = await client.submit(output, pool="other", wait=True, wait_timeout=20)
+                    assert done.result is not None and done.result.output == output
+                    assert (await client.wait(done.id, timeout=5)).output == output
 
 
 # ----------------------------------------------------------------------------------- concurrency
