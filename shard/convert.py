@@ -13,7 +13,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from cronoq.checks import MAX_POOL_LEN, check_text
+from cronoq.checks import MAX_POOL_LEN, check_key, check_text
+from cronoq.config.model import MAX_KEY_BYTES
 from cronoq.engine.model import (
     Dep,
     DepOn,
@@ -184,7 +185,7 @@ def spec_from_wire(
     retry = retry_from_wire(f"{field}.retry", msg.retry, pools[pool]) if has("retry") else None
     kind = _text(field, "kind", msg.kind, limits.max_kind_len, "max_kind_len") or "default"
     priority = priority_from_wire(f"{field}.priority", msg.priority) if msg.priority else Priority.NORMAL
-    key = _text(field, "key", msg.key, limits.max_key_len, "max_key_len")
+    key = _key(field, msg.key, limits.max_key_len)
     payload = msg.payload
     tags = msg.tags
     labels = msg.labels
@@ -230,6 +231,13 @@ def _text(field: str, name: str, value: str, max_len: int, limit: str | None) ->
     if len(value) <= max_len and "\x00" not in value:
         return value
     return check_text(f"{field}.{name}", value, max_len, limit)
+
+
+def _key(field: str, value: str, max_len: int) -> str:
+    """:func:`check_key` of ``{field}.key``, with the name formatted only when the value may be bad."""
+    if len(value) <= max_len and len(value) * 4 <= MAX_KEY_BYTES and "\x00" not in value:
+        return value
+    return check_key(f"{field}.key", value, max_len)
 
 
 def _duration(field: str, name: str, value: float) -> float:
@@ -318,7 +326,7 @@ def deps_from_wire(field: str, deps: Sequence[pb.Dep], limits: SpecLimits) -> tu
         elif which == "key":
             if not dep.target.key:
                 raise InvalidArgument(f"{where}.key: must not be empty")
-            out.append(Dep(check_text(f"{where}.key", dep.target.key, limits.max_key_len, "max_key_len"), on))
+            out.append(Dep(check_key(f"{where}.key", dep.target.key, limits.max_key_len), on))
         else:
             raise InvalidArgument(f"{where}: name the task it waits for by id or key")
     return tuple(out)
@@ -411,7 +419,7 @@ def recurring_from_wire(
     (its ValueErrors name them)."""
     if not msg.name:
         raise InvalidArgument("name: required: schedules are added, replaced and removed by name")
-    check_text("name", msg.name, limits.max_key_len, "max_key_len")
+    check_key("name", msg.name, limits.max_key_len)
     if not msg.cron.strip():
         raise InvalidArgument("cron: required: 5 fields, or 6 with a leading seconds field")
     tz = check_text("tz", msg.tz, 128) or "UTC"

@@ -13,7 +13,7 @@ from collections.abc import AsyncIterator, Collection, Sequence
 from dataclasses import replace
 
 from cronoq.auth import Authenticator, Principal, Role
-from cronoq.checks import check_text
+from cronoq.checks import check_key
 from cronoq.engine.fixed import reservation_limit
 from cronoq.engine.model import PoolConfig, RecurringError, RetryPolicy, Status, SubmitError, Task, TaskSpec
 from cronoq.engine.snapshot import Snapshot, Totals
@@ -570,7 +570,7 @@ class Service:
         if not name:
             raise InvalidArgument("name: required")
         with self.limit_hits.counting():
-            return check_text("name", name, self.spec_limits.max_key_len, "max_key_len")
+            return check_key("name", name, self.spec_limits.max_key_len)
 
     async def remove_recurring(
         self, caller: Principal, req: pb.RemoveRecurringRequest

@@ -723,6 +723,10 @@ class PostgresStore:
             epoch = await _bounded(self._commit(params, schedules), self._commit_timeout)
         except TimeoutError:
             raise StoreUnavailable(f"commit did not finish within {self._commit_timeout:g} s") from None
+        except psycopg.errors.ProgramLimitExceeded as err:
+            # An OperationalError, but the same batch fails the same way on every retry (an index entry
+            # too large, say): retrying would stall every commit behind it for good.
+            raise StoreError(f"commit failed: {self._redact(err)}") from None
         except _TRANSIENT as err:
             raise StoreUnavailable(f"commit failed: {self._redact(err)}") from None
         except psycopg.Error as err:

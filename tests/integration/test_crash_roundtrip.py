@@ -17,6 +17,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from cronoq.client import Client
+from cronoq.errors import InvalidArgument
 from cronoq.v1 import cronoq_pb2 as pb
 from cronoq.v1 import cronoq_pb2_grpc as pbg
 
@@ -145,3 +147,56 @@ def test_every_field_of_every_accepted_task_survives_a_crash(
         assert abs(taken[task_id].deadline_unix_ns - spec.deadline_unix_ns) <= DEADLINE_NS, task_id
     assert_clean_log(server)
     assert "undecodable" not in server.logs()
+
+
+@pytest.mark.parametrize("kind", ["sqlite", "postgres"])
+def test_the_longest_keys_a_server_accepts_are_kept_and_a_longer_one_stalls_nothing(
+    kind: str, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    """``max_key_len`` at its highest: a key of 2,048 bytes, and a schedule's name and template key that
+    long (its occurrences' keys add "@<UTC start>"), are committed by every store and read back after
+    a restart.
+    A key over 2,048 bytes of UTF-8 is refused: Postgres refuses an index entry over about 2,700 bytes,
+    and such a commit used to fail on every retry, stalling every commit behind it."""
+    env: dict[str, str] = {}
+    if kind == "sqlite":
+        store = f'[store]\nkind = "sqlite"\npath = "{tmp_path / "cronoq.db"}"\n'
+    else:
+        env["DATABASE_URL"] = request.getfixturevalue("postgres_url")
+        store = f'[store]\nkind = "postgres"\nschema = "{request.getfixturevalue("pg_schema")}"\n'
+    config = '[limits]\nmax_key_len = 2048\n\n[[pools]]\nname = "default"\n' + store
+    # Varied letters, as Postgres compresses a repetitive index entry below its limit.
+    longest = "".join(chr(ord("a") + (i * 7919) % 26) for i in range(2048))
+    server = new_server(tmp_path / "server", config, env)
+    server.start()
+
+    async def before_the_restart() -> tuple[int, int]:
+        async with Client(server.target) as client:
+            with pytest.raises(InvalidArgument, match=r"^invalid_argument: task\.key: 2,050 bytes in UTF-8"):
+                await client.submit(b"x", key="é" * 1025)
+            submitted = await client.submit(b"x", key=longest)
+            await client.add_recurring(longest, "* * * * * *", b"tick", key=longest)
+            deadline = time.monotonic() + 10
+            while not (occurrences := [t async for t in client.iter_tasks() if t.key != longest]):
+                assert time.monotonic() < deadline, "no occurrence within 10 s"
+                await asyncio.sleep(0.1)
+            after = await client.submit(b"y")  # commits go on
+            assert (await client.get(after.id)).status == "ready"
+            return submitted.id, occurrences[0].id
+
+    try:
+        task_id, occurrence_id = asyncio.run(before_the_restart())
+        server.stop()  # a clean restart: a kill would wait out SQLite's leader lease (the test above kills)
+        server.start()
+
+        async def after_the_restart() -> None:
+            async with Client(server.target) as client:
+                assert (await client.get(longest)).id == task_id
+                occurrence = await client.get(occurrence_id)
+                assert occurrence.key is not None and occurrence.key.startswith(f"{longest}@")
+                assert [r.name for r in await client.list_recurring()] == [longest]
+
+        asyncio.run(after_the_restart())
+    finally:
+        server.stop()
+    assert_clean_log(server)

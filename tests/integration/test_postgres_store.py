@@ -328,6 +328,22 @@ async def test_a_commit_that_cannot_finish_in_time_is_unavailable_and_writes_not
     assert [t.id for t in (await store.recover(0.0)).tasks] == [2]
 
 
+async def test_a_commit_postgres_can_never_take_fails_for_good_and_writes_nothing(
+    open_store: OpenStore,
+) -> None:
+    """A row over one of Postgres's own limits (here a key past the btree entry size, which admission
+    refuses; see checks.check_key) fails the same way on every retry. It was retried as transient, so
+    the commit loop spun on it for good and every commit behind it waited."""
+    store = await open_store()
+    await store.acquire()
+    await store.commit(Batch([task(1)], [], max_id=1))
+    unindexable = "".join(chr(0x4E00 + (i * 7919) % 20_000) for i in range(4_000))  # 12,000 bytes, varied
+    with pytest.raises(StoreError, match="commit failed: index row") as raised:
+        await store.commit(Batch([task(2, key=unindexable)], [], max_id=2))
+    assert not isinstance(raised.value, StoreUnavailable)
+    assert await store.fetch(2) is None and await store.fetch(1) is not None
+
+
 async def test_a_commit_overtaken_by_a_later_one_writes_nothing(
     open_store: OpenStore, admin: Admin, pg_schema: str
 ) -> None:

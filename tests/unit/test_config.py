@@ -49,6 +49,7 @@ from cronoq.config import (
     read_config,
     validate_config,
 )
+from cronoq.config.model import MAX_KEY_BYTES
 from cronoq.config.rules import RESOLVED_KEY
 from cronoq.config.startup import file_problems
 from cronoq.engine.model import (
@@ -574,6 +575,15 @@ def test_config_error_is_a_cronoq_error_listing_every_problem() -> None:
     text = str(caught.value)
     assert text.startswith("invalid configuration in c.toml:")
     assert "limits.max_deps: must be at least 0" in text and "limits.max_list: must be at least 1" in text
+
+
+def test_max_key_len_goes_no_higher_than_a_key_can_take_in_bytes() -> None:
+    """A key takes at most MAX_KEY_BYTES bytes of UTF-8 (the stores index it): more characters could
+    never be used, so a configuration asking for them is refused at startup, not at the first submit."""
+    assert parse_config(f"[limits]\nmax_key_len = {MAX_KEY_BYTES}\n", env={}).limits.max_key_len == 2048
+    with pytest.raises(ConfigError) as caught:
+        parse_config(f"[limits]\nmax_key_len = {MAX_KEY_BYTES + 1}\n", env={})
+    assert "limits.max_key_len: must be at least 1 and at most 2048 (got 2049)" in str(caught.value)
 
 
 def test_syntax_errors_are_config_errors() -> None:

@@ -136,6 +136,31 @@ def test_a_bad_field_is_named(msg: pb.TaskSpec, field: str) -> None:
     assert str(refused(msg)).split(": ")[1].startswith(field)
 
 
+WIDE = SpecLimits(max_key_len=2048, max_kind_len=16, max_tags=4, max_tag_len=16, max_deps=3)
+
+
+@pytest.mark.parametrize("at", ["key", "deps", "name"])
+def test_a_key_takes_at_most_2048_bytes_of_utf8_whatever_max_key_len_allows(at: str) -> None:
+    """The stores index keys (and schedule names), and Postgres refuses an index entry over about 2,700
+    bytes: a key that long in characters of several bytes is refused here, naming the field."""
+
+    def check(key: str) -> object:
+        if at == "name":
+            req = pb.RecurringRequest(name=key, cron="* * * * *")
+            return recurring_from_wire(req, default_pool="default", pools=POOLS, limits=WIDE, now=NOW)
+        msg = pb.TaskSpec(key=key) if at == "key" else pb.TaskSpec(deps=[pb.Dep(target=pb.TaskRef(key=key))])
+        return spec_from_wire("task", msg, default_pool="default", pools=POOLS, limits=WIDE, now=NOW)
+
+    assert check("é" * 1024)  # 2,048 bytes
+    assert check("k" * 2048)
+    with pytest.raises(InvalidArgument) as err:
+        check("é" * 1025)
+    field = {"key": "task.key", "deps": "task.deps[0].key", "name": "name"}[at]
+    assert (
+        err.value.message == f"{field}: 2,050 bytes in UTF-8; a key takes at most 2,048 (the stores index it)"
+    )
+
+
 def test_the_lease_size_bound_never_understates_the_exact_size() -> None:
     """Specs without tags are checked against the bound alone; multi-byte text is where it could fail."""
     for text in ("", "a", "é", "€", "𝄞", "a€𝄞" * 5):

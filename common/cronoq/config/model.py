@@ -61,6 +61,11 @@ DEFAULT_SCHEMA = "public"
 DEFAULT_SHARDED_SCHEMA = "cronoq_" + SCHEMA_PLACEHOLDER
 KEEP_FINISHED_S = 7 * 86_400.0
 MIB = 1 << 20
+# UTF-8 bytes a task key or a schedule's name may take, whatever ``max_key_len`` allows: the stores
+# index keys, and Postgres refuses an index entry over about 2,700 bytes. A commit holding one failed
+# on every retry, stalling every commit behind it. 2,048 leaves room for an occurrence's
+# "@<UTC start>" suffix. ``max_key_len`` (characters) goes no higher, since it could not be used.
+MAX_KEY_BYTES = 2_048
 
 # -------------------------------------------------------------------------------------------- server
 
@@ -244,7 +249,7 @@ class Limits:
     max_pending_per_pool: int = field(default=100_000, metadata=between(1, BILLION))
     max_message_bytes: int = field(default=4 * MIB, metadata=between(4_096, 2**31 - 1))
     max_http_body_bytes: int = field(default=8 * MIB, metadata=between(4_096, 2**31 - 1))
-    max_key_len: int = field(default=256, metadata=between(1, 65_536))
+    max_key_len: int = field(default=256, metadata=between(1, MAX_KEY_BYTES))
     max_kind_len: int = field(default=128, metadata=between(1, 65_536))
     max_tags: int = field(default=32, metadata=between(0, 10_000))
     max_tag_len: int = field(default=256, metadata=between(1, 65_536))
