@@ -89,16 +89,22 @@ async def leases(target: str, count: int) -> dict[int, pb.Lease]:
     return taken
 
 
+def durable_store(kind: str, tmp_path: Path, request: pytest.FixtureRequest) -> tuple[str, dict[str, str]]:
+    """The ``[store]`` table of a ``kind`` store (sqlite in ``tmp_path``, postgres in a fresh schema) and
+    the environment the server needs for it."""
+    if kind == "sqlite":
+        return f'[store]\nkind = "sqlite"\npath = "{tmp_path / "cronoq.db"}"\n', {}
+    url = request.getfixturevalue("postgres_url")
+    return f'[store]\nkind = "postgres"\nschema = "{request.getfixturevalue("pg_schema")}"\n', {
+        "DATABASE_URL": url
+    }
+
+
 @pytest.mark.parametrize("kind", ["sqlite", "postgres"])
 def test_every_field_of_every_accepted_task_survives_a_crash(
     kind: str, tmp_path: Path, request: pytest.FixtureRequest
 ) -> None:
-    env: dict[str, str] = {}
-    if kind == "sqlite":
-        store = f'[store]\nkind = "sqlite"\npath = "{tmp_path / "cronoq.db"}"\n'
-    else:
-        env["DATABASE_URL"] = request.getfixturevalue("postgres_url")
-        store = f'[store]\nkind = "postgres"\nschema = "{request.getfixturevalue("pg_schema")}"\n'
+    store, env = durable_store(kind, tmp_path, request)
     server = new_server(tmp_path / "server", f"{POOL}\n{store}", env)
     server.start()
     submitted: dict[int, pb.TaskSpec] = {}
@@ -158,12 +164,7 @@ def test_the_longest_keys_a_server_accepts_are_kept_and_a_longer_one_stalls_noth
     a restart.
     A key over 2,048 bytes of UTF-8 is refused: Postgres refuses an index entry over about 2,700 bytes,
     and such a commit used to fail on every retry, stalling every commit behind it."""
-    env: dict[str, str] = {}
-    if kind == "sqlite":
-        store = f'[store]\nkind = "sqlite"\npath = "{tmp_path / "cronoq.db"}"\n'
-    else:
-        env["DATABASE_URL"] = request.getfixturevalue("postgres_url")
-        store = f'[store]\nkind = "postgres"\nschema = "{request.getfixturevalue("pg_schema")}"\n'
+    store, env = durable_store(kind, tmp_path, request)
     config = '[limits]\nmax_key_len = 2048\n\n[[pools]]\nname = "default"\n' + store
     # Varied letters, as Postgres compresses a repetitive index entry below its limit.
     longest = "".join(chr(ord("a") + (i * 7919) % 26) for i in range(2048))
