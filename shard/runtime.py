@@ -313,7 +313,12 @@ class Runtime:
             began = time.perf_counter()
             try:
                 await self._commit(store, batch)
-            except StoreError as err:
+            except Exception as err:
+                # A StoreError; anything else is a bug in the store, and as fatal: a committer that
+                # stopped without saying would leave every caller waiting and the server looking ready.
+                if not isinstance(err, StoreError):
+                    log.exception("commit_failed_unexpectedly")
+                    err = StoreError(f"{type(err).__name__}: {err}")
                 self._failed = reason = f"store failure: {err}"
                 for fut in synced + self._synced:
                     if not fut.done():

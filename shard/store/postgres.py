@@ -142,6 +142,11 @@ _changing = operator.itemgetter(*(STATE_COLUMNS.index(c) for c in _CHANGING))
 # Positions of the float columns: Python may hand us ints there, and a binary array must be uniform.
 _FLOAT_COLUMNS: Final = tuple(i for i, c in enumerate(COLUMNS) if _TYPES[c] == "DOUBLE PRECISION")
 
+# The slowest rate at which a commit is still expected to write its payloads and outputs: its timeout
+# is commit_timeout plus its bytes at this rate. A burst of large payloads (hundreds of MiB held for
+# one group commit) can take longer than commit_timeout alone, and with a fixed bound the same batch
+# timed out on every retry, stalling every commit behind it.
+COMMIT_BYTES_PER_S: Final = 8 * 1024 * 1024
 LOCK_SESSION_NAME: Final = "cronoq-lock"
 PRUNE_CHUNK: Final = 10_000  # rows per DELETE, so pruning a large backlog never holds locks for long
 
@@ -392,6 +397,16 @@ def _decode(rows: Sequence[Row], broken: list[tuple[int, str]]) -> list[Task]:
         except ValueError as err:
             broken.append((int(row[0]), str(err)))
     return tasks
+
+
+def commit_timeout(batch: Batch, base: float) -> float:
+    """How long ``batch`` may take to commit: ``base`` (``commit_timeout``), plus its payloads and
+    outputs at :data:`COMMIT_BYTES_PER_S` once they come to a second's worth (payloads counted whether
+    or not this commit writes them: erring long). Smaller batches keep ``base`` and the one-statement
+    commit; a longer bound costs the commit a transaction and a statement more."""
+    payloads = sum(len(task.spec.payload or b"") for task in batch.tasks)  # (None once a task finished)
+    size = payloads + sum(len(out) for _, out, _ in batch.outputs)
+    return base + size / COMMIT_BYTES_PER_S if size >= COMMIT_BYTES_PER_S else base
 
 
 async def _bounded(work: Coroutine[Any, Any, T], timeout: float) -> T:
@@ -719,10 +734,12 @@ class PostgresStore:
         leadership = self._leading()
         self._commit_seq += 1
         params, schedules = _commit_params(batch, self._live_rows, leadership.epoch, self._commit_seq)
+        timeout = commit_timeout(batch, self._commit_timeout)
+        longer = timeout if timeout > self._commit_timeout else None
         try:
-            epoch = await _bounded(self._commit(params, schedules), self._commit_timeout)
+            epoch = await _bounded(self._commit(params, schedules, longer), timeout)
         except TimeoutError:
-            raise StoreUnavailable(f"commit did not finish within {self._commit_timeout:g} s") from None
+            raise StoreUnavailable(f"commit did not finish within {timeout:g} s") from None
         except psycopg.errors.ProgramLimitExceeded as err:
             # An OperationalError, but the same batch fails the same way on every retry (an index entry
             # too large, say): retrying would stall every commit behind it for good.
@@ -740,17 +757,27 @@ class PostgresStore:
         self._step_down(leadership, reason)
         raise Fenced(reason)
 
-    async def _commit(self, params: dict[str, Any], schedules: dict[str, Any] | None) -> int | None:
+    async def _commit(
+        self, params: dict[str, Any], schedules: dict[str, Any] | None, longer: float | None
+    ) -> int | None:
         """Run the commit statement (and the schedule statements, in one transaction with it): our epoch
         when it was applied, else the current epoch when another leader bumped it, else None (the epoch
-        is ours but a later commit got there first)."""
+        is ours but a later commit got there first). ``longer``: this commit's server-side bound, when
+        its size makes it longer than the connection's."""
         async with self._require_pool().connection() as conn:
-            if schedules is None:
+            if schedules is None and longer is None:
                 row = await (await conn.execute(self._q.commit, params, prepare=True)).fetchone()
             else:
                 async with conn.transaction():
+                    if longer is not None:
+                        limit = f"{round(longer * 1000)}ms"
+                        await conn.execute(
+                            "SELECT set_config('statement_timeout', %s, true),"
+                            " set_config('idle_in_transaction_session_timeout', %s, true)",
+                            (limit, limit),
+                        )
                     row = await (await conn.execute(self._q.commit, params, prepare=True)).fetchone()
-                    if row is not None and row[0] is not None:
+                    if row is not None and schedules is not None and row[0] is not None:
                         await conn.execute(self._q.schedule, schedules)
                         await conn.execute(self._q.unschedule, schedules)
             if row is not None and row[0] is not None:

@@ -24,7 +24,7 @@ from psycopg.rows import TupleRow
 
 from cronoq.engine.model import Priority, RetryPolicy, Status, Task, TaskSpec
 from shard.store.base import Batch, Fenced, SchemaTooNew, StoreError, StoreUnavailable
-from shard.store.postgres import SCHEMA_VERSION, PostgresStore, lock_key
+from shard.store.postgres import COMMIT_BYTES_PER_S, SCHEMA_VERSION, PostgresStore, commit_timeout, lock_key
 from shard.store.rows import ADDED_IN_V2, COLUMNS
 from tests.postgres import PostgresServer
 
@@ -342,6 +342,29 @@ async def test_a_commit_postgres_can_never_take_fails_for_good_and_writes_nothin
         await store.commit(Batch([task(2, key=unindexable)], [], max_id=2))
     assert not isinstance(raised.value, StoreUnavailable)
     assert await store.fetch(2) is None and await store.fetch(1) is not None
+
+
+def test_a_commits_bound_grows_with_its_bytes_from_a_seconds_worth() -> None:
+    finished = task(3, Status.SUCCEEDED, finished=NOW)
+    finished.spec.payload = None  # as the engine releases it once a task finished
+    small = Batch([task(1), finished], [(1, b"o" * 100, "text/plain")], max_id=3)
+    assert commit_timeout(small, 5.0) == 5.0
+    big = replace(task(2), spec=TaskSpec(pool="default", payload=b"p" * COMMIT_BYTES_PER_S))
+    assert commit_timeout(Batch([big], [(2, b"o" * COMMIT_BYTES_PER_S, "")], max_id=2), 5.0) == 7.0
+
+
+async def test_a_large_commit_gets_the_time_its_bytes_need(open_store: OpenStore) -> None:
+    """A burst of large payloads held for one group commit can take longer than commit_timeout: with a
+    fixed bound the same batch timed out on every retry (client side, and server side by the session's
+    statement_timeout), stalling every commit behind it. 64 MiB cannot be written in 50 ms."""
+    store = await open_store(commit_timeout=0.05)
+    await store.acquire()
+    payload = os.urandom(8 * 1024 * 1024)  # incompressible, so Postgres writes all of it
+    tasks = [replace(task(i), spec=TaskSpec(pool="default", payload=payload)) for i in range(1, 9)]
+    await store.commit(Batch(tasks, [], max_id=8))
+    fetched = await store.fetch(8)
+    assert fetched is not None and fetched.task.spec.payload == payload
+    await store.commit(Batch([task(9)], [], max_id=9))  # and small ones keep the one-statement commit
 
 
 async def test_a_commit_overtaken_by_a_later_one_writes_nothing(

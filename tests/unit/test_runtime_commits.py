@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 
 import pytest
+from structlog.testing import capture_logs
 
 from cronoq.auth import Role
 from cronoq.engine import Engine
@@ -302,6 +303,30 @@ async def test_a_fenced_commit_answers_unavailable_delivers_nothing_and_reports_
         await service.submit(caller, pb.SubmitRequest(task=pb.TaskSpec(pool="default")))
     with pytest.raises(Unavailable, match="stepped down"):  # nor reported from the unwritten state
         await service.list_tasks(caller, pb.ListTasksRequest())
+    runtime.cancel_timer()
+
+
+async def test_a_store_that_fails_with_a_bug_is_a_store_failure_not_a_silent_stop() -> None:
+    """A commit raising anything but a StoreError (a bug in the store: it once met a finished task's
+    released payload) ended the committer without a word: every caller waited for good, and the
+    server still answered /readyz. It is a store failure like any fatal one, logged with its trace."""
+    pools = [PoolConfig("default")]
+    store = FailingStore(TypeError("object of type 'NoneType' has no len()"))
+    failures: list[str] = []
+    runtime = Runtime(
+        Engine(pools),
+        OutputCache(10, 1 << 20),
+        clock=lambda: NOW,
+        store=store,
+        on_store_failure=failures.append,
+    )
+    runtime.start_committer()
+    caller = (service := service_over(runtime, pools)).authorize(None, Role.ADMIN)
+    with capture_logs() as logs, pytest.raises(Unavailable, match="TypeError: object of type 'NoneType'"):
+        await asyncio.wait_for(service.submit(caller, pb.SubmitRequest(task=pb.TaskSpec(pool="default"))), 5)
+    assert failures == ["store failure: TypeError: object of type 'NoneType' has no len()"]
+    assert [entry["event"] for entry in logs] == ["commit_failed_unexpectedly"]
+    assert logs[0]["log_level"] == "error" and logs[0]["exc_info"] is True
     runtime.cancel_timer()
 
 
