@@ -71,14 +71,20 @@ class RecordingStore:
 
 
 def runtime_with(
-    store: RecordingStore, engine: Engine, scaled: list[tuple[str, int]] | None = None
+    store: RecordingStore,
+    engine: Engine,
+    scaled: list[tuple[str, int]] | None = None,
+    failures: list[str] | None = None,
 ) -> Runtime:
+    """A runtime committing to ``store``; ``scaled`` and ``failures`` collect its scale actions and the
+    store failures it reports."""
     runtime = Runtime(
         engine,
         OutputCache(10, 1 << 20),
         clock=lambda: NOW,
         store=store,
         on_scale=None if scaled is None else (lambda pool, n: scaled.append((pool, n))),
+        on_store_failure=None if failures is None else failures.append,
     )
     runtime.start_committer()
     return runtime
@@ -283,14 +289,7 @@ async def test_a_fenced_commit_answers_unavailable_delivers_nothing_and_reports_
     pools = [PoolConfig("default")]
     store = FailingStore(Fenced("a newer leader holds epoch 2"))
     failures: list[str] = []
-    runtime = Runtime(
-        Engine(pools),
-        OutputCache(10, 1 << 20),
-        clock=lambda: NOW,
-        store=store,
-        on_store_failure=failures.append,
-    )
-    runtime.start_committer()
+    runtime = runtime_with(store, Engine(pools), failures=failures)
     service = service_over(runtime, pools)
     caller = service.authorize(None, Role.ADMIN)
     sink = Sink()
@@ -313,14 +312,7 @@ async def test_a_store_that_fails_with_a_bug_is_a_store_failure_not_a_silent_sto
     pools = [PoolConfig("default")]
     store = FailingStore(TypeError("object of type 'NoneType' has no len()"))
     failures: list[str] = []
-    runtime = Runtime(
-        Engine(pools),
-        OutputCache(10, 1 << 20),
-        clock=lambda: NOW,
-        store=store,
-        on_store_failure=failures.append,
-    )
-    runtime.start_committer()
+    runtime = runtime_with(store, Engine(pools), failures=failures)
     caller = (service := service_over(runtime, pools)).authorize(None, Role.ADMIN)
     with capture_logs() as logs, pytest.raises(Unavailable, match="TypeError: object of type 'NoneType'"):
         await asyncio.wait_for(service.submit(caller, pb.SubmitRequest(task=pb.TaskSpec(pool="default"))), 5)
