@@ -28,7 +28,7 @@ from cronoq.errors import (
     Unavailable,
     shown,
 )
-from cronoq.fanout import fitting
+from cronoq.fanout import fit_page
 from cronoq.forward import Peers
 from cronoq.limits import LimitHits
 from cronoq.routing import Routing, check_batch
@@ -402,10 +402,8 @@ class Service:
         limit = min(req.limit or DEFAULT_PAGE, self.max_list)
         page, next_after = engine.list_tasks(pools=pools, statuses=statuses, after=req.after, limit=limit)
         infos = [task_info(t, self.runtime.output_available(t)) for t in page]
-        kept = fitting(infos, self.spec_limits.max_message_bytes)
-        if kept < len(infos):
-            infos, next_after = infos[:kept], infos[kept - 1].id
-        return pb.ListTasksResponse(tasks=infos, next_after=next_after)
+        answer = pb.ListTasksResponse(tasks=infos, next_after=next_after)
+        return fit_page(answer, self.spec_limits.max_message_bytes)
 
     def _wait_limit(self, field: str, requested: float | None) -> float:
         """The server-side wait: as requested, but at most ``limits.max_wait_s`` (a longer request is cut,

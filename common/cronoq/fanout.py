@@ -17,18 +17,21 @@ Answers = Sequence[tuple[Shard, Any]]  # each shard and its answer, or the ApiEr
 PAGE_HEADROOM = 1024
 
 
-def fitting(tasks: Sequence[pb.TaskInfo], max_message_bytes: int) -> int:
-    """How many of ``tasks``, from the first, one ListTasks answer can carry under ``max_message_bytes``
-    (``limits.max_message_bytes``, grpc's send limit), and at least one so that paging moves on. A page
-    of ``max_list`` tasks whose messages run to 8,192 characters each can be tens of MiB, which grpc
-    refuses to send: the caller got RESOURCE_EXHAUSTED and could never list past it."""
+def fit_page(page: pb.ListTasksResponse, max_message_bytes: int) -> pb.ListTasksResponse:
+    """``page`` cut, in place, to the tasks one answer can carry under ``max_message_bytes``
+    (``limits.max_message_bytes``, grpc's send limit), at least one so that paging moves on; the cursor
+    then continues after the last one kept. A page of ``max_list`` tasks whose messages run to 8,192
+    characters each can be tens of MiB, which grpc refuses to send: the caller got RESOURCE_EXHAUSTED
+    and could never list past it. A shard cuts its own pages, and a merge of shards' pages is cut again."""
     budget = max_message_bytes - PAGE_HEADROOM
     used = 0
-    for n, info in enumerate(tasks):
+    for n, info in enumerate(page.tasks):
         used += info.ByteSize() + 6  # and its field tag and length prefix
         if used > budget and n:
-            return n
-    return len(tasks)
+            del page.tasks[n:]
+            page.next_after = page.tasks[-1].id
+            break
+    return page
 
 
 def unreachable(answer: Any) -> bool:
@@ -67,9 +70,8 @@ def split_list(shards: ShardMap, req: pb.ListTasksRequest) -> list[tuple[Shard, 
     return parts
 
 
-def merge_pages(answers: Answers, limit: int, max_message_bytes: int) -> pb.ListTasksResponse:
-    """The first ``limit`` tasks of all pages in id order, as many as fit in one answer (see
-    :func:`fitting`), with a cursor that skips none.
+def merge_pages(answers: Answers, limit: int) -> pb.ListTasksResponse:
+    """The first ``limit`` tasks of all pages in id order, with a cursor that skips none.
 
     Each shard returned its lowest ids after the cursor, but a shard that has more may have returned
     fewer than ``limit`` (its own ``limits.max_list`` may be smaller): past the last id it returned,
@@ -89,9 +91,7 @@ def merge_pages(answers: Answers, limit: int, max_message_bytes: int) -> pb.List
     if boundary is not None:
         merged = [info for info in merged if info.id <= boundary]
     page = merged[:limit]
-    kept = fitting(page, max_message_bytes)
-    more = boundary is not None or len(merged) > limit or kept < len(page)
-    page = page[:kept]
+    more = boundary is not None or len(merged) > limit
     next_after = (page[-1].id if page else boundary or 0) if more else 0
     return pb.ListTasksResponse(tasks=page, next_after=next_after, unavailable_shards=unavailable)
 

@@ -339,7 +339,8 @@ class Routing:
     ) -> pb.ListTasksResponse:
         parts = fanout.split_list(self.shards, req)
         answers = await self.fan_out(caller, "tasks", "ListTasks", parts, local)
-        return fanout.merge_pages(answers, min(req.limit or 100, self.max_list), self.max_message_bytes)
+        merged = fanout.merge_pages(answers, min(req.limit or 100, self.max_list))
+        return fanout.fit_page(merged, self.max_message_bytes)
 
     async def snapshot(self, caller: Principal, local: Local) -> pb.SnapshotResponse:
         parts = [(shard, pb.Empty()) for shard in self.shards]

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from cronoq.errors import DeadlineExceeded, PermissionDenied, Unauthenticated, Unavailable
 from cronoq.fanout import (
     PAGE_HEADROOM,
-    fitting,
+    fit_page,
     merge_pages,
     merge_recurring,
     merge_removed,
@@ -54,7 +54,7 @@ def test_paging_through_merged_pages_yields_every_task_once_in_order(
     after = 0
     for _ in range(len(a_ids) + len(b_ids) + 1):
         a_page, b_page = page_of(a_ids, after, min(limit, a_cap)), page_of(b_ids, after, min(limit, b_cap))
-        merged = merge_pages([(A, a_page), (B, b_page)], limit, MAX_MESSAGE_BYTES)
+        merged = merge_pages([(A, a_page), (B, b_page)], limit)
         assert len(merged.tasks) <= limit
         seen += [t.id for t in merged.tasks]
         after = merged.next_after
@@ -79,7 +79,7 @@ def test_paging_by_size_yields_every_task_once_and_each_page_fits(sizes: list[in
     seen: list[int] = []
     after = 0
     for _ in range(len(texts) + 1):
-        merged = merge_pages([(A, page(1, after)), (B, page(2, after))], 100, max_bytes)
+        merged = fit_page(merge_pages([(A, page(1, after)), (B, page(2, after))], 100), max_bytes)
         assert merged.tasks and (len(merged.tasks) == 1 or merged.ByteSize() <= max_bytes - PAGE_HEADROOM)
         seen += [t.id for t in merged.tasks]
         after = merged.next_after
@@ -89,17 +89,19 @@ def test_paging_by_size_yields_every_task_once_and_each_page_fits(sizes: list[in
 
 
 def test_a_task_fits_if_it_is_alone_and_a_full_page_is_kept_whole() -> None:
+    def fitted(tasks: list[pb.TaskInfo], next_after: int, max_bytes: int) -> tuple[list[int], int]:
+        page = fit_page(pb.ListTasksResponse(tasks=tasks, next_after=next_after), max_bytes)
+        return [t.id for t in page.tasks], page.next_after
+
     big = [pb.TaskInfo(id=1, message="m" * 9_000), pb.TaskInfo(id=2)]
-    assert fitting(big, 4_096) == 1  # alone over the budget: sent, so paging moves on
+    assert fitted(big, 0, 4_096) == ([1], 1)  # alone over the budget: sent, so paging moves on
     small = [pb.TaskInfo(id=i, message="m" * 100) for i in range(1, 11)]
-    assert fitting(small, MAX_MESSAGE_BYTES) == 10
-    assert fitting(small, PAGE_HEADROOM + 5 * (small[0].ByteSize() + 6)) == 5
+    assert fitted(small, 0, MAX_MESSAGE_BYTES) == (list(range(1, 11)), 0)  # the last page stays last
+    assert fitted(small, 10, PAGE_HEADROOM + 5 * (small[0].ByteSize() + 6)) == ([1, 2, 3, 4, 5], 5)
 
 
 def test_a_failed_shard_is_named_and_the_rest_kept() -> None:
-    merged = merge_pages(
-        [(A, page_of([(1 << 56) | 5], 0, 10)), (B, Unavailable("down"))], 10, MAX_MESSAGE_BYTES
-    )
+    merged = merge_pages([(A, page_of([(1 << 56) | 5], 0, 10)), (B, Unavailable("down"))], 10)
     assert [t.id for t in merged.tasks] == [(1 << 56) | 5] and list(merged.unavailable_shards) == ["b"]
     snap = pb.SnapshotResponse(
         pools=[pb.PoolSnapshot(name="a1")], live_tasks=3, totals=pb.Totals(submitted=4, retries=1)
@@ -142,7 +144,7 @@ def test_a_removal_is_removed_if_any_shard_removed_it_and_never_a_false_no() -> 
 @pytest.mark.parametrize(
     ("merge", "answer"),
     [
-        (lambda answers: merge_pages(answers, 10, MAX_MESSAGE_BYTES), pb.ListTasksResponse()),
+        (lambda answers: merge_pages(answers, 10), pb.ListTasksResponse()),
         (merge_snapshots, pb.SnapshotResponse()),
         (merge_workers, pb.ListWorkersResponse()),
         (merge_recurring, pb.ListRecurringResponse()),
