@@ -15,10 +15,10 @@ from typing import Any
 
 from cronoq.api.output_types import OutputTypes
 from cronoq.auth import Authenticator, Principal, Role
-from cronoq.errors import InvalidArgument, NotFound, shown
+from cronoq.errors import FailedPrecondition, InvalidArgument, NotFound, shown
 from cronoq.forward import Peers
 from cronoq.limits import LimitHits
-from cronoq.routing import Routing, check_batch
+from cronoq.routing import Routing, check_batch, named_pool
 from cronoq.shards import Shard, ShardMap
 from cronoq.v1 import cronoq_pb2 as pb
 
@@ -102,15 +102,22 @@ class RouterService:
             raise NotFound(f"{field}: unknown pool {shown(pool or self.default_pool)}")
         return owner
 
-    async def _ref_owner(self, caller: Principal, ref: pb.TaskRef) -> Shard:
+    async def _ref_owner(self, caller: Principal, ref: pb.TaskRef, pool: str) -> Shard:
         if ref.WhichOneof("target") is None:
             raise InvalidArgument("task: set either id or key")
         if ref.WhichOneof("target") == "key" and not ref.key:
             raise InvalidArgument("task.key: must not be empty")
-        owner = await self.routing.ref_owner(caller, "task", ref, lambda key: False)
+        owner = await self.routing.ref_owner(caller, "task", ref, None, pool)
         if owner is None:
             raise NotFound(f"task: no task {shown(ref.key)}")
         return owner
+
+    async def _lookup(self, caller: Principal, method: str, req: Any, pool: str) -> Any:
+        """Get, Cancel or Wait: to the shard holding the task (of ``pool``, when the caller named one)."""
+        pool = named_pool(caller, pool, lambda name: self.shards.by_pool(name) is not None)
+        return await self.routing.forward(
+            await self._ref_owner(caller, req.task, pool), method, req, caller, pool=pool
+        )
 
     # ------------------------------------------------------------------------------------ tasks
 
@@ -125,14 +132,18 @@ class RouterService:
             raise NotFound(f"tasks[0].pool: unknown pool {shown(req.tasks[0].pool or self.default_pool)}")
         return await self.routing.forward(owner, "SubmitBatch", req, caller)
 
-    async def cancel(self, caller: Principal, req: pb.CancelRequest) -> pb.CancelResponse:
-        return await self.routing.forward(await self._ref_owner(caller, req.task), "Cancel", req, caller)
+    async def cancel(self, caller: Principal, req: pb.CancelRequest, pool: str = "") -> pb.CancelResponse:
+        return await self._lookup(caller, "Cancel", req, pool)
 
-    async def get(self, caller: Principal, req: pb.GetRequest) -> pb.TaskInfo:
-        return await self.routing.forward(await self._ref_owner(caller, req.task), "Get", req, caller)
+    async def get(self, caller: Principal, req: pb.GetRequest, pool: str = "") -> pb.TaskInfo:
+        return await self._lookup(caller, "Get", req, pool)
 
-    async def wait(self, caller: Principal, req: pb.WaitRequest) -> pb.TaskResult:
-        return await self.routing.forward(await self._ref_owner(caller, req.task), "Wait", req, caller)
+    async def wait(self, caller: Principal, req: pb.WaitRequest, pool: str = "") -> pb.TaskResult:
+        return await self._lookup(caller, "Wait", req, pool)
+
+    async def probe(self, caller: Principal, req: pb.GetRequest) -> pb.TaskInfo:
+        """Key probes are one shard's question to another; a router holds no task to answer one with."""
+        raise FailedPrecondition("a key probe is answered by a shard server, not by a router")
 
     async def list_tasks(self, caller: Principal, req: pb.ListTasksRequest) -> pb.ListTasksResponse:
         if (req.limit or DEFAULT_PAGE) > self.max_list:

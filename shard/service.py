@@ -18,6 +18,7 @@ from cronoq.engine.fixed import reservation_limit
 from cronoq.engine.model import PoolConfig, RecurringError, RetryPolicy, Status, SubmitError, Task, TaskSpec
 from cronoq.engine.snapshot import Snapshot, Totals
 from cronoq.errors import (
+    AlreadyExists,
     ApiError,
     DeadlineExceeded,
     FailedPrecondition,
@@ -31,7 +32,7 @@ from cronoq.errors import (
 from cronoq.fanout import fit_page
 from cronoq.forward import Peers
 from cronoq.limits import LimitHits
-from cronoq.routing import Routing, check_batch
+from cronoq.routing import Routing, check_batch, named_pool
 from cronoq.shards import Shard, ShardMap
 from cronoq.transport import unadmitted
 from cronoq.v1 import cronoq_pb2 as pb
@@ -59,6 +60,10 @@ STANDBY = "this server is a standby, not the leader; retry against the leader"
 SHUTTING_DOWN = "server is shutting down; retry against the new leader"
 _NOT_FOUND_CODES = frozenset({"unknown_pool", "unknown_resource", "unknown_dependency"})
 _EXHAUSTED_CODES = frozenset({"full", "overloaded"})
+
+
+def _pool_of(found: Task | StoredTask) -> str:
+    return (found.task if isinstance(found, StoredTask) else found).spec.pool
 
 
 def submit_error(prefix: str, err: SubmitError) -> ApiError:
@@ -172,15 +177,25 @@ class Service:
         if not caller.may_use_pool(pool):
             raise PermissionDenied(f"{field}: this credential may not use pool {shown(pool)}")
 
-    async def _task(self, caller: Principal, field: str, ref: pb.TaskRef) -> Task | StoredTask:
-        """The task ``ref`` names: from the engine (every live task and recently finished ones), else
-        from a durable store (finished tasks kept for ``keep_finished_s``)."""
+    async def _task(
+        self, caller: Principal, field: str, ref: pb.TaskRef, pool: str = ""
+    ) -> Task | StoredTask:
+        """The task ``ref`` names (of ``pool``, when the caller named one): from the engine (every live
+        task and recently finished ones), else from a durable store (finished tasks kept for
+        ``keep_finished_s``)."""
         which = ref.WhichOneof("target")
         if which is None:
             raise InvalidArgument(f"{field}: set either id or key")
         target: int | str = ref.id if which == "id" else ref.key
         if which == "key" and not ref.key:
             raise InvalidArgument(f"{field}.key: must not be empty")
+        found = await self._lookup(target)
+        if found is None or not caller.may_use_pool(_pool_of(found)) or (pool and _pool_of(found) != pool):
+            shown_target = shown(target) if isinstance(target, str) else target
+            raise NotFound(f"{field}: no task {shown_target}" + (f" in pool {shown(pool)}" if pool else ""))
+        return found
+
+    async def _lookup(self, target: int | str) -> Task | StoredTask | None:
         runtime = self.runtime
         found: Task | StoredTask | None = runtime.engine.get(target)
         if found is None and runtime.store is not None:
@@ -190,10 +205,37 @@ class Service:
                 raise Unavailable(f"the store cannot be read: {err}") from None
             if found is not None and found.output is not None:  # so HTTP finds its content type
                 runtime.outputs.put(found.task.id, found.output, found.output_type)
-        pool = (found.task if isinstance(found, StoredTask) else found).spec.pool if found is not None else ""
-        if found is None or not caller.may_use_pool(pool):
-            raise NotFound(f"{field}: no task {shown(target) if isinstance(target, str) else target}")
         return found
+
+    # A shard's own part of a cluster-wide lookup by key (cronoq.routing.LocalKeys).
+
+    def held(self, caller: Principal, key: str) -> tuple[int, str] | None:
+        task = self.runtime.engine.get(key)
+        if task is None or not caller.may_use_pool(task.spec.pool):
+            return None
+        return task.id, task.spec.pool
+
+    async def stored(self, caller: Principal, key: str) -> tuple[int, str] | None:
+        found = await self._lookup(key)
+        if found is None or not caller.may_use_pool(_pool_of(found)):
+            return None
+        return (found.task.id if isinstance(found, StoredTask) else found.id), _pool_of(found)
+
+    async def probe(self, caller: Principal, req: pb.GetRequest) -> pb.TaskInfo:
+        """Another shard's question before it admits a submission with this key: does a task here hold
+        it (``KEY_PROBE_KEY``)? Answered from the engine alone, and ALREADY_EXISTS when the holder is of
+        a pool the caller may not use: that submission must be refused, where a Get says NOT_FOUND."""
+        if req.task.WhichOneof("target") != "key" or not req.task.key:
+            raise InvalidArgument("task.key: a key probe names a key")
+        key = req.task.key
+        task = self.runtime.engine.get(key)
+        if task is None:
+            raise NotFound(f"task.key: no task holds key {shown(key)}")
+        if not caller.may_use_pool(task.spec.pool):
+            raise AlreadyExists(
+                f"task.key: key {shown(key)} is held by a task outside this credential's pools"
+            )
+        return task_info(task, self.runtime.output_available(task))
 
     # ---------------------------------------------------------------------------------- submit
 
@@ -247,10 +289,13 @@ class Service:
                 )
             spec.tenant = caller.tenant
 
-    async def _admit(self, specs: list[TaskSpec], prefix: str) -> list[tuple[int, bool]]:
+    async def _admit(
+        self, specs: list[TaskSpec], prefix: str, positions: Sequence[int] | None = None
+    ) -> list[tuple[int, bool]]:
         """Submit atomically; a full ``overflow = wait`` pool parks the request until space frees, for
         a little less than ``request_timeout_s``, so that "pool full" rather than the call's timeout
-        answers it."""
+        answers it. ``positions`` are the specs' places in the batch, when some of it was answered
+        before admission (keys held on other shards), so that a refusal names the right task."""
         runtime = self.runtime
         park_s = self.request_timeout_s - min(PARK_MARGIN_S, PARK_MARGIN_SHARE * self.request_timeout_s)
         deadline = runtime.clock() + park_s
@@ -260,7 +305,8 @@ class Service:
             try:
                 submitted = runtime.engine.submit(specs, runtime.clock())
             except SubmitError as err:
-                where = prefix if err.index is None or prefix == "task" else f"{prefix}[{err.index}]"
+                index = err.index if positions is None or err.index is None else positions[err.index]
+                where = prefix if index is None or prefix == "task" else f"{prefix}[{index}]"
                 if err.code == "overloaded":
                     raise self._overloaded(where, err) from None
                 if err.code != "full":
@@ -311,13 +357,32 @@ class Service:
 
     # ---------------------------------------------------------------------------------- shards
 
-    def _known_here(self, key: str) -> bool:
-        return self.runtime.engine.get(key) is not None
-
-    async def _ref_owner(self, caller: Principal, field: str, ref: pb.TaskRef) -> Shard | None:
+    async def _ref_owner(self, caller: Principal, field: str, ref: pb.TaskRef, pool: str) -> Shard | None:
         if self.routing is None:
             return None
-        return await self.routing.ref_owner(caller, field, ref, self._known_here)
+        return await self.routing.ref_owner(caller, field, ref, self, pool)
+
+    def _named_pool(self, caller: Principal, pool: str) -> str:
+        return named_pool(caller, pool, self.retry_defaults.__contains__)
+
+    async def _held_elsewhere(
+        self, caller: Principal, field: str, specs: Sequence[TaskSpec]
+    ) -> dict[int, tuple[Shard, pb.TaskInfo]]:
+        """The specs (by index) whose keys another shard holds for this caller: keys are one namespace
+        across the cluster, so these are duplicates of the tasks there (:meth:`Routing.held_elsewhere`).
+        A key this shard holds is this shard's to answer (its engine deduplicates it)."""
+        if self.routing is None:
+            return {}
+        engine = self.runtime.engine
+        keyed = {
+            spec.key: (field if field == "task" else f"{field}[{i}]")
+            for i, spec in enumerate(specs)
+            if spec.key and engine.get(spec.key) is None
+        }
+        if not keyed:
+            return {}
+        held = await self.routing.held_elsewhere(caller, [(where, key) for key, where in keyed.items()])
+        return {i: held[spec.key] for i, spec in enumerate(specs) if spec.key in held}
 
     async def submit(self, caller: Principal, req: pb.SubmitRequest) -> pb.SubmitResponse:
         if req.HasField("wait_timeout_s") and not req.wait:
@@ -332,10 +397,28 @@ class Service:
             if req.wait
             else 0.0
         )
-        [(task_id, duplicate)] = await self._admit(self._specs(caller, "task", [req.task]), "task")
+        specs = self._specs(caller, "task", [req.task])
+        elsewhere = await self._held_elsewhere(caller, "task", specs)
+        if elsewhere:
+            return await self._duplicate_elsewhere(caller, *elsewhere[0], timeout if req.wait else None)
+        [(task_id, duplicate)] = await self._admit(specs, "task")
         response = pb.SubmitResponse(id=task_id, duplicate=duplicate)
         if req.wait:
             response.result.CopyFrom(await self._await_result(task_id, timeout))
+        return response
+
+    async def _duplicate_elsewhere(
+        self, caller: Principal, shard: Shard, held: pb.TaskInfo, wait: float | None
+    ) -> pb.SubmitResponse:
+        """The answer to a Submit whose key a task of another shard holds: that task, as a duplicate,
+        with its result when the caller waits (asked of that shard)."""
+        response = pb.SubmitResponse(id=held.id, duplicate=True)
+        if wait is not None:
+            assert self.routing is not None
+            request = pb.WaitRequest(task=pb.TaskRef(id=held.id), timeout_s=wait)
+            response.result.CopyFrom(
+                await self.routing.forward(shard, "Wait", request, caller, last_hop=True)
+            )
         return response
 
     async def submit_batch(self, caller: Principal, req: pb.SubmitBatchRequest) -> pb.SubmitBatchResponse:
@@ -345,17 +428,30 @@ class Service:
             remote = self.routing.batch_owner(req)
             if remote is not None:
                 return await self.routing.forward(remote, "SubmitBatch", req, caller)
-        results = await self._admit(self._specs(caller, "tasks", req.tasks), "tasks")
-        return pb.SubmitBatchResponse(tasks=[pb.SubmitResponse(id=i, duplicate=d) for i, d in results])
+        specs = self._specs(caller, "tasks", req.tasks)
+        elsewhere = await self._held_elsewhere(caller, "tasks", specs)
+        positions = [i for i in range(len(specs)) if i not in elsewhere]
+        admitted = iter(
+            await self._admit([specs[i] for i in positions], "tasks", positions) if positions else ()
+        )
+        return pb.SubmitBatchResponse(
+            tasks=[
+                pb.SubmitResponse(id=elsewhere[i][1].id, duplicate=True)
+                if i in elsewhere
+                else pb.SubmitResponse(id=(result := next(admitted))[0], duplicate=result[1])
+                for i in range(len(specs))
+            ]
+        )
 
     # ------------------------------------------------------------------------------ lookups
 
-    async def cancel(self, caller: Principal, req: pb.CancelRequest) -> pb.CancelResponse:
-        remote = await self._ref_owner(caller, "task", req.task)
+    async def cancel(self, caller: Principal, req: pb.CancelRequest, pool: str = "") -> pb.CancelResponse:
+        pool = self._named_pool(caller, pool)
+        remote = await self._ref_owner(caller, "task", req.task, pool)
         if remote is not None:
             assert self.routing is not None
-            return await self.routing.forward(remote, "Cancel", req, caller)
-        found = await self._task(caller, "task", req.task)
+            return await self.routing.forward(remote, "Cancel", req, caller, pool=pool)
+        found = await self._task(caller, "task", req.task, pool)
         if isinstance(found, StoredTask):  # the engine holds every live task: this one has finished
             return pb.CancelResponse(cancelled=False)
         runtime = self.runtime
@@ -364,12 +460,13 @@ class Service:
         await runtime.sync()
         return pb.CancelResponse(cancelled=cancelled)
 
-    async def get(self, caller: Principal, req: pb.GetRequest) -> pb.TaskInfo:
-        remote = await self._ref_owner(caller, "task", req.task)
+    async def get(self, caller: Principal, req: pb.GetRequest, pool: str = "") -> pb.TaskInfo:
+        pool = self._named_pool(caller, pool)
+        remote = await self._ref_owner(caller, "task", req.task, pool)
         if remote is not None:
             assert self.routing is not None
-            return await self.routing.forward(remote, "Get", req, caller)
-        found = await self._task(caller, "task", req.task)
+            return await self.routing.forward(remote, "Get", req, caller, pool=pool)
+        found = await self._task(caller, "task", req.task, pool)
         if isinstance(found, StoredTask):
             return task_info(found.task, found.output is not None)
         info = task_info(found, self.runtime.output_available(found))
@@ -443,12 +540,13 @@ class Service:
         await self.runtime.settle((task_id,))  # it may have finished in a commit still to come
         return result
 
-    async def wait(self, caller: Principal, req: pb.WaitRequest) -> pb.TaskResult:
-        remote = await self._ref_owner(caller, "task", req.task)
+    async def wait(self, caller: Principal, req: pb.WaitRequest, pool: str = "") -> pb.TaskResult:
+        pool = self._named_pool(caller, pool)
+        remote = await self._ref_owner(caller, "task", req.task, pool)
         if remote is not None:
             assert self.routing is not None
-            return await self.routing.forward(remote, "Wait", req, caller)
-        found = await self._task(caller, "task", req.task)
+            return await self.routing.forward(remote, "Wait", req, caller, pool=pool)
+        found = await self._task(caller, "task", req.task, pool)
         timeout = self._wait_limit("timeout_s", req.timeout_s if req.HasField("timeout_s") else None)
         if isinstance(found, StoredTask):
             return await self.result(found.task)

@@ -117,12 +117,18 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--wait", action="store_true", help="wait for the result")
     s.add_argument("--wait-timeout", type=float, default=None)
 
-    for name, text in (("get", "show a task"), ("cancel", "cancel a task")):
+    for name, text in (
+        ("get", "show a task"),
+        ("cancel", "cancel a task"),
+        ("wait", "wait for a task's result"),
+    ):
         c = sub.add_parser(name, help=text)
         c.add_argument("ref", help="task id or key")
-    w = sub.add_parser("wait", help="wait for a task's result")
-    w.add_argument("ref", help="task id or key")
-    w.add_argument("--timeout", type=float, default=None)
+        c.add_argument(
+            "--pool", default=None, help="the task's pool (settles a key that tasks on two shards hold)"
+        )
+        if name == "wait":
+            c.add_argument("--timeout", type=float, default=None)
 
     ls = sub.add_parser("list", help="list tasks (id order)")
     ls.add_argument("--pool", action="append", default=[])
@@ -302,11 +308,11 @@ async def run(args: argparse.Namespace) -> None:
                 )
             )
         elif cmd == "get":
-            _print(await client.get(_ref(args.ref)))
+            _print(await client.get(_ref(args.ref), pool=args.pool))
         elif cmd == "cancel":
-            _print({"cancelled": await client.cancel(_ref(args.ref))})
+            _print({"cancelled": await client.cancel(_ref(args.ref), pool=args.pool)})
         elif cmd == "wait":
-            _print(await client.wait(_ref(args.ref), timeout=args.timeout))
+            _print(await client.wait(_ref(args.ref), timeout=args.timeout, pool=args.pool))
         elif cmd == "list":
             _print(
                 await client.list_tasks(

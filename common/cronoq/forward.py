@@ -34,6 +34,8 @@ from cronoq.transport import (
 )
 from cronoq.v1 import cronoq_pb2_grpc as pbg
 
+Metadata = tuple[tuple[str, str], ...]
+
 
 class WrongShard(FailedPrecondition):
     """The call belongs to another shard and this server will not forward it: go there instead."""
@@ -146,9 +148,12 @@ class Peers:
     def url(self, shard: Shard) -> str:
         return self._resolve(shard) if self._resolve is not None else shard.endpoint
 
-    def check(self, shard: Shard, caller: Principal, url: str) -> None:
-        """Refuse (WrongShard) when this call may not be forwarded to ``shard`` at ``url``."""
-        if caller.forwarded:
+    def check(self, shard: Shard, caller: Principal, url: str, last_hop: bool = False) -> None:
+        """Refuse (WrongShard) when this call may not be forwarded to ``shard`` at ``url``. A call that
+        was forwarded here is not forwarded again, unless it is a ``last_hop``: one a shard makes on its
+        own account while it serves a forwarded call (a key probe before a submission, the wait for a
+        duplicate held elsewhere), which the target answers itself, since it comes marked forwarded."""
+        if caller.forwarded and not last_hop:
             raise WrongShard(shard, "this call was forwarded here already and is not forwarded again")
         if caller.certificate:
             raise WrongShard(
@@ -174,10 +179,10 @@ class Peers:
         return stubs
 
     @staticmethod
-    def _metadata(caller: Principal) -> tuple[tuple[str, str], ...]:
+    def _metadata(caller: Principal, extra: Metadata = ()) -> Metadata:
         if caller.credential:
-            return (("authorization", caller.credential), (FORWARDED_KEY, "1"))
-        return ((FORWARDED_KEY, "1"),)
+            return (("authorization", caller.credential), (FORWARDED_KEY, "1"), *extra)
+        return ((FORWARDED_KEY, "1"), *extra)
 
     async def call(
         self,
@@ -189,14 +194,19 @@ class Peers:
         *,
         wait: float = 0.0,
         budget: float | None = None,
+        extra: Metadata = (),
+        last_hop: bool = False,
     ) -> tuple[Any, str | None]:
         """Forward one unary call (``service`` "tasks" or "admin"); ``wait`` extends the deadline of
         calls that wait for a task; ``budget`` bounds the whole call, retries included (default: each
-        attempt gets ``timeout``). Returns the answer and the content type of the output it carries,
-        if the owner said (the wire result has no field for it; HTTP needs it)."""
+        attempt gets ``timeout``); ``extra`` is metadata sent besides the caller's credential and the
+        forwarded marker; ``last_hop`` as in :meth:`check`. Returns the answer and the content type of
+        the output it carries, if the owner said (the wire result has no field for it; HTTP needs it)."""
         deadline = None if budget is None else asyncio.get_running_loop().time() + budget
         try:
-            answer = await self._call(shard, service, method, request, caller, wait, deadline)
+            answer = await self._call(
+                shard, service, method, request, caller, wait, deadline, (extra, last_hop)
+            )
         except ApiError as err:
             self.calls[(shard.name, method, err.code)] += 1
             raise
@@ -212,12 +222,14 @@ class Peers:
         caller: Principal,
         wait: float,
         deadline: float | None,
+        how: tuple[Metadata, bool],
     ) -> tuple[Any, str | None]:
+        extra, last_hop = how
         attempt = 0
         loop = asyncio.get_running_loop()
         while True:
             url = self.url(shard)
-            self.check(shard, caller, url)
+            self.check(shard, caller, url, last_hop)
             _, tasks, admin = self._stub(url)
             timeout = self.timeout + wait
             if deadline is not None:
@@ -225,7 +237,7 @@ class Peers:
                 if timeout <= 0:
                     raise DeadlineExceeded(f"shard '{shard.name}' did not answer in time")
             call = getattr(tasks if service == "tasks" else admin, method)(
-                request, metadata=self._metadata(caller), timeout=timeout
+                request, metadata=self._metadata(caller, extra), timeout=timeout
             )
             try:
                 response = await call
@@ -259,30 +271,23 @@ class Peers:
         requests: Sequence[Any],
         caller: Principal,
         *,
-        enough: Callable[[Any], bool] | None = None,
-    ) -> list[Any | ApiError | None]:
-        """The same call on several shards at once: each answer, or the error it failed with. With
-        ``enough``, the first answer it accepts ends the fan-out: the calls still out are cancelled and
-        give None (a key lookup need not wait for a slow shard once another holds the key)."""
+        extra: Metadata = (),
+        last_hop: bool = False,
+    ) -> list[Any | ApiError]:
+        """The same call on several shards at once (``extra`` and ``last_hop`` as in :meth:`call`): each
+        answer, or the error it failed with, within a share of the forwarding timeout."""
         budget = FANOUT_SHARE * self.timeout
 
         async def one(shard: Shard, request: Any) -> Any:
             try:
-                return (await self.call(shard, service, method, request, caller, budget=budget))[0]
+                call = self.call(
+                    shard, service, method, request, caller, budget=budget, extra=extra, last_hop=last_hop
+                )
+                return (await call)[0]
             except ApiError as err:
                 return err
 
-        calls = [asyncio.ensure_future(one(s, r)) for s, r in zip(shards, requests, strict=True)]
-        try:
-            pending = set(calls)
-            while pending:
-                done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
-                if enough is not None and any(enough(call.result()) for call in done):
-                    break
-        finally:
-            for call in calls:
-                call.cancel()
-        return [call.result() if call.done() and not call.cancelled() else None for call in calls]
+        return list(await asyncio.gather(*(one(s, r) for s, r in zip(shards, requests, strict=True))))
 
     def stream(self, shard: Shard, method: str, request: Any, caller: Principal) -> PeerStream:
         """A server-streaming Tasks call (Watch) to ``shard``, started by :meth:`PeerStream.open`."""

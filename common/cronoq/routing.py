@@ -14,16 +14,68 @@ from typing import Any, Protocol
 
 from . import fanout
 from .auth import Principal
-from .errors import ApiError, DataLoss, InvalidArgument, NotFound, Unavailable, error_for, shown
+from .errors import (
+    AlreadyExists,
+    ApiError,
+    DataLoss,
+    FailedPrecondition,
+    InvalidArgument,
+    NotFound,
+    PermissionDenied,
+    Unavailable,
+    error_for,
+    shown,
+)
 from .forward import Peers
 from .limits import exceeded
 from .shards import SHARD_SHIFT, Shard, ShardMap
+from .transport import KEY_PROBE_KEY, POOL_KEY, unadmitted
 from .v1 import cronoq_pb2 as pb
 
 Local = Callable[[Principal, Any], Any]  # answers one fan-out part on this process's own shard
+Match = tuple[Shard, int, str]  # a task found by key: its shard, id and pool
+_PROBE = ((KEY_PROBE_KEY, "1"),)
+_PROBES_AT_ONCE = 32  # keys of one submission probed on the other shards at a time (a batch has many)
 LocalRemove = Callable[[Principal, pb.RemoveRecurringRequest], Awaitable[pb.RemoveRecurringResponse]]
 LocalWatch = Callable[[Principal, pb.WatchRequest], AsyncIterator[pb.StatusEvent]]
 WATCH_QUEUE = 10_000  # events from all shards not yet taken by the watcher (a shard buffers as many)
+
+
+class LocalKeys(Protocol):
+    """What a shard server's own engine and store know of a key, as (id, pool) of the task when the
+    caller may see it (a router has no such thing)."""
+
+    def held(self, caller: Principal, key: str) -> tuple[int, str] | None:
+        """The task holding ``key`` in the engine (live, or finished while its key deduplicates)."""
+        ...
+
+    async def stored(self, caller: Principal, key: str) -> tuple[int, str] | None:
+        """The newest task with ``key`` the engine or the store still keeps, finished ones included."""
+        ...
+
+
+def named_pool(caller: Principal, pool: str, known: Callable[[str], bool]) -> str:
+    """The pool a caller named for the task it looks up (``POOL_KEY``, HTTP ``pool``), checked as a
+    pool filter is: unknown NOT_FOUND, outside the caller's pools PERMISSION_DENIED. "" when none."""
+    if pool:
+        if not known(pool):
+            raise NotFound(f"pool: unknown pool {shown(pool)}")
+        if not caller.may_use_pool(pool):
+            raise PermissionDenied(f"pool: this credential may not use pool {shown(pool)}")
+    return pool
+
+
+def ambiguous(field: str, key: str, found: Sequence[Match]) -> FailedPrecondition:
+    """The refusal of a key that tasks on several shards hold: it names them (the caller may see each)
+    and says how to name the one meant."""
+    tasks = ", ".join(
+        f"{task_id} in pool {shown(pool)} (shard '{shard.name}')" for shard, task_id, pool in found
+    )
+    return FailedPrecondition(
+        f"{field}: key {shown(key)} is held by {len(found)} tasks on different shards: {tasks}; name the "
+        f"pool (gRPC metadata '{POOL_KEY}', HTTP query parameter 'pool', the SDK's pool=) or use the "
+        "task's id"
+    )
 
 
 class Watch(Protocol):
@@ -258,55 +310,152 @@ class Routing:
         return self.remote(first)
 
     async def ref_owner(
-        self, caller: Principal, field: str, ref: pb.TaskRef, known_here: Callable[[str], bool]
+        self, caller: Principal, field: str, ref: pb.TaskRef, here: LocalKeys | None, pool: str = ""
     ) -> Shard | None:
         """The other shard holding the task ``ref`` names, or None when it is (or would be) here: by the
-        shard number in an id, or, for a key not ``known_here``, by asking the other shards.
+        shard number in an id, by the ``pool`` the caller named (checked by :func:`named_pool`), or, for
+        a key, by asking every shard, this one (``here``) included.
 
-        A key that no shard answering holds, while some shard could not be asked, is UNAVAILABLE naming
-        those shards: one of them may hold it, so "here" (and then NOT_FOUND) could be false. That
-        includes a key only this shard's store still has (a finished task): a task of another shard
-        is preferred to it when that shard answers, so it cannot be the answer either."""
+        Keys are one namespace across the cluster (submissions check every shard, see
+        :meth:`held_elsewhere`), but two submissions racing on two shards, or one made while a shard
+        could not be asked, can leave a key with a task on each. So a lookup by key is never settled
+        by whichever shard answers first: a key two shards hold for this caller is refused, naming the
+        tasks and how to name the pool. Tasks whose key still deduplicates are asked for first (what
+        each engine holds); only when no shard holds it are finished tasks kept in the stores looked
+        up. A key that no shard answering holds, while some shard could not be asked, is UNAVAILABLE
+        naming those shards: one of them may hold it. One held where the others answered is taken."""
         if ref.WhichOneof("target") == "id":
             shard = self.shards.by_id(ref.id)
             if shard is None:
                 raise NotFound(f"{field}: no task {ref.id!r} (no shard has number {ref.id >> SHARD_SHIFT})")
             return self.remote(shard)
-        if caller.forwarded or not ref.key or known_here(ref.key):
+        if pool:
+            return self.remote(self.shards.by_pool(pool))
+        if caller.forwarded or not ref.key:
             return None
-        others = [s for s in self.shards if not self.shards.is_local(s)]
-        answers = await self.peers.fan_out(
-            others,
-            "tasks",
-            "Get",
-            [pb.GetRequest(task=ref)] * len(others),
-            caller,
-            enough=lambda answer: isinstance(answer, pb.TaskInfo),
-        )
-        down: list[tuple[Shard, ApiError]] = []
-        for shard, answer in zip(others, answers, strict=True):
-            if isinstance(answer, pb.TaskInfo):
-                return shard
-            if isinstance(answer, ApiError) and fanout.unreachable(answer):
-                down.append((shard, answer))
-            elif isinstance(answer, ApiError) and not isinstance(answer, NotFound):
-                raise answer  # a refusal (FAILED_PRECONDITION for a certificate caller, ...) is the answer
+        found, down = await self._find(caller, field, ref.key, here, held=True)
+        if not found and not down:
+            found, down = await self._find(caller, field, ref.key, here, held=False)
+        if len(found) > 1:
+            raise ambiguous(f"{field}.key", ref.key, found)
+        if found:
+            return self.remote(found[0][0])
         if down:
             names = ", ".join(f"'{shard.name}'" for shard, _ in down)
             raise Unavailable(
-                f"{field}.key: no shard that answered holds task {ref.key!r}, and shard(s) {names} could "
-                f"not be asked ({down[0][1].message}); retry"
+                f"{field}.key: no shard that answered holds task {shown(ref.key)}, and shard(s) {names} "
+                f"could not be asked ({down[0][1].message}); retry"
             )
         return None
 
+    async def _find(
+        self, caller: Principal, field: str, key: str, here: LocalKeys | None, *, held: bool
+    ) -> tuple[list[Match], list[tuple[Shard, ApiError]]]:
+        """The tasks of ``key`` this caller may see on every shard, and the shards that could not be
+        asked: with ``held``, the tasks holding the key (each engine's, by a key probe); otherwise
+        finished tasks found anywhere, stores included (a plain Get)."""
+        others = [s for s in self.shards if not self.shards.is_local(s)]
+        request = pb.GetRequest(task=pb.TaskRef(key=key))
+        remote, local = await asyncio.gather(
+            self.peers.fan_out(
+                others, "tasks", "Get", [request] * len(others), caller, extra=_PROBE if held else ()
+            ),
+            self._here(caller, key, here, held),
+        )
+        found: list[Match] = [] if local is None else [local]
+        down: list[tuple[Shard, ApiError]] = []
+        for shard, answer in zip(others, remote, strict=True):
+            if isinstance(answer, pb.TaskInfo):
+                found.append((shard, answer.id, answer.pool))
+            elif fanout.unreachable(answer):
+                down.append((shard, answer))
+            elif not isinstance(answer, NotFound | AlreadyExists):
+                raise answer  # a refusal (FAILED_PRECONDITION for a certificate caller, ...) is the answer
+        return found, down
+
+    async def _here(self, caller: Principal, key: str, here: LocalKeys | None, held: bool) -> Match | None:
+        if here is None:
+            return None
+        task = here.held(caller, key) if held else await here.stored(caller, key)
+        assert self.shards.local is not None  # a shard server's own lookups: it serves a shard
+        return None if task is None else (self.shards.local, *task)
+
+    async def held_elsewhere(
+        self, caller: Principal, keys: Sequence[tuple[str, str]]
+    ) -> dict[str, tuple[Shard, pb.TaskInfo]]:
+        """Of the ``keys`` (field, key) a submission on this shard brings, those another shard holds for
+        this caller, with the shard and the task: a submission answers them as duplicates, as one
+        server answers a key it holds. Keys are one namespace across the cluster, so a key held there
+        by a task of a pool outside the caller's pools is refused (PERMISSION_DENIED, as on one server).
+        A shard that cannot be asked (unreachable, or refusing the probe) is passed over for a caller
+        that may use every pool it serves, whose own duplicate a later lookup would find ambiguous,
+        but refuses the submission (UNAVAILABLE, never admitted) for one scoped to fewer: it could
+        otherwise shadow a key of a pool it may not see."""
+        others = [s for s in self.shards if not self.shards.is_local(s)]
+        gate = asyncio.Semaphore(_PROBES_AT_ONCE)
+
+        async def probe(key: str) -> list[Any]:
+            async with gate:
+                request = pb.GetRequest(task=pb.TaskRef(key=key))
+                return await self.peers.fan_out(
+                    others, "tasks", "Get", [request] * len(others), caller, extra=_PROBE, last_hop=True
+                )
+
+        answers = await asyncio.gather(*(probe(key) for _, key in keys))
+        held: dict[str, tuple[Shard, pb.TaskInfo]] = {}
+        for (field, key), per_shard in zip(keys, answers, strict=True):
+            found = [
+                (shard, a) for shard, a in zip(others, per_shard, strict=True) if isinstance(a, pb.TaskInfo)
+            ]
+            for shard, answer in zip(others, per_shard, strict=True):
+                if isinstance(answer, AlreadyExists):
+                    raise PermissionDenied(
+                        f"{field}.key: key {shown(key)} is held by a task outside this credential's pools"
+                    )
+                if isinstance(answer, ApiError) and not isinstance(answer, NotFound):
+                    self._unasked(caller, field, key, shard, answer)
+            if len(found) > 1:
+                raise ambiguous(f"{field}.key", key, [(s, a.id, a.pool) for s, a in found])
+            if found:
+                held[key] = found[0]
+        return held
+
+    @staticmethod
+    def _unasked(caller: Principal, field: str, key: str, shard: Shard, err: ApiError) -> None:
+        """A shard that could not be asked about a submission's key: passed over, unless it serves a
+        pool the caller may not use (see :meth:`held_elsewhere`)."""
+        hidden = [p for p in shard.pools if not caller.may_use_pool(p)]
+        if hidden:
+            raise unadmitted(
+                f"{field}.key: shard '{shard.name}' could not be asked whether a task of a pool outside "
+                f"this credential's pools holds key {shown(key)} ({err.message}); retry"
+            )
+
     async def forward(
-        self, shard: Shard, method: str, req: Any, caller: Principal, *, service: str = "tasks"
+        self,
+        shard: Shard,
+        method: str,
+        req: Any,
+        caller: Principal,
+        *,
+        service: str = "tasks",
+        pool: str = "",
+        last_hop: bool = False,
     ) -> Any:
-        """Forward one Tasks (or, with ``service="admin"``, Admin) call; calls that wait for a task get
-        the longest wait added to their deadline."""
+        """Forward one Tasks (or, with ``service="admin"``, Admin) call, with the ``pool`` its caller
+        named for the task it looks up (``POOL_KEY``); ``last_hop`` as in
+        :meth:`~cronoq.forward.Peers.check`. Calls that wait for a task get the longest wait added to
+        their deadline."""
         waits = method == "Wait" or (method == "Submit" and req.wait)
         response, output_type = await self.peers.call(
-            shard, service, method, req, caller, wait=self.max_wait_s if waits else 0.0
+            shard,
+            service,
+            method,
+            req,
+            caller,
+            wait=self.max_wait_s if waits else 0.0,
+            extra=((POOL_KEY, pool),) if pool else (),
+            last_hop=last_hop,
         )
         if output_type is not None and waits:
             result = response.result if method == "Submit" else response

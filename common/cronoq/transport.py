@@ -33,6 +33,15 @@ NOT_RECEIVED_KEY = "cronoq-not-received"
 # none), which a StatusEvent stream has no ``unavailable_shards`` field for. Its presence is also how a
 # forwarding server tells "open" from a shard whose Watch is quiet: a refusal comes as a status alone.
 UNAVAILABLE_SHARDS_KEY = "cronoq-unavailable-shards"
+# Invocation metadata of Get, Cancel and Wait (HTTP: the ``pool`` query parameter): the pool of the task
+# named. A key names one task of a cluster only as long as no two shards hold it; naming the pool settles
+# which (and sends the call straight to that pool's shard).
+POOL_KEY = "cronoq-pool"
+# Invocation metadata of a Get by key that one shard sends another before it admits a keyed submission:
+# answered from what the target's engine holds (live tasks, and finished ones whose key still
+# deduplicates), never from its store, and ALREADY_EXISTS when a task of a pool outside the caller's
+# pools holds the key (a plain Get answers NOT_FOUND there, and the submission must be refused).
+KEY_PROBE_KEY = "cronoq-key-probe"
 
 
 # How long a Work call refused as it opens waits for the worker's first message (take_first_message).

@@ -25,6 +25,12 @@ from .serverproc import ServerProcess
 Handler = Callable[[Lease], Awaitable[Any]]
 
 
+def token(value: str, role: str, pools: tuple[str, ...] | None = None) -> str:
+    """One ``[[auth.tokens]]`` entry of a configuration (``pools`` None: every pool)."""
+    allowed = "" if pools is None else "pools = [" + ", ".join(f'"{p}"' for p in pools) + "]\n"
+    return f'[[auth.tokens]]\ntoken = "{value}"\nrole = "{role}"\n{allowed}\n'
+
+
 @contextlib.asynccontextmanager
 async def worker(target: str, handler: Handler, pool: str = "default", **kw: Any) -> AsyncIterator[Worker]:
     """An SDK worker running in this loop for the duration of the block (registered first)."""

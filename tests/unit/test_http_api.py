@@ -284,6 +284,34 @@ async def test_cancel(api: Api) -> None:
     assert info["status"] == "cancelled"
 
 
+async def test_a_lookup_may_name_the_tasks_pool(api: Api) -> None:
+    """``?pool=`` on GET, :cancel and /result: the task must be of that pool (else 404 as an unknown
+    task); an unknown pool is a 404 naming ``pool``, one outside the credential's pools a 403."""
+    task_id = await api.submit(key="in-default")
+    status, info = await api.call("GET", "/v1/tasks/in-default?pool=default")
+    assert (status, info["id"]) == (200, task_id)
+    for method, path in (
+        ("GET", "/v1/tasks/in-default?pool=other"),
+        ("GET", f"/v1/tasks/{task_id}?pool=other"),
+        ("POST", "/v1/tasks/in-default:cancel?pool=other"),
+        ("GET", "/v1/tasks/in-default/result?pool=other&timeout_s=0"),
+    ):
+        status, answer = await api.call(method, path)
+        assert status == 404, (path, answer)
+        assert_error(answer, "not_found", r"^task: no task .* in pool 'other'$")
+    status, answer = await api.call("GET", "/v1/tasks/in-default?pool=nope")
+    assert status == 404
+    assert_error(answer, "not_found", r"^pool: unknown pool 'nope'$")
+    status, answer = await api.call("POST", "/v1/tasks/in-default:cancel?pool=default", token=OTHER_ONLY)
+    assert status == 403
+    assert_error(answer, "permission_denied", r"^pool: this credential may not use pool 'default'$")
+    status, answer = await api.call("GET", "/v1/tasks/in-default?pool=default&pool=other")
+    assert status == 400
+    assert_error(answer, "invalid_argument", r"^pool: given 2 times")
+    assert await status_of(api, task_id) == "ready"  # nothing was cancelled on the way
+    assert await api.call("POST", "/v1/tasks/in-default:cancel?pool=default") == (200, {"cancelled": True})
+
+
 async def status_of(api: Api, task_id: str) -> str:
     status, info = await api.call("GET", f"/v1/tasks/{task_id}")
     assert status == 200, info

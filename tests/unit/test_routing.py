@@ -10,6 +10,7 @@ import pytest
 
 from cronoq.auth import Authenticator, Principal, Role
 from cronoq.errors import (
+    AlreadyExists,
     ApiError,
     DeadlineExceeded,
     FailedPrecondition,
@@ -17,9 +18,10 @@ from cronoq.errors import (
     PermissionDenied,
     Unavailable,
 )
-from cronoq.forward import Peers
+from cronoq.forward import Metadata, Peers
 from cronoq.routing import MergedWatch, Routing
 from cronoq.shards import Shard, ShardMap
+from cronoq.transport import KEY_PROBE_KEY, NOT_RECEIVED_KEY, POOL_KEY
 from cronoq.v1 import cronoq_pb2 as pb
 from router.service import RouterService
 
@@ -32,11 +34,14 @@ MAX_MESSAGE_BYTES = 4 * 1024 * 1024
 
 
 class Scripted(Peers):
-    """Peers whose shards answer each method from a script: a response, or an error they fail with."""
+    """Peers whose shards answer each method from a script: a response, or an error they fail with. A
+    Get marked as a key probe is scripted as "Probe" (missing from the script: as the Get); every call
+    is recorded as (shard, method, metadata sent besides the caller's, last hop)."""
 
     def __init__(self, shards: ShardMap, script: dict[tuple[str, str], Any]) -> None:
         super().__init__(shards, insecure_peer_http=False, timeout=1.0)
         self.script = script
+        self.sent: list[tuple[str, str, Metadata, bool]] = []
 
     async def call(
         self,
@@ -48,11 +53,34 @@ class Scripted(Peers):
         *,
         wait: float = 0.0,
         budget: float | None = None,
+        extra: Metadata = (),
+        last_hop: bool = False,
     ) -> tuple[Any, str | None]:
-        answer = self.script[(shard.name, method)]
+        self.sent.append((shard.name, method, extra, last_hop))
+        if (KEY_PROBE_KEY, "1") in extra:
+            answer = self.script.get((shard.name, "Probe")) or self.script[(shard.name, method)]
+        else:
+            answer = self.script[(shard.name, method)]
         if isinstance(answer, ApiError):
             raise answer
         return answer, None
+
+
+class Here:
+    """Shard a's own engine and store (``cronoq.routing.LocalKeys``): what they hold of each key."""
+
+    def __init__(self, held: dict[str, int] | None = None, stored: dict[str, int] | None = None) -> None:
+        self._held = held or {}
+        self._stored = stored or {}
+
+    def held(self, caller: Principal, key: str) -> tuple[int, str] | None:
+        return (self._held[key], "a1") if key in self._held else None
+
+    async def stored(self, caller: Principal, key: str) -> tuple[int, str] | None:
+        return (self._stored[key], "a1") if key in self._stored else None
+
+
+NOWHERE_HERE = Here()
 
 
 def router(script: dict[tuple[str, str], Any]) -> RouterService:
@@ -102,20 +130,16 @@ async def test_a_shard_refusing_a_listing_refuses_it_rather_than_look_unavailabl
 async def test_a_key_no_reachable_shard_holds_is_unavailable_while_a_shard_is_down() -> None:
     by_key = pb.GetRequest(task=pb.TaskRef(key="k"))
     missing = NotFound("task: no task 'k'")
-
-    def nowhere_here(key: str) -> bool:
-        return False
-
     with pytest.raises(Unavailable, match=r"shard\(s\) 'c' could not be asked"):
         await router({("a", "Get"): missing, ("b", "Get"): missing, ("c", "Get"): DOWN}).get(CALLER, by_key)
     slow_and_down = on_shard_a({("b", "Get"): DeadlineExceeded("slow"), ("c", "Get"): DOWN})
     with pytest.raises(Unavailable, match=r"task.key: .* shard\(s\) 'b', 'c'"):
-        await slow_and_down.ref_owner(CALLER, "task", by_key.task, nowhere_here)
+        await slow_and_down.ref_owner(CALLER, "task", by_key.task, NOWHERE_HERE)
 
     # Found on a shard that answered, or missing on every shard: as before.
     on_b = {("a", "Get"): missing, ("b", "Get"): pb.TaskInfo(id=2 << 56), ("c", "Get"): DOWN}
     assert (await router(on_b).get(CALLER, by_key)).id == 2 << 56
-    assert await on_shard_a(on_b).ref_owner(CALLER, "task", by_key.task, nowhere_here) is B
+    assert await on_shard_a(on_b).ref_owner(CALLER, "task", by_key.task, NOWHERE_HERE) is B
     with pytest.raises(NotFound):
         await router({("a", "Get"): missing, ("b", "Get"): missing, ("c", "Get"): missing}).get(
             CALLER, by_key
@@ -130,6 +154,87 @@ async def test_a_shard_refusing_a_key_lookup_refuses_it_rather_than_say_not_foun
     answers = {("a", "Get"): NotFound("task: no task 'k'"), ("b", "Get"): refused, ("c", "Get"): DOWN}
     with pytest.raises(FailedPrecondition, match="called directly"):
         await router(answers).get(CALLER, by_key)
+
+
+async def test_a_key_two_shards_hold_is_refused_naming_both_and_how_to_name_the_pool() -> None:
+    """Never settled by whichever shard answers first: from a router, and from a shard holding it too."""
+    by_key = pb.GetRequest(task=pb.TaskRef(key="k"))
+    both = {
+        ("a", "Get"): pb.TaskInfo(id=1 << 56, pool="a1"),
+        ("b", "Get"): pb.TaskInfo(id=2 << 56, pool="b1"),
+    }
+    both[("c", "Get")] = NotFound("task: no task 'k'")
+    for lookup in (
+        router(both).get(CALLER, by_key),
+        on_shard_a(both).ref_owner(CALLER, "task", by_key.task, Here(held={"k": 1 << 56})),
+    ):
+        with pytest.raises(FailedPrecondition) as refused:
+            await lookup
+        message = refused.value.message
+        assert f"{1 << 56} in pool 'a1' (shard 'a')" in message and f"{2 << 56} in pool 'b1'" in message
+        assert POOL_KEY in message and "query parameter 'pool'" in message, message
+
+
+async def test_a_key_is_looked_up_in_the_stores_only_when_no_shard_holds_it() -> None:
+    """A finished task whose key no longer deduplicates is found by a plain Get; a task holding the key
+    (asked for first, by probe) wins over it, as the newest task of a key does on one server."""
+    by_key = pb.TaskRef(key="k")
+    missing = NotFound("task.key: no task holds key 'k'")
+    stored_on_b = {("b", "Probe"): missing, ("b", "Get"): pb.TaskInfo(id=2 << 56, pool="b1")}
+    stored_on_b |= {("c", "Probe"): missing, ("c", "Get"): NotFound("task: no task 'k'")}
+    routing = on_shard_a(stored_on_b)
+    assert await routing.ref_owner(CALLER, "task", by_key, NOWHERE_HERE) is B
+    assert await routing.ref_owner(CALLER, "task", by_key, Here(held={"k": 1 << 56})) is None
+    with pytest.raises(FailedPrecondition, match="held by 2 tasks"):  # two finished ones: still ambiguous
+        await routing.ref_owner(CALLER, "task", by_key, Here(stored={"k": 1 << 56}))
+    # A holder of a pool the caller may not see (the probe's ALREADY_EXISTS) is no answer to a lookup.
+    hidden = {**stored_on_b, ("b", "Probe"): AlreadyExists("task.key: key 'k' is held by a task outside")}
+    assert await on_shard_a(hidden).ref_owner(CALLER, "task", by_key, NOWHERE_HERE) is B
+
+
+async def test_a_named_pool_sends_a_lookup_to_its_shard_alone() -> None:
+    scripted = router({("b", "Get"): pb.TaskInfo(id=2 << 56, pool="b1")})
+    assert (await scripted.get(CALLER, pb.GetRequest(task=pb.TaskRef(key="k")), pool="b1")).id == 2 << 56
+    peers = scripted.routing.peers
+    assert isinstance(peers, Scripted)
+    assert peers.sent == [("b", "Get", ((POOL_KEY, "b1"),), False)]
+    with pytest.raises(NotFound, match="pool: unknown pool 'nope'"):
+        await scripted.get(CALLER, pb.GetRequest(task=pb.TaskRef(key="k")), pool="nope")
+    scoped = Principal(Role.CLIENT, pools=frozenset({"a1"}))
+    with pytest.raises(PermissionDenied, match="pool: this credential may not use pool 'b1'"):
+        await scripted.cancel(scoped, pb.CancelRequest(task=pb.TaskRef(key="k")), pool="b1")
+
+
+async def test_a_submitted_key_held_on_another_shard_is_its_duplicate_or_refused() -> None:
+    """Keys are one namespace across shards: a key another shard holds for this caller is answered as
+    that task's duplicate; held there by a pool outside the caller's pools, the submission is refused;
+    a shard that cannot be asked blocks only a caller that may not use all of its pools."""
+    keys = [("task", "k")]
+    held = on_shard_a({("b", "Probe"): pb.TaskInfo(id=2 << 56, pool="b1"), ("c", "Get"): NotFound("no")})
+    assert {k: (s.name, t.id) for k, (s, t) in (await held.held_elsewhere(CALLER, keys)).items()} == {
+        "k": ("b", 2 << 56)
+    }
+    peers = held.peers
+    assert isinstance(peers, Scripted)
+    assert {(shard, extra, last_hop) for shard, _, extra, last_hop in peers.sent} == {
+        (name, ((KEY_PROBE_KEY, "1"),), True) for name in ("b", "c")
+    }
+    hidden = on_shard_a({("b", "Probe"): AlreadyExists("held outside"), ("c", "Get"): NotFound("no")})
+    with pytest.raises(PermissionDenied, match=r"task.key: key 'k' is held by a task outside"):
+        await hidden.held_elsewhere(CALLER, keys)
+
+    c_down = on_shard_a({("b", "Get"): NotFound("no"), ("c", "Get"): DOWN})
+    assert await c_down.held_elsewhere(CALLER, keys) == {}  # may use every pool: passed over
+    may_use_c = Principal(Role.CLIENT, pools=frozenset({"a1", "c1"}))
+    assert await c_down.held_elsewhere(may_use_c, keys) == {}
+    only_a1 = Principal(Role.CLIENT, pools=frozenset({"a1"}))
+    with pytest.raises(Unavailable, match="shard 'c' could not be asked") as refused:
+        await c_down.held_elsewhere(only_a1, keys)
+    assert (NOT_RECEIVED_KEY, "1") in refused.value.metadata  # nothing was admitted: a router may retry
+
+    on_two = on_shard_a({("b", "Get"): pb.TaskInfo(id=2 << 56), ("c", "Get"): pb.TaskInfo(id=3 << 56)})
+    with pytest.raises(FailedPrecondition, match="held by 2 tasks"):
+        await on_two.held_elsewhere(CALLER, keys)
 
 
 class Part:

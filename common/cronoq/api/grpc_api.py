@@ -16,11 +16,14 @@ from cronoq.errors import ApiError, FailedPrecondition, InvalidArgument
 from cronoq.logs import get_logger
 from cronoq.routing import Watch, serving
 from cronoq.transport import (
+    KEY_PROBE_KEY,
     OUTPUT_TYPE_KEY,
+    POOL_KEY,
     UNAVAILABLE_SHARDS_KEY,
     bearer,
     forwarded,
     grpc_status,
+    metadata_value,
     take_first_message,
 )
 from cronoq.v1 import cronoq_pb2 as pb
@@ -58,6 +61,12 @@ def registration(first: Any) -> Any:
         raise InvalidArgument("register.pool: required")
     check_text("register.pool", register.pool, MAX_POOL_LEN)
     return register
+
+
+def named_pool(context: Ctx) -> str:
+    """The pool the caller named for the task it looks up (``POOL_KEY`` metadata; "" when none)."""
+    pool = metadata_value(context.invocation_metadata(), POOL_KEY) or ""
+    return check_text("pool", pool, MAX_POOL_LEN) if pool else ""
 
 
 def cert_dns_names(context: Ctx) -> list[str]:
@@ -107,13 +116,16 @@ class TasksServicer(pbg.TasksServicer):  # type: ignore[misc]
 
     async def Cancel(self, request: pb.CancelRequest, context: Ctx) -> pb.CancelResponse:
         async def run() -> pb.CancelResponse:
-            return await self.service.cancel(self._caller(context), request)
+            return await self.service.cancel(self._caller(context), request, named_pool(context))
 
         return await call(context, run)
 
     async def Get(self, request: pb.GetRequest, context: Ctx) -> pb.TaskInfo:
         async def run() -> pb.TaskInfo:
-            return await self.service.get(self._caller(context), request)
+            caller = self._caller(context)
+            if metadata_value(context.invocation_metadata(), KEY_PROBE_KEY) is not None:
+                return await self.service.probe(caller, request)
+            return await self.service.get(caller, request, named_pool(context))
 
         return await call(context, run)
 
@@ -125,7 +137,7 @@ class TasksServicer(pbg.TasksServicer):  # type: ignore[misc]
 
     async def Wait(self, request: pb.WaitRequest, context: Ctx) -> pb.TaskResult:
         async def run() -> pb.TaskResult:
-            response = await self.service.wait(self._caller(context), request)
+            response = await self.service.wait(self._caller(context), request, named_pool(context))
             self._output_type(context, response)
             return response
 

@@ -319,15 +319,19 @@ class _Gateway:
 
     async def get(self, caller: Principal, request: web.Request) -> codec.JsonObject:
         req = pb.GetRequest(task=codec.task_ref(request.match_info["ref"]))
-        return codec.task_info(await _ask(self.service.get(caller, req)))
+        pool = codec.named_pool(codec.Query(request.query), finish=True)
+        return codec.task_info(await _ask(self.service.get(caller, req, pool)))
 
     async def cancel(self, caller: Principal, request: web.Request) -> codec.JsonObject:
         req = pb.CancelRequest(task=codec.task_ref(request.match_info["ref"]))
-        return {"cancelled": (await _ask(self.service.cancel(caller, req))).cancelled}
+        pool = codec.named_pool(codec.Query(request.query), finish=True)
+        return {"cancelled": (await _ask(self.service.cancel(caller, req, pool))).cancelled}
 
     async def result(self, caller: Principal, request: web.Request) -> codec.JsonObject:
-        req = codec.wait_request(request.match_info["ref"], codec.Query(request.query))
-        return codec.task_result(await _ask(self.service.wait(caller, req)), self._content_type)
+        query = codec.Query(request.query)
+        pool = codec.named_pool(query, finish=False)
+        req = codec.wait_request(request.match_info["ref"], query)
+        return codec.task_result(await _ask(self.service.wait(caller, req, pool)), self._content_type)
 
     async def list_tasks(self, caller: Principal, request: web.Request) -> codec.JsonObject:
         req = codec.list_request(codec.Query(request.query))
@@ -428,9 +432,9 @@ class _Gateway:
             ("POST", "/v1/tasks", Role.CLIENT, strict(self.submit, body=True)),
             ("POST", "/v1/tasks:batch", Role.CLIENT, strict(self.submit_batch, body=True)),
             ("GET", "/v1/tasks", Role.CLIENT, strict(self.list_tasks, query=True)),
-            ("POST", "/v1/tasks/{ref}:cancel", Role.CLIENT, strict(self.cancel)),
+            ("POST", "/v1/tasks/{ref}:cancel", Role.CLIENT, strict(self.cancel, query=True)),
             ("GET", "/v1/tasks/{ref}/result", Role.CLIENT, strict(self.result, query=True)),
-            ("GET", "/v1/tasks/{ref}", Role.CLIENT, strict(self.get)),
+            ("GET", "/v1/tasks/{ref}", Role.CLIENT, strict(self.get, query=True)),
             ("GET", "/v1/watch", Role.CLIENT, strict(self.watch, query=True)),
             ("GET", "/v1/snapshot", Role.METRICS, strict(self.snapshot)),
             ("GET", "/v1/workers", Role.METRICS, strict(self.workers)),

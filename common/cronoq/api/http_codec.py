@@ -24,6 +24,7 @@ from typing import Any, TypeVar
 
 from multidict import MultiMapping
 
+from cronoq.checks import MAX_POOL_LEN, check_text
 from cronoq.errors import InvalidArgument
 from cronoq.v1 import cronoq_pb2 as pb
 
@@ -528,6 +529,19 @@ def query_flag(name: str, value: str) -> bool:
 
 
 _status = named(STATUS_NAMES)
+
+
+def named_pool(query: Query, *, finish: bool) -> str:
+    """``?pool=`` of a task lookup: the pool of the task named ("" when not given), which settles a key
+    that tasks on two shards hold. ``finish`` refuses every other parameter."""
+    pool = query.one("pool", _text_parameter) or ""
+    if finish:
+        query.finish()
+    return pool
+
+
+def _text_parameter(name: str, value: str) -> str:
+    return check_text(name, value, MAX_POOL_LEN)
 
 
 def wait_request(ref: str, query: Query) -> pb.WaitRequest:

@@ -418,6 +418,12 @@ def _list(items: Schema) -> Schema:
 
 
 REF = _param("ref", "path", STRING, "task id (all digits) or key (URL-encoded)")
+POOL = _param(
+    "pool",
+    "query",
+    STRING,
+    "the task's pool: a key held by tasks on two shards of a cluster is refused (409) until the pool is named",
+)
 # Every route: an unknown query parameter or a body where none is read (400), a body over
 # limits.max_http_body_bytes (413).
 _ANY = (400, 413)
@@ -473,7 +479,9 @@ PATHS: Final[dict[str, Schema]] = {
             body="SubmitBatchRequest",
         )
     },
-    "/v1/tasks/{ref}": {"get": _op("getTask", "Look a task up", "TaskInfo", *_API, 404, parameters=[REF])},
+    "/v1/tasks/{ref}": {
+        "get": _op("getTask", "Look a task up", "TaskInfo", *_API, 404, parameters=[REF, POOL])
+    },
     "/v1/tasks/{ref}:cancel": {
         "post": _op(
             "cancelTask",
@@ -481,7 +489,7 @@ PATHS: Final[dict[str, Schema]] = {
             "CancelResponse",
             *_API,
             404,
-            parameters=[REF],
+            parameters=[REF, POOL],
         )
     },
     "/v1/tasks/{ref}/result": {
@@ -493,6 +501,7 @@ PATHS: Final[dict[str, Schema]] = {
             404,
             parameters=[
                 REF,
+                POOL,
                 _param("timeout_s", "query", SECONDS, "longest wait, capped by limits.max_wait_s"),
             ],
         )

@@ -32,7 +32,7 @@ from cronoq.client._models import (
 from cronoq.client._spec import Ref, TaskOptions, task
 from cronoq.client._wire import duration, overlap_value, status_value, task_ref
 from cronoq.errors import Cancelled
-from cronoq.transport import UNAVAILABLE_SHARDS_KEY, metadata_value
+from cronoq.transport import POOL_KEY, UNAVAILABLE_SHARDS_KEY, metadata_value
 from cronoq.v1 import cronoq_pb2 as pb
 from cronoq.v1 import cronoq_pb2_grpc as pb_grpc
 
@@ -101,12 +101,20 @@ class Client:
         return self._stubs_for_channel
 
     async def _call(
-        self, rpc: Any, request: Any, *, deadline: float | None = None, waits: bool = False
+        self,
+        rpc: Any,
+        request: Any,
+        *,
+        deadline: float | None = None,
+        waits: bool = False,
+        pool: str | None = None,
     ) -> Any:
-        """One unary call. For calls that wait for a task (``waits``), DEADLINE_EXCEEDED, from the
-        server's wait limit or the call's own deadline, means the wait ran out: TimeoutError."""
+        """One unary call; ``pool`` names the pool of the task a lookup names (``POOL_KEY``). For calls
+        that wait for a task (``waits``), DEADLINE_EXCEEDED, from the server's wait limit or the call's
+        own deadline, means the wait ran out: TimeoutError."""
+        metadata = self._metadata if not pool else (*self._metadata, (POOL_KEY, pool))
         try:
-            return await rpc(request, metadata=self._metadata, timeout=deadline)
+            return await rpc(request, metadata=metadata, timeout=deadline)
         except grpc.aio.AioRpcError as err:
             if waits and err.code() == grpc.StatusCode.DEADLINE_EXCEEDED:
                 raise TimeoutError(err.details() or "timed out waiting for the task") from err
@@ -145,25 +153,30 @@ class Client:
         response = await self._call(self._stubs().tasks.SubmitBatch, pb.SubmitBatchRequest(tasks=list(specs)))
         return [Submitted.from_proto(item) for item in response.tasks]
 
-    async def get(self, ref: Ref) -> TaskInfo:
-        """The task with this id or key; ``NotFound`` if the server does not know (or no longer keeps) it."""
-        return TaskInfo.from_proto(
-            await self._call(self._stubs().tasks.Get, pb.GetRequest(task=task_ref(ref)))
-        )
+    # ``pool`` on a lookup names the task's pool: in a sharded cluster a key two shards hold (two
+    # submissions racing on different shards) is refused with FailedPrecondition until it is named.
 
-    async def cancel(self, ref: Ref) -> bool:
-        """Cancels a live task; False when it had already finished."""
-        response = await self._call(self._stubs().tasks.Cancel, pb.CancelRequest(task=task_ref(ref)))
+    async def get(self, ref: Ref, *, pool: str | None = None) -> TaskInfo:
+        """The task with this id or key (of ``pool``, if given); ``NotFound`` if the server does not
+        know (or no longer keeps) it."""
+        request = pb.GetRequest(task=task_ref(ref))
+        return TaskInfo.from_proto(await self._call(self._stubs().tasks.Get, request, pool=pool))
+
+    async def cancel(self, ref: Ref, *, pool: str | None = None) -> bool:
+        """Cancels a live task (of ``pool``, if given); False when it had already finished."""
+        request = pb.CancelRequest(task=task_ref(ref))
+        response = await self._call(self._stubs().tasks.Cancel, request, pool=pool)
         return bool(response.cancelled)
 
-    async def wait(self, ref: Ref, timeout: float | None = None) -> Result:
-        """Waits until the task is terminal. The server caps the wait (``limits.max_wait_s``);
-        ``TimeoutError`` when it runs out, ``Unavailable`` if the leader changes meanwhile."""
+    async def wait(self, ref: Ref, timeout: float | None = None, *, pool: str | None = None) -> Result:
+        """Waits until the task (of ``pool``, if given) is terminal. The server caps the wait
+        (``limits.max_wait_s``); ``TimeoutError`` when it runs out, ``Unavailable`` if the leader
+        changes meanwhile."""
         timeout_s = duration("timeout", timeout)
         request = pb.WaitRequest(task=task_ref(ref), timeout_s=timeout_s)
         deadline = None if timeout_s is None else timeout_s + WAIT_MARGIN
         return Result.from_proto(
-            await self._call(self._stubs().tasks.Wait, request, deadline=deadline, waits=True)
+            await self._call(self._stubs().tasks.Wait, request, deadline=deadline, waits=True, pool=pool)
         )
 
     async def list_tasks(
