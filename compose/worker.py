@@ -10,7 +10,9 @@ follows that leader across failovers. Settings come from the environment:
 - ``CRONOQ_SLOTS``: how many tasks run at once (default 4);
 - ``CRONOQ_WORKER_NAME``: the name shown by ``cronoq workers`` and in results (default: the host name);
 - ``CRONOQ_INSECURE_REDIRECT_HTTP``: ``1`` to follow redirects that send the token over plain http to
-  another host, as on the Compose network, which has no TLS.
+  another host, as on the Compose network, which has no TLS;
+- ``CRONOQ_REDIRECT_ALLOW``: where redirects may lead (the SDK's ``redirect_allow``: URLs, host names or
+  ``*.suffix``, comma-separated); unset, the worker follows the router to the shard endpoints it names.
 
 A task's JSON payload is echoed back in its result. ``{"sleep": 2}`` makes the attempt last 2 s (to
 watch busy slots and autoscaling on the dashboards), ``{"fail": "why"}`` fails it as retryable (to
@@ -43,6 +45,11 @@ async def handle(lease: Lease) -> dict[str, Any]:
     return {"pool": lease.pool, "worker": NAME, "attempt": lease.attempt, "echo": body}
 
 
+def _listed(value: str | None) -> list[str] | None:
+    """A comma-separated environment variable as a list (None when unset or empty)."""
+    return [item.strip() for item in value.split(",") if item.strip()] if value else None
+
+
 async def main() -> None:
     worker = Worker(
         os.environ.get("CRONOQ_TARGET", "127.0.0.1:7070"),
@@ -52,6 +59,7 @@ async def main() -> None:
         token=os.environ.get("CRONOQ_TOKEN") or None,
         name=NAME,
         insecure_redirect_http=os.environ.get("CRONOQ_INSECURE_REDIRECT_HTTP") == "1",
+        redirect_allow=_listed(os.environ.get("CRONOQ_REDIRECT_ALLOW")),
     )
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

@@ -28,6 +28,7 @@ from cronoq.transport import (
     NOT_RECEIVED_KEY,
     OUTPUT_TYPE_KEY,
     SHARD_ENDPOINT_KEY,
+    SHARD_ENDPOINTS_KEY,
     SHARD_KEY,
     UNAVAILABLE_SHARDS_KEY,
     metadata_value,
@@ -38,12 +39,19 @@ Metadata = tuple[tuple[str, str], ...]
 
 
 class WrongShard(FailedPrecondition):
-    """The call belongs to another shard and this server will not forward it: go there instead."""
+    """The call belongs to another shard and this server will not forward it: go there instead.
+
+    The metadata name the shard, the URL to go to (``url``, default its ``endpoint``) and every URL the
+    map gives the shard, which SDK workers check redirects against (``SHARD_ENDPOINTS_KEY``)."""
 
     def __init__(self, shard: Shard, why: str, url: str | None = None) -> None:
         url = url or shard.endpoint
         super().__init__(f"{why}; shard '{shard.name}' serves it at {url}")
-        self.metadata = ((SHARD_KEY, shard.name), (SHARD_ENDPOINT_KEY, url))
+        self.metadata = (
+            (SHARD_KEY, shard.name),
+            (SHARD_ENDPOINT_KEY, url),
+            (SHARD_ENDPOINTS_KEY, ",".join(shard.urls)),
+        )
 
 
 def _error(err: grpc.aio.AioRpcError, shard: Shard, url: str) -> ApiError:

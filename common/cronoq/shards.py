@@ -27,6 +27,12 @@ class Shard:
     pools: frozenset[str]
     members: tuple[str, ...] = ()
 
+    @property
+    def urls(self) -> tuple[str, ...]:
+        """Every URL the map gives it (``endpoint``, then ``members``, without repeats): where a worker
+        sent to this shard may be sent, whichever member leads."""
+        return tuple(dict.fromkeys((self.endpoint, *self.members)))
+
 
 class ShardMap:
     """Who owns what. ``local`` is the shard this process serves (None for a router, or when the

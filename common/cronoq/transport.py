@@ -20,6 +20,13 @@ _STATUS_BY_CODE: dict[str, grpc.StatusCode] = {s.name.lower(): s for s in grpc.S
 FORWARDED_KEY = "cronoq-forwarded"
 SHARD_KEY = "cronoq-shard"
 SHARD_ENDPOINT_KEY = "cronoq-shard-endpoint"
+# With the two above: every URL the cluster's shard map gives that shard (its ``endpoint``, then its
+# ``members``), comma-separated. An SDK worker follows a redirect only to a URL its configured target
+# named this way, so a shard it was sent to cannot send it (and its token) anywhere else. The owning
+# shard's URLs, not the whole map's: a worker serves one pool, and 256 shards' URLs would pass grpc's
+# default limits on received metadata (8 KiB, then 16 KiB for certain), failing the refusal itself as
+# RESOURCE_EXHAUSTED, which a worker retries forever.
+SHARD_ENDPOINTS_KEY = "cronoq-shard-endpoints"
 # Trailing metadata of Submit(wait)/Wait answers that carry an output: its content type, which the wire
 # TaskResult has no field for, so that a forwarding server's HTTP gateway can render it.
 OUTPUT_TYPE_KEY = "cronoq-output-content-type"

@@ -146,6 +146,24 @@ def running_cluster(
 
 
 @contextlib.contextmanager
+def running_router(
+    directory: Path, tables: str, env: dict[str, str] | None = None
+) -> Iterator[ServerProcess]:
+    """A started :func:`router_process` in ``directory/router``; its log is printed on a failure inside
+    the block."""
+    router = router_process(directory / "router", tables)
+    router.env = dict(env or {})
+    router.start()
+    try:
+        yield router
+    except BaseException:
+        print(f"----- log of the router ({router.target}) -----\n{router.logs()}")
+        raise
+    finally:
+        router.stop()
+
+
+@contextlib.contextmanager
 def routed_cluster(
     directory: Path, shards: Sequence[ShardSpec], shared: str, env: dict[str, str] | None = None
 ) -> Iterator[tuple[ServerProcess, dict[str, ServerProcess]]]:
@@ -153,13 +171,8 @@ def routed_cluster(
     (limits, tokens, resources). Yields the router and the shards' processes by name."""
     with running_cluster(directory, shards, extra={spec.name: shared for spec in shards}, env=env) as procs:
         endpoints = {name: f"http://{proc.target}" for name, proc in procs.items()}
-        router = router_process(directory / "router", f"{shared}\n{cluster_tables(shards, endpoints)}")
-        router.env = dict(env or {})
-        router.start()
-        try:
+        with running_router(directory, f"{shared}\n{cluster_tables(shards, endpoints)}", env) as router:
             yield router, procs
-        finally:
-            router.stop()
 
 
 @contextlib.contextmanager

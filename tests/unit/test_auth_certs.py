@@ -39,5 +39,9 @@ def test_a_certificate_caller_is_refused_forwarding_with_the_owners_address() ->
     by_cert = AUTH.authenticate(None, ["worker-1.internal"])
     with pytest.raises(FailedPrecondition) as refused:
         peers.check(shard, by_cert, shard.endpoint)
-    assert dict(refused.value.metadata) == {"cronoq-shard": "b", "cronoq-shard-endpoint": shard.endpoint}
+    assert dict(refused.value.metadata) == {
+        "cronoq-shard": "b",
+        "cronoq-shard-endpoint": shard.endpoint,
+        "cronoq-shard-endpoints": shard.endpoint,
+    }
     peers.check(shard, replace(Principal(Role.ADMIN), credential=f"Bearer {TOKEN}"), shard.endpoint)

@@ -18,7 +18,7 @@ from cronoq.config import parse_config
 from cronoq.engine import Engine
 from cronoq.engine.model import PoolConfig
 from cronoq.errors import Unavailable
-from cronoq.forward import RETRIES, Peers, never_received, retry_safe
+from cronoq.forward import RETRIES, Peers, WrongShard, never_received, retry_safe
 from cronoq.shards import Shard, ShardMap
 from cronoq.transport import NOT_RECEIVED_KEY
 from cronoq.v1 import cronoq_pb2 as pb
@@ -194,3 +194,15 @@ def test_only_calls_that_cannot_run_twice_are_retried() -> None:
     assert retry_safe("Submit", pb.SubmitRequest(), False)  # refused before anything ran
     assert retry_safe("ListRecurring", pb.Empty(), True)
     assert not retry_safe("AddRecurring", pb.RecurringRequest(name="n"), True)
+
+
+def test_a_redirect_names_every_url_of_the_shard() -> None:
+    """Besides the URL to go to (the leader found), every URL the map gives the shard, which workers
+    check redirects against: its endpoint, then its members, each once."""
+    members = ("https://b-0:7070", "https://b:7070", "https://b-1:7070")
+    shard = Shard("b", 2, "https://b:7070", frozenset({"b1"}), members)
+    assert dict(WrongShard(shard, "go there", "https://b-1:7070").metadata) == {
+        "cronoq-shard": "b",
+        "cronoq-shard-endpoint": "https://b-1:7070",
+        "cronoq-shard-endpoints": "https://b:7070,https://b-0:7070,https://b-1:7070",
+    }

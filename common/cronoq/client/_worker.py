@@ -12,7 +12,7 @@ import asyncio
 import contextlib
 import inspect
 from collections import deque
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, cast
 
@@ -24,11 +24,13 @@ from cronoq.client._connect import (
     HOST_BOUND_OPTIONS,
     ChannelOptions,
     Endpoint,
+    Redirect,
+    Redirects,
+    allowed_hosts,
     api_error,
     auth_metadata,
-    follow_redirect,
     open_channel,
-    shard_endpoint,
+    shard_redirect,
     with_defaults,
 )
 from cronoq.client._wire import duration, optional_seconds, priority_name
@@ -47,11 +49,11 @@ from cronoq.v1 import cronoq_pb2_grpc as pb_grpc
 PROTOCOL_VERSION = 3
 """The worker protocol version this SDK speaks."""
 MAX_REDIRECTS = 3
+"""Shard redirects followed in a row before :meth:`Worker.run` gives up."""
 # After the server says it is no longer the leader, the new one is usually serving within a second or
 # two (a standby's poll plus recovery): retry UNAVAILABLE this often, for this long, before backing off.
 LEADER_HUNT_S = 15.0
 LEADER_HUNT_DELAY_S = 0.1
-"""Shard redirects followed in a row before :meth:`Worker.run` gives up."""
 
 # Statuses retrying cannot fix: run() raises them instead of reconnecting.
 FATAL_CODES = frozenset(
@@ -156,8 +158,10 @@ class Worker:
     that froze or was cut off notices, and reconnects (to the new leader after a failover).
     ``reconnect`` keeps the worker connected across dropped streams, waiting ``backoff`` (initial,
     maximum) seconds, doubling. ``grace`` is how long :meth:`stop` lets running handlers finish.
-    ``labels`` register the worker for tasks requiring them. ``insecure_redirect_http`` lets shard
-    redirects send the token over plain http to other hosts.
+    ``labels`` register the worker for tasks requiring them. A shard redirect is followed only to a
+    URL the configured target named for the shard, or, with ``redirect_allow`` (URLs, host names,
+    ``*.suffix``), only to what that admits; ``insecure_redirect_http`` lets redirects send the token
+    over plain http to other hosts (see :class:`~cronoq.client._connect.Redirects`).
 
     The public attributes describe the latest registration: ``worker_id``, ``lease_ttl``,
     ``granted_slots``, ``server_protocol``, ``max_message_bytes``; ``connections`` counts registrations,
@@ -182,6 +186,7 @@ class Worker:
         options: ChannelOptions | None = None,
         labels: Mapping[str, str] | None = None,
         insecure_redirect_http: bool = False,
+        redirect_allow: Iterable[str] | None = None,
     ) -> None:
         if isinstance(slots, bool) or not isinstance(slots, int) or slots < 1:
             raise ValueError(f"slots must be an integer >= 1 (got {slots!r})")
@@ -205,7 +210,12 @@ class Worker:
         self._credentials = credentials
         self._options = with_defaults(tuple(options or ()), CHANNEL_DEFAULTS)
         self._metadata = auth_metadata(token)
-        self._insecure_redirect_http = insecure_redirect_http
+        self._redirects = Redirects(
+            self._home,
+            sends_token=bool(self._metadata),
+            allow_http=insecure_redirect_http,
+            allow=allowed_hosts(redirect_allow),
+        )
 
         self.running = False
         self.worker_id: int | None = None
@@ -313,14 +323,9 @@ class Worker:
                 if redirects > MAX_REDIRECTS:
                     raise FailedPrecondition(
                         f"gave up after {MAX_REDIRECTS} shard redirects in a row (the last pointed to "
-                        f"{session.redirect!r})"
+                        f"{session.redirect.url!r})"
                     )
-                endpoint = follow_redirect(
-                    endpoint,
-                    session.redirect,
-                    sends_token=bool(self._metadata),
-                    allow_http=self._insecure_redirect_http,
-                )
+                endpoint = self._redirects.follow(endpoint, session.redirect)
                 continue
             redirects = 0
             if error is not None and (error.code in FATAL_CODES or not self.reconnect):
@@ -400,7 +405,7 @@ class _Session:
         self._closed = asyncio.Event()
         self.registered = False
         self.error: ApiError | None = None
-        self.redirect: str | None = None
+        self.redirect: Redirect | None = None
         self.shutdown: Any = None
         self._send(
             pb.WorkerMessage(
@@ -437,7 +442,7 @@ class _Session:
         except grpc.aio.AioRpcError as err:
             self.error = api_error(err)
             if err.code() == grpc.StatusCode.FAILED_PRECONDITION:
-                self.redirect = shard_endpoint(err)
+                self.redirect = shard_redirect(err)
         except asyncio.CancelledError:
             current = asyncio.current_task()
             if current is not None and current.cancelling():
