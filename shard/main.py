@@ -9,7 +9,7 @@ from importlib import resources
 
 from cronoq import __version__
 from cronoq.config import Config, ConfigError, default_config, load_config, validate_config
-from cronoq.config.startup import preflight, refuse
+from cronoq.config.startup import notes, preflight, refuse
 from cronoq.logs import configure, get_logger
 from cronoq.process import choose_event_loop, serve_until_signalled
 
@@ -108,6 +108,8 @@ def main(argv: list[str] | None = None) -> int:
         return failed
     if args.check:
         print(_checked(config))
+        for note in notes(config):
+            print(f"note: {note}")
         return 0
     try:
         loop = choose_event_loop()

@@ -6,16 +6,24 @@ in submission order). The file is opened in WAL mode so that readers never wait 
 ``synchronous=FULL`` by default so that a commit the runtime acknowledged survives a power cut.
 
 Leadership is a lease: the row ``cronoq_leader(id=1)`` names its ``holder`` and when the lease
-``expires``. A standby takes it when it is free or expired, in a ``BEGIN IMMEDIATE`` transaction (the
-write lock makes two standbys race safely), and bumps the epoch in the same transaction. The leader
-renews it in the background; every commit checks the epoch, so a leader that was paused past its
-lease and came back can never write over its successor's work.
+``expires``. A standby takes it when it is free or expired, or when its holder is a process of this host
+that no longer runs (:mod:`.holder`), in a ``BEGIN IMMEDIATE`` transaction (the write lock makes two
+standbys race safely), and bumps the epoch in the same transaction. The leader renews it in the
+background; every commit checks the epoch, so a leader that was paused past its lease and came back can
+never write over its successor's work.
+
+A leader stopped inside a commit keeps SQLite's write lock, and a takeover is a write. So a standby
+reads the lease without a write transaction (WAL readers never wait for the writer), waits for the lock
+only briefly, and when the lease has run out while its holder, a process of this host, still holds the
+lock, ends that process (SIGKILL): the lock goes with it, SQLite ignores its half-written commit, and it
+never wakes to write. A holder this process cannot see (another host or PID namespace) is waited for.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import functools
 import json
 import os
@@ -31,6 +39,7 @@ from cronoq.engine.model import Status, Task
 from cronoq.logs import get_logger
 
 from .base import Batch, Fenced, Leadership, Recovered, SchemaTooNew, StoredTask, StoreError, StoreUnavailable
+from .holder import Holder, Presence, kill, presence, this_process, write_lock_owner
 from .rows import (
     COLUMNS,
     SCHEDULE_COLUMNS,
@@ -203,6 +212,37 @@ _TRANSIENT = frozenset(
 
 LEASE_TAKEN_OVER = "cronoq leader lease was taken over; stepping down"
 LEASE_RAN_OUT = "cronoq leader lease could not be renewed before it ran out; stepping down"
+TAKEOVER_WAITS = "cronoq takeover waits: the lease ran out, but the store's write lock stays held"
+# Why (the log's ``reason``).
+UNSEEN_HOLDER = (
+    "it runs on another host or in another PID namespace (or the row does not say where), so cronoq "
+    "cannot end it: the takeover waits until it lets go of the store's write lock"
+)
+KILL_FAILED = "cronoq cannot end it ({error}): the takeover waits until it lets go of the store's write lock"
+
+
+def _busy(err: sqlite3.Error) -> bool:
+    """Whether ``err`` says that another connection holds a lock this one waited for in vain."""
+    return (getattr(err, "sqlite_errorcode", 0) & 0xFF) in (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class _Lease:
+    """The lease row: ``holder`` None when nobody holds it (released, or never taken)."""
+
+    epoch: int
+    holder: Holder | None
+    expires_ns: int
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class _Taken:
+    """A lease this instance took: its epoch, why it could (``free``, ``ours``, ``expired`` or
+    ``holder gone``), and the holder it was taken from."""
+
+    epoch: int
+    why: str
+    previous: Holder | None
 
 
 class SqliteStore:
@@ -215,7 +255,10 @@ class SqliteStore:
     (not against a crash of the process) for cheaper commits. ``holder`` names this instance in the
     lease row and must be unique among the processes sharing the file; an instance may take back a
     lease that still names it (a restart with the same explicit holder does not wait out its own
-    lease). The default is ``hostname:pid:random``.
+    lease). The default is ``hostname:pid:random``. The row also says which process holds it
+    (:class:`.holder.Holder`), so that a standby on the same host takes over at once from a holder that
+    no longer runs, whatever its name. A takeover waits at most ``lock_poll`` for the write lock
+    before it looks at who holds it.
     """
 
     def __init__(
@@ -234,7 +277,9 @@ class SqliteStore:
         self._lease_renew = lease_renew
         self._lock_poll = lock_poll
         self._full_sync = full_sync
-        self._holder = holder or f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(4)}"
+        self._holder = this_process(holder or f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(4)}")
+        self._holder_text = self._holder.text()
+        self._waiting_on: tuple[Holder, str] | None = None  # why a takeover last waited (logged once)
         self._busy_timeout = busy_timeout
         self._executor: ThreadPoolExecutor | None = ThreadPoolExecutor(1, thread_name_prefix="cronoq-sqlite")
         self._conn: sqlite3.Connection | None = None  # used on the executor's thread only
@@ -257,20 +302,30 @@ class SqliteStore:
         while True:
             started = loop.time()
             try:
-                epoch = await self._run(self._try_acquire)
+                taken = await self._run(self._try_acquire)
             except StoreUnavailable as err:
                 # Another process holds the write lock for long: a standby just keeps polling.
                 log.debug("cronoq leadership not available yet", error=str(err), path=self._path)
-                epoch = None
-            if epoch is not None:
+                taken = None
+            if taken is not None:
                 break
             await asyncio.sleep(self._lock_poll)
         await self._stop_keeper()
         self._live_rows.reset()
         self._stored_max_id = 0
-        leadership = self._leadership = Leadership(epoch)
+        self._waiting_on = None
+        leadership = self._leadership = Leadership(taken.epoch)
         self._keeper = asyncio.create_task(self._keep_lease(leadership, started + self._lease_ttl))
-        log.info("acquired cronoq leadership", epoch=epoch, holder=self._holder, path=self._path)
+        previous = taken.previous
+        log.info(
+            "acquired cronoq leadership",
+            epoch=taken.epoch,
+            holder=self._holder.name,
+            taken=taken.why,
+            previous_holder=None if previous is None else previous.name,
+            previous_pid=None if previous is None else previous.pid or None,
+            path=self._path,
+        )
         return leadership
 
     async def recover(self, finished_since: float) -> Recovered:
@@ -384,7 +439,7 @@ class SqliteStore:
             delay = self._lease_renew
 
     def _lose(self, leadership: Leadership, reason: str) -> None:
-        log.warning(reason, epoch=leadership.epoch, holder=self._holder, path=self._path)
+        log.warning(reason, epoch=leadership.epoch, holder=self._holder.name, path=self._path)
         leadership.lose(reason)
         if self._leadership is leadership:
             self._leadership = None
@@ -465,10 +520,7 @@ class SqliteStore:
                 mode = conn.execute("PRAGMA journal_mode = WAL").fetchone()[0]
                 break
             except sqlite3.OperationalError as err:
-                if (
-                    err.sqlite_errorcode & 0xFF not in (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED)
-                    or time.monotonic() >= deadline
-                ):
+                if not _busy(err) or time.monotonic() >= deadline:
                     raise
                 time.sleep(0.01)
         if str(mode).lower() != "wal":
@@ -492,33 +544,127 @@ class SqliteStore:
             conn.execute("INSERT INTO cronoq_schema_version (version) VALUES (?)", (SCHEMA_VERSION,))
             log.info("cronoq store migrated", path=self._path, schema_from=current, schema_to=SCHEMA_VERSION)
 
-    def _try_acquire(self) -> int | None:
-        """Take the lease when it is free, expired or already ours; the new epoch, or None."""
+    def _try_acquire(self) -> _Taken | None:
+        """Take the lease when it can be taken (:meth:`_takeable`); None when it cannot yet.
+
+        The lease is read first without a write transaction, so that a standby never queues on the
+        write lock of a leader that is alive, and whatever holds that lock, it learns whether the lease
+        can be taken. Only then does it write, waiting at most ``lock_poll`` for the lock, and checks
+        the row again under it. A lock that stays held is either a commit of a live leader (keep
+        polling) or a holder stuck past its lease (:meth:`_end_stuck_holder`), and then the takeover
+        is tried once more at once.
+        """
+        if self._takeable(self._read_lease(self._db), time.time_ns()) is None:
+            return None
+        with self._lock_wait(self._lock_poll):
+            try:
+                return self._take()
+            except sqlite3.OperationalError as err:
+                if not _busy(err) or not self._end_stuck_holder():
+                    raise
+            return self._take()
+
+    def _takeable(self, lease: _Lease, now_ns: int) -> str | None:
+        """Why ``lease`` can be taken by this instance, or None when another instance holds it."""
+        holder = lease.holder
+        if holder is None:
+            return "free"
+        if holder.name == self._holder.name:
+            return "ours"
+        if lease.expires_ns < now_ns:
+            return "expired"
+        if presence(holder, self._holder) is Presence.GONE:
+            return "holder gone"
+        return None
+
+    def _take(self) -> _Taken | None:
         with self._write() as conn:
-            epoch, holder, expires = conn.execute(
-                "SELECT epoch, holder, expires_unix_ns FROM cronoq_leader WHERE id = 1"
-            ).fetchone()
+            lease = self._read_lease(conn)
             now = time.time_ns()
-            if holder and holder != self._holder and expires >= now:
+            why = self._takeable(lease, now)
+            if why is None:
                 return None
             conn.execute(
                 "UPDATE cronoq_leader SET epoch = ?, holder = ?, expires_unix_ns = ? WHERE id = 1",
-                (epoch + 1, self._holder, now + round(self._lease_ttl * 1e9)),
+                (lease.epoch + 1, self._holder_text, now + round(self._lease_ttl * 1e9)),
             )
-            return int(epoch) + 1
+            return _Taken(lease.epoch + 1, why, lease.holder)
+
+    @staticmethod
+    def _read_lease(conn: sqlite3.Connection) -> _Lease:
+        epoch, holder, expires = conn.execute(
+            "SELECT epoch, holder, expires_unix_ns FROM cronoq_leader WHERE id = 1"
+        ).fetchone()
+        return _Lease(int(epoch), Holder.parse(holder) if holder else None, int(expires))
+
+    def _end_stuck_holder(self) -> bool:
+        """The takeover could not have the write lock: when the lease ran out and its holder, a process
+        on this host that still runs, is what holds the lock (stopped, or in a commit longer than its
+        lease), end it and wait up to ``lock_poll`` for it to be gone. True when the holder is gone.
+        When it cannot be ended, says why, once, and the takeover keeps polling."""
+        lease = self._read_lease(self._db)
+        holder = lease.holder
+        if holder is None or lease.expires_ns >= time.time_ns():
+            return False  # a live lease: a leader's commit, not a stuck holder
+        seen = presence(holder, self._holder)
+        if seen is Presence.GONE:
+            return True
+        if seen is Presence.UNSEEN:
+            return self._wait_on(holder, UNSEEN_HOLDER)
+        owner = write_lock_owner(self._path)
+        if owner != holder.pid or owner == self._holder.pid:
+            # Another process holds it (a standby's takeover, a tool): the holder is not what blocks.
+            who = f"pid {owner}" if owner else "a process that cannot be seen from here"
+            return self._wait_on(
+                holder, f"the store's write lock is held by {who}, not by the lease's holder"
+            )
+        log.warning(
+            "ending the cronoq leader that holds the store's write lock after its lease ran out",
+            pid=holder.pid,
+            holder=holder.name,
+            lease_ran_out_s_ago=round((time.time_ns() - lease.expires_ns) / 1e9, 3),
+            path=self._path,
+        )
+        try:
+            return kill(holder, self._lock_poll)
+        except OSError as err:  # not permitted to signal it; no pidfd on this kernel
+            return self._wait_on(holder, KILL_FAILED.format(error=err.strerror or err))
+
+    def _wait_on(self, holder: Holder, reason: str) -> bool:
+        """Log (once while it lasts) why the takeover waits on ``holder``; False."""
+        if self._waiting_on != (holder, reason):
+            self._waiting_on = (holder, reason)
+            log.warning(
+                TAKEOVER_WAITS,
+                reason=reason,
+                pid=holder.pid or None,
+                holder=holder.name,
+                path=self._path,
+            )
+        return False
+
+    @contextlib.contextmanager
+    def _lock_wait(self, seconds: float) -> Iterator[None]:
+        """Wait at most ``seconds`` for another process's lock inside, instead of busy_timeout."""
+        conn = self._db
+        conn.execute(f"PRAGMA busy_timeout = {round(seconds * 1000)}")
+        try:
+            yield
+        finally:
+            conn.execute(f"PRAGMA busy_timeout = {round(self._busy_timeout * 1000)}")
 
     def _renew(self, epoch: int) -> bool:
         """Extend the lease if it is still this leader's; False when another instance took it."""
         cursor = self._db.execute(
             "UPDATE cronoq_leader SET expires_unix_ns = ? WHERE id = 1 AND epoch = ? AND holder = ?",
-            (time.time_ns() + round(self._lease_ttl * 1e9), epoch, self._holder),
+            (time.time_ns() + round(self._lease_ttl * 1e9), epoch, self._holder_text),
         )
         return cursor.rowcount == 1
 
     def _release(self) -> None:
         self._db.execute(
             "UPDATE cronoq_leader SET holder = NULL, expires_unix_ns = 0 WHERE id = 1 AND holder = ?",
-            (self._holder,),
+            (self._holder_text,),
         )
 
     def _commit(

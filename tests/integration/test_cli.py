@@ -20,6 +20,7 @@ from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 from grpc_tools import protoc
 
 from cronoq.client import Client, Lease
+from cronoq.config.startup import SQLITE_FAILOVER_NOTE
 from cronoq.engine import compiled
 from tests.ports import free_port
 
@@ -339,6 +340,19 @@ def test_check_reads_the_files_the_config_names(tmp_path: Path, tls_pki: Pki) ->
     )
     out = run_server_cli("--config", str(cfg), "--check")
     assert out.returncode == 0, out.stderr
+
+
+def test_check_notes_how_far_a_sqlite_standby_can_take_over(tmp_path: Path) -> None:
+    """Whether a SQLite standby can end a paused leader depends on where the two run, which no check can
+    see: ``--check`` says so, as a note that does not fail the check."""
+    cfg = tmp_path / "sqlite.toml"
+    cfg.write_text(f'[store]\nkind = "sqlite"\npath = "{tmp_path / "state.db"}"\n')
+    out = run_server_cli("--config", str(cfg), "--check")
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.splitlines()[1:] == [f"note: {SQLITE_FAILOVER_NOTE}"]
+    cfg.write_text('[store]\nkind = "memory"\n')
+    out = run_server_cli("--config", str(cfg), "--check")
+    assert out.returncode == 0 and "note:" not in out.stdout, out
 
 
 def test_the_router_checks_the_file_by_the_servers_rules(tmp_path: Path, tls_pki: Pki) -> None:

@@ -9,6 +9,7 @@ import sqlite3
 import time
 import urllib.error
 import urllib.request
+from contextlib import closing
 from pathlib import Path
 
 import pytest
@@ -52,6 +53,12 @@ def metrics_text(server: ServerProcess) -> str:
         return str(response.read().decode())
 
 
+def lease_expiry(db: Path) -> int:
+    """When the lease in the file runs out unless renewed (Unix ns)."""
+    with closing(sqlite3.connect(db)) as conn:
+        return int(conn.execute("SELECT expires_unix_ns FROM cronoq_leader").fetchone()[0])
+
+
 async def wait_all_done(client: Client, ids: list[int], timeout: float = 30.0) -> dict[int, str]:
     """Wait for every task (server-side waits, no polling) and return its final status."""
     results = await asyncio.wait_for(
@@ -71,9 +78,12 @@ async def test_kill_9_with_300_queued_tasks_loses_none(tmp_path: Path) -> None:
                 batch = [task({"n": b * 100 + i}, key=f"k{b * 100 + i}") for i in range(100)]
                 accepted += [s.id for s in await client.submit_batch(batch)]
         assert len(set(accepted)) == 300 and all(i >> EPOCH_SHIFT == 1 for i in accepted)
+        expires = lease_expiry(db)
         server.kill()
 
         server.start()
+        # The lease names the process that held it: a restart does not wait out a dead one's lease.
+        assert time.time_ns() < expires
         async with Client(server.target) as client:
             listed = [t async for t in client.iter_tasks()]
             assert sorted(t.id for t in listed) == sorted(accepted)
@@ -162,12 +172,17 @@ async def test_a_second_server_on_the_file_stands_by_and_takes_over_on_sigterm(t
             assert info.id == submitted.id and info.status == "ready"
 
 
-async def test_a_standby_takes_over_after_the_lease_of_a_killed_leader_runs_out(tmp_path: Path) -> None:
-    with leader_and_standby(tmp_path, sqlite_config(tmp_path / "cronoq.db")) as (leader, standby):
+async def test_a_standby_takes_over_from_a_killed_leader_before_its_lease_runs_out(tmp_path: Path) -> None:
+    """The standby sees that the process the lease names is gone: it leads while that lease (10 s,
+    renewed every 2 s) still had seconds to run."""
+    db = tmp_path / "cronoq.db"
+    with leader_and_standby(tmp_path, sqlite_config(db)) as (leader, standby):
         async with Client(leader.target) as client:
             submitted = await client.submit(b"x", key="k")
+        expires = lease_expiry(db)
         leader.kill()
-        standby.wait_probe("/readyz", 200, timeout=20)  # the 10 s lease must run out first
+        standby.wait_probe("/readyz", 200, timeout=20)
+        assert time.time_ns() < expires
         async with Client(standby.target) as client:
             assert (await client.get("k")).id == submitted.id
             assert (await client.submit(b"y")).id >> EPOCH_SHIFT == 2

@@ -1,11 +1,13 @@
-"""What only the SQLite store does: the file it creates, its error mapping, its lease, and two real
-processes on one file (a standby takes over on a clean release at once, after a SIGKILL when the
-lease runs out). The shared contract is in ``test_store_contract.py``."""
+"""What only the SQLite store does: the file it creates, its error mapping, its lease, and real
+processes on one file (a standby takes over at once on a clean release and from a killed leader, ends a
+leader stopped with the write lock once its lease ran out, and fences one stopped without it). The
+shared contract is in ``test_store_contract.py``."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
 import queue
 import signal
@@ -15,15 +17,26 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
+from structlog.testing import capture_logs
 
 from cronoq.engine.model import Status, Task, TaskSpec
 from shard.store import Batch, Fenced, StoreError, StoreUnavailable
+from shard.store.holder import Holder, this_process
 from shard.store.rows import ADDED_IN_V2, COLUMNS
-from shard.store.sqlite import LEASE_RAN_OUT, LEASE_TAKEN_OVER, SCHEMA_VERSION, SqliteStore
+from shard.store.sqlite import (
+    LEASE_RAN_OUT,
+    LEASE_TAKEN_OVER,
+    SCHEMA_VERSION,
+    TAKEOVER_WAITS,
+    UNSEEN_HOLDER,
+    SqliteStore,
+)
+from tests.holderkit import exited_pid, running_holder
 
 POLL = 0.02
 LOST_TIMEOUT = 3.0  # upper bound for a leader to notice it lost its lease; met in well under a second
@@ -75,9 +88,9 @@ def write_locked(path: Path) -> Iterator[None]:
         conn.close()
 
 
-def execute(path: Path, sql: str) -> None:
+def execute(path: Path, sql: str, params: tuple[object, ...] = ()) -> None:
     with contextlib.closing(sqlite3.connect(path, isolation_level=None)) as conn:
-        conn.execute(sql)
+        conn.execute(sql, params)
 
 
 # ------------------------------------------------------------------------------------------ file
@@ -293,42 +306,161 @@ async def test_a_lease_that_cannot_be_renewed_in_time_is_given_up(
         await store.commit(Batch())
 
 
+HERE = this_process("test")
+ELSEWHERE = {
+    # Where the pid, if looked up here, would name no process: a holder judged by it would be gone.
+    "another host": lambda: Holder("other", "other-host/other-boot", HERE.namespaces, exited_pid(), 1).text(),
+    "another namespace": lambda: Holder("other", HERE.host, "pid:[1] time:[1]", exited_pid(), 1).text(),
+    "an older cronoq's row": lambda: "other-host:1234:abcd",
+}
+
+
+@pytest.mark.parametrize("holder", ELSEWHERE.values(), ids=ELSEWHERE.keys())
+async def test_a_holder_that_cannot_be_seen_from_here_is_waited_out(
+    stores: list[SqliteStore], path: Path, holder: Callable[[], str]
+) -> None:
+    """A holder on another host or in another PID namespace, or one the row does not locate, is never
+    judged gone: its lease must run out first."""
+    store = await opened(stores, path)
+    expires = time.time_ns() + 300_000_000
+    execute(path, "UPDATE cronoq_leader SET holder = ?, expires_unix_ns = ?", (holder(), expires))
+    await asyncio.wait_for(store.acquire(), 10)
+    assert time.time_ns() > expires
+
+
+async def test_a_holder_whose_pid_now_names_another_process_is_gone(
+    stores: list[SqliteStore], path: Path
+) -> None:
+    """The holder's pid was given to another process (here: this one, which started at another time):
+    the holder is gone, and its lease is taken at once."""
+    store = await opened(stores, path)
+    reused = Holder("other", HERE.host, HERE.namespaces, os.getpid(), HERE.start - 1)
+    expires = time.time_ns() + 30_000_000_000
+    execute(path, "UPDATE cronoq_leader SET holder = ?, expires_unix_ns = ?", (reused.text(), expires))
+    lead = await asyncio.wait_for(store.acquire(), 10)
+    assert lead.epoch == 1 and time.time_ns() < expires
+
+
+async def reasons_to_wait_while_write_locked(store: SqliteStore, path: Path, holder: Holder) -> list[str]:
+    """Let the lease of ``holder`` run out, hold the file's write lock (from this process) until the
+    store says why its takeover waits, then let go; the reasons it logged. The store leads after."""
+    execute(path, "UPDATE cronoq_leader SET holder = ?, expires_unix_ns = 1", (holder.text(),))
+    with capture_logs() as logs:
+        with write_locked(path):
+            standby = asyncio.create_task(store.acquire())
+            deadline = time.monotonic() + 10
+            while not any(entry["event"] == TAKEOVER_WAITS for entry in logs):
+                assert time.monotonic() < deadline and not standby.done(), logs
+                await asyncio.sleep(POLL)
+        await asyncio.wait_for(standby, 10)
+    return [entry["reason"] for entry in logs if entry["event"] == TAKEOVER_WAITS]
+
+
+async def test_a_live_holder_is_never_ended_for_a_write_lock_another_process_holds(
+    stores: list[SqliteStore], path: Path
+) -> None:
+    """A holder past its lease is ended only when it is what holds the write lock: one held by another
+    process (this test's transaction) is waited for, and the wait says why, once."""
+    store = await opened(stores, path)
+    with running_holder() as (proc, holder):
+        reasons = await reasons_to_wait_while_write_locked(store, path, holder)
+        assert proc.poll() is None
+    assert reasons == [f"the store's write lock is held by pid {os.getpid()}, not by the lease's holder"]
+
+
+async def test_a_holder_that_cannot_be_seen_is_never_ended(stores: list[SqliteStore], path: Path) -> None:
+    """A holder on another host: its pid (here this very process, which holds the lock) means nothing
+    here, so the takeover waits for the write lock and says why."""
+    store = await opened(stores, path)
+    elsewhere = Holder("other", "other-host/other-boot", HERE.namespaces, HERE.pid, HERE.start)
+    assert await reasons_to_wait_while_write_locked(store, path, elsewhere) == [UNSEEN_HOLDER]
+
+
 # ------------------------------------------------------------------------------- two processes
 
 LEADER_SCRIPT = """
-import asyncio, sys
+import asyncio, json, sys
+from cronoq.engine.model import Status, Task, TaskSpec
 from cronoq.logs import configure
+from cronoq.shard.store import Batch, Fenced, StoreUnavailable
 from cronoq.shard.store.sqlite import SqliteStore
 
-async def main(path, ttl, renew):
-    store = SqliteStore(path, lease_ttl=ttl, lease_renew=renew, lock_poll=0.02)
+PAYLOAD = b"x" * 4096
+
+async def commit_until_fenced(store, epoch, size, pace):
+    # Batches of `size` new tasks (ids from epoch << 32), each acknowledged on a line of its own once
+    # committed; a batch the file was too busy for is sent again.
+    base = epoch << 32
+    done = 0
+    while True:
+        ids = range(base + done + 1, base + done + size + 1)
+        tasks = [Task(id=i, spec=TaskSpec(pool="default", payload=PAYLOAD), seq=i, status=Status.READY,
+                      created=1.0) for i in ids]
+        try:
+            await store.commit(Batch(tasks, max_id=ids[-1]))
+        except StoreUnavailable:
+            continue
+        except Fenced as err:
+            print(f"fenced {err}", flush=True)
+            return
+        done += size
+        print(f"committed {ids[0]} {ids[-1]}", flush=True)
+        await asyncio.sleep(pace)
+
+async def main(options):
+    store = SqliteStore(options["path"], lease_ttl=options["ttl"], lease_renew=options["renew"],
+                        lock_poll=0.02, holder=options["holder"])
     await store.open()
     print("standby", flush=True)
     lead = await store.acquire()
     print(f"leading {lead.epoch}", flush=True)
-    await asyncio.get_running_loop().run_in_executor(None, sys.stdin.readline)
+    if options["commit"]:
+        await commit_until_fenced(store, lead.epoch, options["commit"], options["pace"])
+    else:
+        await asyncio.get_running_loop().run_in_executor(None, sys.stdin.readline)
     await store.close()
     print("released", flush=True)
 
 configure(stream=sys.stderr)
-asyncio.run(main(sys.argv[1], float(sys.argv[2]), float(sys.argv[3])))
+asyncio.run(main(json.loads(sys.argv[1])))
 """
 
 
 class LeaderProcess:
     """A process that opens the store, says ``standby``, acquires, says ``leading <epoch>``, and
-    releases (closes) when told on stdin."""
+    releases (closes) when told on stdin; or, with ``commit`` tasks a batch, commits batches (one
+    ``committed <first id> <last id>`` line each, ``pace`` seconds apart) until it is fenced
+    (``fenced <reason>``)."""
 
-    def __init__(self, path: Path, lease_ttl: float, lease_renew: float) -> None:
+    def __init__(
+        self,
+        path: Path,
+        lease_ttl: float,
+        lease_renew: float,
+        *,
+        holder: str | None = None,
+        commit: int = 0,
+        pace: float = 0.0,
+    ) -> None:
+        options = {
+            "path": str(path),
+            "ttl": lease_ttl,
+            "renew": lease_renew,
+            "holder": holder,
+            "commit": commit,
+            "pace": pace,
+        }
         self.proc = subprocess.Popen(
-            [sys.executable, "-c", LEADER_SCRIPT, str(path), str(lease_ttl), str(lease_renew)],
+            [sys.executable, "-c", LEADER_SCRIPT, json.dumps(options)],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             text=True,
         )
         # A thread owns the pipe, so that a wait for a line can time out.
         self.lines: queue.Queue[str] = queue.Queue()
-        threading.Thread(target=self._pump, daemon=True).start()
+        self.acknowledged: set[int] = set()  # the ids of every batch it said it committed
+        self._pump_thread = threading.Thread(target=self._pump, daemon=True)
+        self._pump_thread.start()
 
     def _pump(self) -> None:
         assert self.proc.stdout is not None
@@ -336,10 +468,35 @@ class LeaderProcess:
             self.lines.put(line.strip())
 
     def expect(self, timeout: float = 10.0) -> str:
+        """The next line other than a commit's acknowledgement (those are collected)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                line = self.lines.get(timeout=max(0.0, deadline - time.monotonic()))
+            except queue.Empty:
+                raise AssertionError(f"no line within {timeout} s") from None
+            if not line.startswith("committed "):
+                return line
+            first, last = map(int, line.split()[1:])
+            self.acknowledged.update(range(first, last + 1))
+
+    def committed(self, timeout: float = 10.0) -> None:
+        """Wait for the next acknowledged commit."""
         try:
-            return self.lines.get(timeout=timeout)
+            line = self.lines.get(timeout=timeout)
         except queue.Empty:
-            raise AssertionError(f"no line within {timeout} s") from None
+            raise AssertionError(f"no commit within {timeout} s") from None
+        assert line.startswith("committed "), line
+        first, last = map(int, line.split()[1:])
+        self.acknowledged.update(range(first, last + 1))
+
+    def ended(self, timeout: float = 10.0) -> int:
+        """Wait for the process to end and collect the commits it acknowledged; its exit status."""
+        status = self.proc.wait(timeout)
+        self._pump_thread.join(timeout)
+        while not self.lines.empty():
+            self.committed()
+        return status
 
     def silent_for(self, window: float) -> bool:
         with contextlib.suppress(queue.Empty):
@@ -358,6 +515,7 @@ class LeaderProcess:
 
     def stop(self) -> None:
         if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGCONT)  # a stopped process ends on SIGKILL too, but be plain
             self.kill()
         for pipe in (self.proc.stdin, self.proc.stdout):
             if pipe is not None:
@@ -372,17 +530,56 @@ def processes() -> Iterator[list[LeaderProcess]]:
         proc.stop()
 
 
+def leader_and_standby(
+    processes: list[LeaderProcess], path: Path, lease_ttl: float, lease_renew: float, **leader: Any
+) -> tuple[LeaderProcess, LeaderProcess]:
+    """A process leading the file (with ``leader``'s options), and one standing by."""
+    first = LeaderProcess(path, lease_ttl, lease_renew, **leader)
+    processes.append(first)
+    assert first.expect() == "standby"
+    assert first.expect() == "leading 1"
+    second = LeaderProcess(path, lease_ttl, lease_renew)
+    processes.append(second)
+    assert second.expect() == "standby"
+    return first, second
+
+
+def write_lock_is_free(path: Path) -> bool:
+    """Whether a write transaction can start on the file within 0.1 s (and then ends it unused)."""
+    with contextlib.closing(sqlite3.connect(path, timeout=0.1, isolation_level=None)) as conn:
+        try:
+            conn.execute("BEGIN IMMEDIATE")
+        except sqlite3.OperationalError as err:
+            assert "locked" in str(err), err
+            return False
+        conn.execute("ROLLBACK")
+        return True
+
+
+def stop_when(leader: LeaderProcess, path: Path, *, holding_the_lock: bool) -> None:
+    """SIGSTOP the committing ``leader`` at a moment it holds the file's write lock (or does not),
+    as the file shows while it is stopped: a stopped process can neither take nor release the lock."""
+    for _ in range(200):
+        leader.committed()
+        leader.proc.send_signal(signal.SIGSTOP)
+        if write_lock_is_free(path) != holding_the_lock:
+            return
+        leader.proc.send_signal(signal.SIGCONT)
+    raise AssertionError(f"the leader was never stopped {'with' if holding_the_lock else 'without'} the lock")
+
+
+def tasks_in(path: Path, epoch: int) -> set[int]:
+    """The ids of the tasks in the file that the leader of ``epoch`` wrote (LEADER_SCRIPT's ids)."""
+    with contextlib.closing(sqlite3.connect(path)) as conn:
+        rows = conn.execute("SELECT id FROM cronoq_tasks WHERE id >> 32 = ?", (epoch,)).fetchall()
+    return {task_id for (task_id,) in rows}
+
+
 def test_a_standby_process_takes_over_at_once_after_a_clean_release(
     processes: list[LeaderProcess], path: Path
 ) -> None:
     # A 30 s lease: only the release can explain a takeover within seconds.
-    first = LeaderProcess(path, lease_ttl=30.0, lease_renew=1.0)
-    processes.append(first)
-    assert first.expect() == "standby"
-    assert first.expect() == "leading 1"
-    second = LeaderProcess(path, lease_ttl=30.0, lease_renew=1.0)
-    processes.append(second)
-    assert second.expect() == "standby"
+    first, second = leader_and_standby(processes, path, 30.0, 1.0)
     assert second.silent_for(0.5)  # 25 polls, and the lead stays with the first
 
     released = time.monotonic()
@@ -393,21 +590,58 @@ def test_a_standby_process_takes_over_at_once_after_a_clean_release(
     assert first.proc.wait(10) == 0
 
 
-def test_a_standby_process_takes_over_when_a_killed_leaders_lease_runs_out(
+def test_a_standby_process_takes_over_at_once_from_a_killed_leader(
     processes: list[LeaderProcess], path: Path
 ) -> None:
-    ttl, renew = 1.0, 0.2
-    first = LeaderProcess(path, lease_ttl=ttl, lease_renew=renew)
-    processes.append(first)
-    assert first.expect() == "standby"
-    assert first.expect() == "leading 1"
-    second = LeaderProcess(path, lease_ttl=ttl, lease_renew=renew)
-    processes.append(second)
-    assert second.expect() == "standby"
-    assert second.silent_for(1.5 * ttl)  # the live leader renews: its lease outlasts its ttl
-
-    killed = time.monotonic()
+    """The lease names the holder's process: one that no longer runs holds nothing, whatever the
+    lease's expiry says. A 30 s lease: only that explains a takeover within seconds."""
+    first, second = leader_and_standby(processes, path, 30.0, 1.0)
+    assert second.silent_for(0.5)  # the live leader keeps the lead
     first.kill()
-    assert second.expect(timeout=5.0) == "leading 2"
-    # The lease was renewed at most `renew` before the kill, so it ran out no sooner than this.
-    assert time.monotonic() - killed >= ttl - renew - 0.1
+    assert second.expect(timeout=10.0) == "leading 2"
+
+
+@pytest.mark.parametrize("holder", [None, "cronoq-a"], ids=["default holder", "explicit holder"])
+def test_a_restarted_process_takes_its_killed_predecessors_lease_at_once(
+    processes: list[LeaderProcess], path: Path, holder: str | None
+) -> None:
+    first = LeaderProcess(path, 30.0, 1.0, holder=holder)
+    processes.append(first)
+    assert (first.expect(), first.expect()) == ("standby", "leading 1")
+    first.kill()
+    again = LeaderProcess(path, 30.0, 1.0, holder=holder)
+    processes.append(again)
+    assert again.expect() == "standby"
+    assert again.expect(timeout=10.0) == "leading 2"
+
+
+def test_a_leader_stopped_while_it_holds_the_write_lock_is_ended_and_the_standby_takes_over(
+    processes: list[LeaderProcess], path: Path
+) -> None:
+    """A leader stopped inside a commit keeps SQLite's write lock, which a takeover needs. Once its
+    lease has run out the standby ends it (SIGKILL): the lock goes with the process, its half-done
+    commit is discarded, and it never wakes to write."""
+    ttl = 1.0
+    first, second = leader_and_standby(processes, path, ttl, 0.2, commit=200)
+    stop_when(first, path, holding_the_lock=True)
+    # It stays stopped: only ending it frees the lock.
+    assert second.expect(timeout=ttl + 10.0) == "leading 2"
+    assert first.ended() == -signal.SIGKILL
+    assert first.acknowledged and tasks_in(path, 1) == first.acknowledged
+    assert write_lock_is_free(path)
+
+
+def test_a_leader_stopped_past_its_lease_without_the_lock_is_fenced_when_it_wakes(
+    processes: list[LeaderProcess], path: Path
+) -> None:
+    """A leader stopped between commits blocks nobody: the standby takes over when its lease runs
+    out and leaves it alone. Woken, it writes nothing more (the epoch in every commit fences it)."""
+    ttl = 1.0
+    first, second = leader_and_standby(processes, path, ttl, 0.2, commit=10, pace=0.05)
+    stop_when(first, path, holding_the_lock=False)
+    assert second.expect(timeout=ttl + 10.0) == "leading 2"
+    assert first.proc.poll() is None  # still there, stopped
+    first.proc.send_signal(signal.SIGCONT)
+    assert first.expect().startswith("fenced ")
+    assert first.expect() == "released" and first.ended() == 0
+    assert first.acknowledged and tasks_in(path, 1) == first.acknowledged

@@ -62,6 +62,25 @@ def file_problems(config: Config, *, router: bool = False) -> list[str]:
     return problems
 
 
+# What a valid SQLite store's failover can and cannot do: said by --check, since no check can tell where
+# the standbys will run.
+SQLITE_FAILOVER_NOTE = (
+    'store.kind = "sqlite": a standby takes over from a leader it can see, one in the same PID namespace '
+    "on this host, at once when that leader ended, and ends (SIGKILL) one that stopped while holding the "
+    "file's write lock once its lease ran out (10 s). A leader in another PID namespace (another "
+    "container on a shared volume) that is paused inside a commit keeps the write lock: the standby then "
+    "waits until it continues or ends. See docs/operations.md, Standbys."
+)
+
+
+def notes(config: Config) -> list[str]:
+    """What a server with a valid configuration will do that its operator may not expect, for
+    ``cronoq-server --check`` to say: facts, not problems (the exit status stays 0)."""
+    if isinstance(config.store, SqliteStore):
+        return [SQLITE_FAILOVER_NOTE]
+    return []
+
+
 def preflight(
     program: str, invalid: str, config: Config, missing: list[str], *, router: bool = False
 ) -> int | None:
