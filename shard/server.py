@@ -562,10 +562,6 @@ class ShardServer:
             log.warning("release_failed", error=str(err))
         await self.store.close()
         await self.scalers.close()
-        if self.finder is not None:
-            await self.finder.close()
-        if self.peers is not None:
-            await self.peers.close()
         async with self._grpc_lock:
             if self.grpc_server is not None:
                 await self.grpc_server.stop(DRAIN_S)
@@ -575,6 +571,12 @@ class ShardServer:
         for runner in (self.http_runner, self.metrics_runner):
             if runner is not None:
                 await runner.cleanup()
+        # Last: calls forwarded to other shards that are still running finish while the listeners
+        # drain; closing their channels first would cut them short.
+        if self.finder is not None:
+            await self.finder.close()
+        if self.peers is not None:
+            await self.peers.close()
         log.info("stopped", left_running=runtime.busy() if runtime is not None else 0)
         self._stopped.set()
 
