@@ -427,7 +427,8 @@ class Runtime:
     def stop_accepting(self) -> None:
         """Admit nothing more (shutdown, step-down). Submissions parked for room in a full pool are woken
         to see it and refuse (UNAVAILABLE, never admitted, so safe to send elsewhere); left parked, they
-        would end CANCELLED when the listener closes under them, which no client can safely retry."""
+        would be cut when the listener's drain ends, with an UNAVAILABLE that does not say they never
+        ran, which no client can safely send again without a key."""
         self.accepting = False
         for space in self._space.values():
             space.set()

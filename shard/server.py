@@ -11,9 +11,15 @@ listeners for at most 5 s.
 A standby does not keep clients: it closes every connection about a second after accepting it, so
 that clients (balancers, the SDK) connect again and reach the leader. On HTTP every standby answer says
 ``Connection: close`` and idle connections are closed by a sweep. gRPC fixes connection limits when a
-server is created, so the gRPC listener is one ``grpc.aio`` server while leading and another (with a
-one-second ``max_connection_age``) while standing by, swapped on the same port when the role changes
-(the port is closed for about a millisecond); the leader's connections live as long as clients like.
+server is created (grpcio has no way to change a running server's channel arguments), so the gRPC
+listener is one ``grpc.aio`` server while leading and another (with a one-second ``max_connection_age``)
+while standing by, swapped on the same port when the role changes; the leader's connections live as
+long as clients like. The swap begins the old server's stop, which closes its listener at once, binds
+the new server then (the port is closed for about a millisecond), and leaves the old server's calls
+its grace to be answered by the code running them. Calls the old server's gRPC core holds but had not
+yet handed to this process end CANCELLED, which gRPC core does to them whatever the grace
+(grpc/grpc#41785); nothing of them ran, and the SDK and forwarders read CANCELLED as such
+(``cronoq.client._connect.never_received``).
 """
 
 from __future__ import annotations
@@ -78,10 +84,13 @@ STANDBY_SWEEP_S = 0.2
 # Calls still running on a connection a standby closes get this long to finish (standby answers are
 # immediate; this bounds a health Watch).
 STANDBY_CLOSE_GRACE_S = 0.5
-# How long stepping down waits for calls on the leader's gRPC server it replaces (its workers were told
-# to reconnect already; a standby's server is replaced at once), and how often binding is retried.
+# How long the calls on a leader's gRPC server that stepping down replaces may take to finish (its
+# workers were told to reconnect already); a standby's server gives its calls STANDBY_CLOSE_GRACE_S.
 SWAP_GRACE_S = 1.0
-REBIND_TRIES = 50
+# Binding the port for the new server is retried this often, this far apart, until the old one's
+# listener has closed.
+REBIND_TRIES = 200
+REBIND_EVERY_S = 0.005
 log = get_logger("cronoq.server")
 
 
@@ -160,6 +169,7 @@ class ShardServer:
         self.grpc_server: grpc.aio.Server | None = None
         self._grpc_leading = False  # which kind of gRPC server listens now (see _use_grpc)
         self._grpc_lock = asyncio.Lock()  # a role change swaps the server; shutdown stops it
+        self._retiring: set[asyncio.Task[None]] = set()  # replaced gRPC servers still in their grace
         self._tls: ServerTls | None = None
         self.http_runner: web.AppRunner | None = None
         self.metrics_runner: web.AppRunner | None = None
@@ -410,13 +420,20 @@ class ShardServer:
             if self._stopping or old is None or self._grpc_leading == leading:
                 return
             new = self._new_grpc_server(leading)
-            await old.stop(SWAP_GRACE_S if self._grpc_leading else 0)
+            # The old server's calls are answered by the code running them within its grace (a
+            # standby's at once), rather than cancelled by gRPC; its listener closes as its stop
+            # begins, so the new server listens meanwhile and the port stays closed for a moment only.
+            grace = SWAP_GRACE_S if self._grpc_leading else STANDBY_CLOSE_GRACE_S
+            retiring = asyncio.get_running_loop().create_task(old.stop(grace))
+            self._retiring.add(retiring)
+            retiring.add_done_callback(self._retiring.discard)
             host = _split(self.config.server.grpc_addr)[0]
             addr = f"[{host}]:{self.grpc_port}" if ":" in host else f"{host}:{self.grpc_port}"
+            await asyncio.sleep(0)  # the old server's stop closes its listener before it first waits
             for _ in range(REBIND_TRIES):
                 if self._bind_grpc(new, addr) == self.grpc_port:
                     break
-                await asyncio.sleep(0.02)
+                await asyncio.sleep(REBIND_EVERY_S)
             else:
                 # Another process took the port in the moment it was free: without a gRPC listener this
                 # process is of no use, so it shuts down (and its supervisor starts it again).
@@ -545,18 +562,21 @@ class ShardServer:
             log.warning("release_failed", error=str(err))
         await self.store.close()
         await self.scalers.close()
-        if self.finder is not None:
-            await self.finder.close()
-        if self.peers is not None:
-            await self.peers.close()
         async with self._grpc_lock:
             if self.grpc_server is not None:
                 await self.grpc_server.stop(DRAIN_S)
+            await asyncio.gather(*self._retiring)  # servers a role change replaced, in their grace
         if self._sweeper is not None:
             self._sweeper.cancel()
         for runner in (self.http_runner, self.metrics_runner):
             if runner is not None:
                 await runner.cleanup()
+        # Last: calls forwarded to other shards that are still running finish while the listeners
+        # drain; closing their channels first would cut them short.
+        if self.finder is not None:
+            await self.finder.close()
+        if self.peers is not None:
+            await self.peers.close()
         log.info("stopped", left_running=runtime.busy() if runtime is not None else 0)
         self._stopped.set()
 

@@ -18,14 +18,13 @@ from urllib.parse import urlsplit
 import grpc
 
 from cronoq.auth import Principal
-from cronoq.client._connect import Endpoint, api_error, open_channel
+from cronoq.client._connect import Endpoint, api_error, never_received, open_channel
 from cronoq.errors import ApiError, DeadlineExceeded, FailedPrecondition, Unavailable
 from cronoq.hosts import is_loopback_name
 from cronoq.prometheus import Writer, labelled
 from cronoq.shards import Shard, ShardMap
 from cronoq.transport import (
     FORWARDED_KEY,
-    NOT_RECEIVED_KEY,
     OUTPUT_TYPE_KEY,
     SHARD_ENDPOINT_KEY,
     SHARD_ENDPOINTS_KEY,
@@ -91,18 +90,6 @@ RETRY_DELAYS_S = (0.1, 0.25, 0.5, 1.0)
 FANOUT_SHARE = 0.75
 RETRIES = 3  # how many of them a router or a sharded server uses
 _READ_ONLY = frozenset({"Get", "Wait", "ListTasks", "Snapshot", "ListWorkers", "ListRecurring", "Cancel"})
-# How gRPC itself (not a server) fails a call it never sent: the channel could not connect.
-_NOT_CONNECTED = ("failed to connect", "connection refused")
-
-
-def never_received(err: grpc.aio.AioRpcError) -> bool:
-    """Whether a call that failed UNAVAILABLE provably never reached the target's engine: the target
-    refused it before admission and said so (``NOT_RECEIVED_KEY``), or gRPC could not connect to send it.
-    Never judged by words a server wrote: "shutting down" also ends a committed Submit(wait)'s wait, and
-    a store failure's message may quote "connection refused"; gRPC's own message begins with its words."""
-    if metadata_value(err.trailing_metadata(), NOT_RECEIVED_KEY) is not None:
-        return True
-    return (err.details() or "").lower().startswith(_NOT_CONNECTED)
 
 
 def retry_safe(method: str, request: Any, received: bool) -> bool:

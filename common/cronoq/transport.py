@@ -33,7 +33,8 @@ OUTPUT_TYPE_KEY = "cronoq-output-content-type"
 # Trailing metadata of an UNAVAILABLE refusal made before the call reached the engine (a standby, a server
 # that stopped admitting): nothing of it ran, so a forwarder may send it to the new leader even when
 # running it twice would not be safe (a keyless Submit). A message cannot say this: "server is shutting
-# down" also ends the wait of a Submit(wait) that was committed before it waited.
+# down" also ends the wait of a Submit(wait) that was committed before it waited. The SDK puts it on the
+# errors of calls that gRPC itself ended before a server took them, too (``_connect.never_received``).
 NOT_RECEIVED_KEY = "cronoq-not-received"
 # Initial metadata of every Watch (and HTTP header of /v1/watch), sent as soon as the stream is subscribed
 # on every shard it covers and before any event: the shards it could not reach, comma-separated ("" when

@@ -206,6 +206,26 @@ async def test_task_calls_for_the_other_shard_are_forwarded_to_it(cluster: dict[
             assert (await via_a.wait("batch-1", timeout=10)).text() == "b1:1"
 
 
+async def test_a_call_forwarded_through_a_server_that_shuts_down_is_still_answered(
+    cluster: dict[str, ServerProcess],
+) -> None:
+    """A server that shuts down lets the calls it forwarded finish while its listeners drain: it closes
+    its channels to the other shards last (closing them first cut such a call short and held the
+    listener's drain for all of its 5 s)."""
+    a, b = cluster["a"], cluster["b"]
+    async with Client(b.target) as via_b, Client(a.target) as via_a:
+        remote = await via_b.submit(b"y", pool="b1")
+        waiting = asyncio.ensure_future(via_a.wait(remote.id, timeout=30))
+        async with asyncio.timeout(10):  # the Wait is on its way, and waits at b
+            while b.metric("cronoq_requests_in_flight") != 1:  # noqa: ASYNC110 - another process
+                await asyncio.sleep(0.02)
+        a.signal(signal.SIGTERM)
+        await asyncio.to_thread(a.wait_probe, "/readyz", 503)  # a stopped admitting, and drains
+        async with worker(b.target, echo, pool="b1"):
+            assert (await asyncio.wait_for(waiting, 10)).text() == "b1:y"
+    assert a.wait(20) == 0
+
+
 async def test_a_server_counts_the_calls_it_forwards(cluster: dict[str, ServerProcess]) -> None:
     """``cronoq_shard_forwarded_total`` on the forwarding server: by target shard, method and outcome."""
     a, b = cluster["a"], cluster["b"]

@@ -14,11 +14,12 @@ import pytest
 
 from cronoq.api.grpc_api import TasksServicer
 from cronoq.auth import Principal, Role
+from cronoq.client._connect import never_received
 from cronoq.config import parse_config
 from cronoq.engine import Engine
 from cronoq.engine.model import PoolConfig
 from cronoq.errors import Unavailable
-from cronoq.forward import RETRIES, Peers, WrongShard, never_received, retry_safe
+from cronoq.forward import RETRIES, Peers, WrongShard, retry_safe
 from cronoq.shards import Shard, ShardMap
 from cronoq.transport import NOT_RECEIVED_KEY
 from cronoq.v1 import cronoq_pb2 as pb
@@ -167,17 +168,22 @@ async def test_a_sharded_server_retries_what_another_shards_standby_refused() ->
         assert server.finder.tracks(a) and not server.finder.tracks(home)
 
 
-def rpc_error(details: str, trailing: tuple[tuple[str, str], ...] = ()) -> grpc.aio.AioRpcError:
-    return grpc.aio.AioRpcError(
-        grpc.StatusCode.UNAVAILABLE, grpc.aio.Metadata(), grpc.aio.Metadata(*trailing), details
-    )
+def rpc_error(
+    details: str,
+    trailing: tuple[tuple[str, str], ...] = (),
+    code: grpc.StatusCode = grpc.StatusCode.UNAVAILABLE,
+) -> grpc.aio.AioRpcError:
+    return grpc.aio.AioRpcError(code, grpc.aio.Metadata(), grpc.aio.Metadata(*trailing), details)
 
 
-def test_only_a_marked_refusal_or_a_failed_connection_counts_as_never_received() -> None:
+def test_only_a_marked_refusal_or_what_grpc_itself_ended_counts_as_never_received() -> None:
     marked = rpc_error("this server is a standby, not the leader", ((NOT_RECEIVED_KEY, "1"),))
     assert never_received(marked)
     refused = "failed to connect to all addresses; last error: UNKNOWN: ipv4:127.0.0.1:1: Connection refused"
     assert never_received(rpc_error(refused))
+    # The server's gRPC core cancelled it before handing it over (its listener closed).
+    assert never_received(rpc_error("CANCELLED", code=grpc.StatusCode.CANCELLED))
+    assert not never_received(rpc_error(refused, code=grpc.StatusCode.INTERNAL))
     # A server's words prove nothing: a committed Submit(wait) hears these too.
     assert not never_received(rpc_error("server is shutting down; retry against the new leader"))
     assert not never_received(rpc_error("this server is a standby, not the leader; retry against the leader"))

@@ -16,9 +16,9 @@ from urllib.parse import SplitResult, urlsplit
 
 import grpc
 
-from cronoq.errors import ApiError, FailedPrecondition, ResourceExhausted, error_for
+from cronoq.errors import ApiError, FailedPrecondition, ResourceExhausted, Unavailable, error_for
 from cronoq.hosts import is_loopback_name
-from cronoq.transport import SHARD_ENDPOINT_KEY, SHARD_ENDPOINTS_KEY
+from cronoq.transport import NOT_RECEIVED_KEY, SHARD_ENDPOINT_KEY, SHARD_ENDPOINTS_KEY, metadata_value
 
 ChannelOptions = Sequence[tuple[str, Any]]
 Metadata = tuple[tuple[str, str], ...]
@@ -57,6 +57,9 @@ CHANNEL_DEFAULTS: ChannelOptions = (
     ("grpc.http2.ping_timeout_ms", 10_000),
     ("grpc.http2.max_pings_without_data", 0),
 )
+
+# How gRPC itself (not a server) fails a call it never sent: the channel could not connect.
+_NOT_CONNECTED = ("failed to connect", "connection refused")
 
 # A message over a size limit, as grpc core words it (either side's core: "Received message larger than
 # max (n vs. m)", "Sent message larger than max ...") or as a cronoq server refuses it (the limit's name).
@@ -108,17 +111,50 @@ class MessageTooLarge(ResourceExhausted):
     retryable: ClassVar[bool] = False
 
 
+def never_received(err: Any) -> bool:
+    """Whether a failed call (an ``AioRpcError``) provably never reached the server's code, so that
+    sending it again cannot run it twice, keyless Submit included:
+
+    - the server refused it before admission and said so (trailing metadata ``NOT_RECEIVED_KEY``);
+    - gRPC could not connect to send it (gRPC's own message begins with its words);
+    - the server's gRPC core ended it CANCELLED. A cronoq server never ends a call so; gRPC core does,
+      for the calls it holds but had not yet handed to the server's code when the server's listener
+      closes (a standby taking over, a leader stepping down, a shutdown): grpc/grpc#41785. A call this
+      client cancels ends in ``asyncio.CancelledError``, never in an ``AioRpcError``.
+
+    Never judged by words a server wrote: "shutting down" also ends a committed Submit(wait)'s wait,
+    and a store failure's message may quote "connection refused"."""
+    code = err.code()
+    if code == grpc.StatusCode.CANCELLED:
+        return True
+    if metadata_value(err.trailing_metadata(), NOT_RECEIVED_KEY) is not None:
+        return True
+    return code == grpc.StatusCode.UNAVAILABLE and (err.details() or "").lower().startswith(_NOT_CONNECTED)
+
+
 def api_error(err: Any) -> ApiError:
     """The :class:`~cronoq.errors.ApiError` subclass for an ``AioRpcError``, by lower-case status name,
     carrying the call's ``cronoq-*`` trailing metadata in ``metadata`` (a shard redirect says in them where
-    the pool is served)."""
+    the pool is served). A call that never reached the server's code (:func:`never_received`) is
+    ``Unavailable`` (retryable) and carries ``NOT_RECEIVED_KEY``, also when gRPC core, not the server,
+    ended it (CANCELLED or a failed connection), so that callers and forwarders may send it again."""
     code: str = err.code().name.lower()
     details: str = err.details() or ""
     too_large = code == "resource_exhausted" and _TOO_LARGE.search(details) is not None
-    error = MessageTooLarge(details) if too_large else error_for(code, details)
+    if too_large:
+        error: ApiError = MessageTooLarge(details)
+    elif code == "cancelled":
+        error = Unavailable(
+            f"the server's listener closed before the server took the call (gRPC: {details or code}); "
+            "nothing of it ran, retry"
+        )
+    else:
+        error = error_for(code, details)
     metadata = tuple(
         (key, _text(value)) for key, value in err.trailing_metadata() or () if key.startswith("cronoq-")
     )
+    if never_received(err) and all(key != NOT_RECEIVED_KEY for key, _ in metadata):
+        metadata += ((NOT_RECEIVED_KEY, "1"),)
     if metadata:
         error.metadata = metadata
     return error

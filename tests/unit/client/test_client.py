@@ -14,6 +14,7 @@ import pytest
 from cronoq import errors
 from cronoq.client import Client, ClientError, Event, task
 from cronoq.client._connect import CHANNEL_DEFAULTS, ChannelOptions, Endpoint, open_channel
+from cronoq.transport import NOT_RECEIVED_KEY
 from cronoq.v1 import cronoq_pb2 as pb
 
 from .scripted import TIMEOUT, ApiServer, Refusal, serve
@@ -182,8 +183,7 @@ async def test_deadline_exceeded_from_the_server_is_a_timeout_for_waits_only(
         await client.get(1)
 
 
-STATUSES = [
-    (grpc.StatusCode.CANCELLED, errors.Cancelled, False),
+STATUSES = [  # CANCELLED has its own test below
     (grpc.StatusCode.UNKNOWN, errors.Unknown, False),
     (grpc.StatusCode.INVALID_ARGUMENT, errors.InvalidArgument, False),
     (grpc.StatusCode.DEADLINE_EXCEEDED, errors.DeadlineExceeded, False),
@@ -239,14 +239,39 @@ async def test_every_method_raises_api_errors(api: ApiServer, client: Client, me
         await calls[method]()
 
 
-async def test_an_unreachable_server_is_unavailable() -> None:
+async def test_an_unreachable_server_is_unavailable_and_the_call_never_received() -> None:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
     async with Client(f"127.0.0.1:{port}") as client:
         with pytest.raises(errors.Unavailable) as raised:
-            await client.get(1)
+            await client.submit("x")
     assert raised.value.retryable
+    assert raised.value.metadata == ((NOT_RECEIVED_KEY, "1"),)  # safe to send again, keyless or not
+
+
+async def test_a_call_cancelled_by_the_servers_grpc_is_unavailable_and_never_received(
+    api: ApiServer, client: Client
+) -> None:
+    """gRPC core cancels the calls it had not yet handed to the server when its listener closes; a
+    cronoq server never ends a call CANCELLED itself."""
+    api.responses["Submit"] = Refusal(grpc.StatusCode.CANCELLED, "CANCELLED")
+    with pytest.raises(errors.Unavailable, match=r"gRPC: CANCELLED\); nothing of it ran") as raised:
+        await client.submit("x")
+    assert raised.value.retryable
+    assert raised.value.metadata == ((NOT_RECEIVED_KEY, "1"),)
+
+
+async def test_a_refusal_marked_never_received_is_marked_once(api: ApiServer, client: Client) -> None:
+    marked = ((NOT_RECEIVED_KEY, "1"),)
+    api.responses["Submit"] = Refusal(grpc.StatusCode.UNAVAILABLE, "this server is a standby", marked)
+    with pytest.raises(errors.Unavailable) as raised:
+        await client.submit("x")
+    assert raised.value.metadata == marked
+    api.responses["Submit"] = Refusal(grpc.StatusCode.UNAVAILABLE, "server is shutting down")
+    with pytest.raises(errors.Unavailable) as raised:
+        await client.submit("x", wait=True)
+    assert raised.value.metadata == ()  # a committed Submit(wait) hears this too
 
 
 async def test_list_tasks_filters_and_pages(api: ApiServer, client: Client) -> None:
