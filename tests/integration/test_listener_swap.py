@@ -58,7 +58,7 @@ class Producers:
             n = 0
             while not self.stop.is_set():
                 n += 1
-                key = f"p{producer}-{n}" if n % 2 else None
+                key = f"{self.target}-p{producer}-{n}" if n % 2 else None  # one round's keys: new
                 try:
                     # Time enough for any answer: a call cut off by its own deadline proves nothing.
                     await client.submit(b"x", pool=POOL, key=key, call_timeout=30)
