@@ -86,6 +86,9 @@ insecure_no_auth = false
 shutdown_grace_s = 5.5
 shard = "cpu"
 insecure_peer_http = true
+http_max_connections = 300
+http_header_timeout_s = 4.5
+http_idle_timeout_s = 20
 
 [server.tls]
 cert_path = "/tls/server.crt"
@@ -372,6 +375,8 @@ def test_full_file_reads_every_table() -> None:
     assert server.peer_tls == PeerTlsSection("/tls/peers-ca.crt", "/tls/peer.crt", "/tls/peer.key")
     assert server.grpc_web is not None and len(server.grpc_web.allowed_origins) == 3
     assert server.shutdown_grace_s == 5.5 and server.insecure_peer_http
+    assert (server.http_max_connections, server.http_header_timeout_s) == (300, 4.5)
+    assert server.http_idle_timeout_s == 20
 
     admin, worker = config.auth.tokens
     assert (admin.role, admin.resolved_token) == (Role.ADMIN, LITERAL_TOKEN)
@@ -635,6 +640,10 @@ BAD: list[tuple[str, str, str]] = [
     ("[store]\nkind = 'memory'\nkeep_finished_s = 3.2e7", "store.keep_finished_s", "(got 32000000)"),
     ("[store]\nkind = 'sqlite'\npath = 'a'\nkeep_finished_s = 4e7", "store.keep_finished_s", "at most"),
     ("[server]\nshutdown_grace_s = -1", "server.shutdown_grace_s", "at least 0"),
+    ("[server]\nhttp_max_connections = 0", "server.http_max_connections", "at least 1 and at most 1000000"),
+    ("[server]\nhttp_header_timeout_s = 0", "server.http_header_timeout_s", "> 0 and at most 31536000"),
+    ("[server]\nhttp_idle_timeout_s = -5", "server.http_idle_timeout_s", "> 0"),
+    ("[server]\nhttp_idle_timeout_s = '30'", "server.http_idle_timeout_s", "expected a number (got string)"),
     ("[limits]\nmax_tasks_per_batch = 0", "limits.max_tasks_per_batch", "at least 1 and at most 100000"),
     ("[limits]\nmax_message_bytes = 10", "limits.max_message_bytes", "at least 4096"),
     ("[limits]\nkeepalive_interval_s = 0", "limits.keepalive_interval_s", "> 0"),

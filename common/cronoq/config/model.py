@@ -97,7 +97,8 @@ class GrpcWebSection:
 
 @dataclass(frozen=True, slots=True)
 class ServerSection:
-    """``[server]``: listeners, TLS and the identity of this process in a sharded cluster."""
+    """``[server]``: listeners, TLS and the identity of this process in a sharded cluster. The router
+    applies the listener keys (TLS, the ``http_*`` bounds) to its own listeners."""
 
     grpc_addr: str = field(default="127.0.0.1:7070", metadata=ADDRESS)
     http_addr: str = field(default="127.0.0.1:7071", metadata=ADDRESS)
@@ -109,6 +110,9 @@ class ServerSection:
     peer_tls: PeerTlsSection | None = None
     insecure_peer_http: bool = False
     grpc_web: GrpcWebSection | None = None
+    http_max_connections: int = field(default=1_000, metadata=between(1, 1_000_000))
+    http_header_timeout_s: float = field(default=10.0, metadata=DURATION)
+    http_idle_timeout_s: float = field(default=75.0, metadata=DURATION)
 
 
 # ---------------------------------------------------------------------------------------------- auth
