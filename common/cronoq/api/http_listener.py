@@ -17,9 +17,12 @@ connection class (:class:`_Connection`), and:
   once, still get in; only when every open connection is busy with a request is the new one refused,
   with a 503 that says it was not received (safe to retry).
 
-Busy connections are never closed here: a request in progress is bounded by ``limits.request_timeout_s``
-(see :mod:`cronoq.api.limits`), a body the handler did not read by aiohttp's lingering time (10 s).
-Every close is counted by reason in ``cronoq_http_connections_closed_total{listener,reason}``.
+Busy connections are never closed here. A request in progress is bounded by ``limits.request_timeout_s``
+(see :mod:`cronoq.api.limits`; ``/v1/watch`` streams by ``limits.max_concurrent_streams`` instead), a
+body the handler did not read by aiohttp's lingering time (10 s). Writing an answer to a client that
+does not read it is not bounded; the kernel's buffers take the answers an unauthenticated client can
+ask for (the OpenAPI document is 32 KB). Every close is counted by reason in
+``cronoq_http_connections_closed_total{listener,reason}``.
 
 A connection is "waiting for a request head" exactly when aiohttp's request loop waits for its next
 message; aiohttp has no public flag for that, so :func:`waiting_for_request` reads the future that loop
