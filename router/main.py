@@ -10,7 +10,7 @@ from cronoq import __version__
 from cronoq.config import Config, ConfigError, load_config
 from cronoq.config.startup import preflight, refuse
 from cronoq.logs import configure, get_logger
-from cronoq.process import choose_event_loop, serve_until_signalled
+from cronoq.process import choose_event_loop, raise_open_file_limit, serve_until_signalled
 
 log = get_logger("cronoq.router")
 
@@ -75,6 +75,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.check:
         print(f"configuration ok: {len(config.shards)} shard(s): {', '.join(s.name for s in config.shards)}")
         return 0
+    raise_open_file_limit()
     try:
         loop = choose_event_loop()
     except ValueError as err:

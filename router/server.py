@@ -11,11 +11,11 @@ import asyncio
 from typing import Any
 
 import grpc
-from aiohttp import web
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from cronoq.api.grpc_api import AdminServicer, Ctx, TasksServicer, authorize_worker, call, registration
 from cronoq.api.http_api import build_http_app
+from cronoq.api.http_listener import HttpBounds, HttpListeners
 from cronoq.api.limits import LimitsInterceptor, RequestLimits, grpc_server_options
 from cronoq.auth import Authenticator
 from cronoq.config import Config
@@ -23,7 +23,7 @@ from cronoq.discovery import forwarding
 from cronoq.errors import NotFound, PermissionDenied, shown
 from cronoq.forward import WrongShard
 from cronoq.logs import get_logger
-from cronoq.process import running_loop_name
+from cronoq.process import open_file_limit, running_loop_name
 from cronoq.shards import ShardMap
 from cronoq.tls import load_server_tls
 from cronoq.v1 import cronoq_pb2_grpc as pbg
@@ -87,18 +87,18 @@ class RouterServer:
         # The server-wide [limits] gates both listeners share; hits counted with the service's.
         self.request_limits = RequestLimits(limits, self.service.limit_hits)
         self.grpc_server: Any = None
-        self.http_runner: web.AppRunner | None = None
+        self.http = HttpListeners(HttpBounds.from_config(config.server, 1, open_file_limit()))
 
     def render_metrics(self) -> str:
         text = metrics.render(self.service.shards, self.finder, self.peers, self.service)
-        return text + self.request_limits.render() + self.service.limit_hits.render()
+        return text + self.request_limits.render() + self.service.limit_hits.render() + self.http.render()
 
     async def start(self) -> None:
         cfg = self.config
         limits = cfg.limits
         await self.finder.start()
         server = grpc.aio.server(
-            options=grpc_server_options(limits),
+            options=grpc_server_options(limits, cfg.grpc_streams_per_connection(router=True)),
             interceptors=[LimitsInterceptor(self.request_limits)],
             # A backstop for what the interceptor does not count (health checks).
             maximum_concurrent_rpcs=limits.max_concurrent_requests + limits.max_concurrent_streams + 64,
@@ -131,24 +131,13 @@ class RouterServer:
             require_client_cert=tls is not None and tls.client_certs_required,
             limits=self.request_limits,
         )
-        # A request whose client went away is cancelled (and stops holding a concurrent-request place).
-        runner = web.AppRunner(app, access_log=None, shutdown_timeout=DRAIN_S, handler_cancellation=True)
-        await runner.setup()
-        host, _, http_port = cfg.router.http_addr.rpartition(":")
         try:
-            await web.TCPSite(
-                runner,
-                host.strip("[]"),
-                int(http_port),
-                ssl_context=tls.ssl_context if tls is not None else None,
-            ).start()
-        except OSError as err:
-            await runner.cleanup()
+            await self.http.open(
+                "router.http_addr", cfg.router.http_addr, app, tls.ssl_context if tls is not None else None
+            )
+        except OSError:
             await server.stop(None)
-            raise OSError(
-                f"router.http_addr: cannot listen on {cfg.router.http_addr} ({err.strerror})"
-            ) from err
-        self.http_runner = runner
+            raise
         log.info(
             "routing",
             grpc_addr=cfg.router.grpc_addr,
@@ -160,7 +149,6 @@ class RouterServer:
     async def shutdown(self) -> None:
         if self.grpc_server is not None:
             await self.grpc_server.stop(DRAIN_S)
-        if self.http_runner is not None:
-            await self.http_runner.cleanup()
+        await self.http.close()
         await asyncio.gather(self.finder.close(), self.peers.close())
         log.info("stopped")

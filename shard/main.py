@@ -11,7 +11,7 @@ from cronoq import __version__
 from cronoq.config import Config, ConfigError, default_config, load_config, validate_config
 from cronoq.config.startup import notes, preflight, refuse
 from cronoq.logs import configure, get_logger
-from cronoq.process import choose_event_loop, serve_until_signalled
+from cronoq.process import choose_event_loop, raise_open_file_limit, serve_until_signalled
 
 from .support import server_problems
 
@@ -111,6 +111,7 @@ def main(argv: list[str] | None = None) -> int:
         for note in notes(config):
             print(f"note: {note}")
         return 0
+    raise_open_file_limit()
     try:
         loop = choose_event_loop()
     except ValueError as err:

@@ -30,7 +30,6 @@ import dataclasses
 import os
 import random
 import signal
-import ssl
 import time
 from typing import Any
 
@@ -42,6 +41,7 @@ from grpc_reflection.v1alpha import reflection
 
 from cronoq.api.grpc_api import AdminServicer, TasksServicer
 from cronoq.api.http_api import build_http_app, build_metrics_app
+from cronoq.api.http_listener import HttpBounds, HttpListeners, Listener, waiting_for_request
 from cronoq.api.limits import LimitsInterceptor, RequestLimits, grpc_server_options
 from cronoq.auth import Authenticator, Principal
 from cronoq.config import Config
@@ -52,7 +52,7 @@ from cronoq.errors import Unavailable
 from cronoq.forward import Peers, write_forwarding
 from cronoq.limits import LimitHits
 from cronoq.logs import get_logger
-from cronoq.process import running_loop_name
+from cronoq.process import open_file_limit, running_loop_name
 from cronoq.prometheus import Writer
 from cronoq.shards import ShardMap
 from cronoq.tls import ServerTls, load_server_tls
@@ -171,8 +171,9 @@ class ShardServer:
         self._grpc_lock = asyncio.Lock()  # a role change swaps the server; shutdown stops it
         self._retiring: set[asyncio.Task[None]] = set()  # replaced gRPC servers still in their grace
         self._tls: ServerTls | None = None
-        self.http_runner: web.AppRunner | None = None
-        self.metrics_runner: web.AppRunner | None = None
+        listeners = 1 if config.server.metrics_addr is None else 2
+        self.http = HttpListeners(HttpBounds.from_config(config.server, listeners, open_file_limit()))
+        self.http_listener: Listener | None = None  # the API's (server.http_addr)
         self.grpc_port = 0
         self._sweeper: asyncio.Task[None] | None = None
         self._stopped = asyncio.Event()
@@ -197,26 +198,10 @@ class ShardServer:
             limit_hits=self.limit_hits,
         )
 
-    async def _listen(
-        self, key: str, addr: str, app: web.Application, ssl_context: ssl.SSLContext | None
-    ) -> web.AppRunner:
-        """Serve ``app`` on ``addr``; a failure names the config key."""
-        # A request whose client went away is cancelled, so that it stops holding one of
-        # limits.max_concurrent_requests (a Wait could otherwise hold it for max_wait_s).
-        runner = web.AppRunner(app, access_log=None, shutdown_timeout=DRAIN_S, handler_cancellation=True)
-        await runner.setup()
-        host, port = _split(addr)
-        try:
-            await web.TCPSite(runner, host, port, ssl_context=ssl_context).start()
-        except OSError as err:
-            await runner.cleanup()
-            raise OSError(f"{key}: cannot listen on {addr} ({err.strerror})") from err
-        return runner
-
     def render_metrics(self) -> str:
         runtime = self.runtime
         shard = self.config.server.shard or ""
-        own = self.request_limits.render() + self.limit_hits.render()
+        own = self.request_limits.render() + self.limit_hits.render() + self.http.render()
         if self.peers is not None:  # sharded: calls for other shards' pools go to their leaders
             w = Writer()
             write_forwarding(w, self.peers, "cronoq_shard_")
@@ -368,7 +353,7 @@ class ShardServer:
         limits = self.config.limits
         # Messages up to twice max_message_bytes reach the LimitsInterceptor, which refuses those above
         # the limit by name; max_concurrent_streams bounds Work and Watch streams server-wide (there).
-        options = grpc_server_options(limits)
+        options = grpc_server_options(limits, self.config.grpc_streams_per_connection())
         if not leading:
             # GOAWAY a second after accepting, busy or not: the client's next call connects again.
             options += [
@@ -474,9 +459,11 @@ class ShardServer:
         app.on_response_prepare.append(self._close_unless_serving)
         ssl_context = tls.ssl_context if tls is not None else None
         try:
-            self.http_runner = await self._listen("server.http_addr", cfg.server.http_addr, app, ssl_context)
+            self.http_listener = await self.http.open(
+                "server.http_addr", cfg.server.http_addr, app, ssl_context
+            )
             if cfg.server.metrics_addr is not None:
-                self.metrics_runner = await self._listen(
+                await self.http.open(
                     "server.metrics_addr",
                     cfg.server.metrics_addr,
                     build_metrics_app(self.service, self.render_metrics),
@@ -484,8 +471,7 @@ class ShardServer:
                 )
         except OSError:
             await server.stop(None)
-            if self.http_runner is not None:
-                await self.http_runner.cleanup()
+            await self.http.close()
             raise
         self._sweeper = asyncio.get_running_loop().create_task(self._sweep_standby_connections())
         log.info(
@@ -514,14 +500,14 @@ class ShardServer:
         seen: dict[RequestHandler, float] = {}  # connection -> when first seen while not serving
         while True:
             await asyncio.sleep(STANDBY_SWEEP_S)
-            server = self.http_runner.server if self.http_runner is not None else None
-            if self.service.ready or server is None:
+            listener = self.http_listener
+            if self.service.ready or listener is None:
                 seen.clear()
                 continue
             now = loop.time()
-            seen = {conn: seen.get(conn, now) for conn in server.connections}
+            seen = {conn: seen.get(conn, now) for conn in listener.connections}
             for conn, since in seen.items():
-                if now - since >= STANDBY_CONNECTION_S and _idle(conn):
+                if now - since >= STANDBY_CONNECTION_S and waiting_for_request(conn):
                     conn.force_close()
 
     async def shutdown(self, reason: str = "server shutting down") -> None:
@@ -568,9 +554,7 @@ class ShardServer:
             await asyncio.gather(*self._retiring)  # servers a role change replaced, in their grace
         if self._sweeper is not None:
             self._sweeper.cancel()
-        for runner in (self.http_runner, self.metrics_runner):
-            if runner is not None:
-                await runner.cleanup()
+        await self.http.close()
         # Last: calls forwarded to other shards that are still running finish while the listeners
         # drain; closing their channels first would cut them short.
         if self.finder is not None:
@@ -579,13 +563,6 @@ class ShardServer:
             await self.peers.close()
         log.info("stopped", left_running=runtime.busy() if runtime is not None else 0)
         self._stopped.set()
-
-
-def _idle(connection: RequestHandler) -> bool:
-    """Whether an HTTP connection waits for its next request (or its first). aiohttp has no public
-    flag for it; this is the test its own keep-alive timeout makes."""
-    waiter = getattr(connection, "_waiter", None)
-    return isinstance(waiter, asyncio.Future) and not waiter.done()
 
 
 def _split(addr: str) -> tuple[str, int]:

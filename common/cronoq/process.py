@@ -5,11 +5,14 @@ gracefully."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from dataclasses import dataclass
 from typing import Any, TypeVar
+
+from cronoq.logs import get_logger
 
 T = TypeVar("T")
 
@@ -56,6 +59,40 @@ def choose_event_loop(env: Mapping[str, str] = os.environ) -> EventLoop:
         else:
             return EventLoop("uvloop", uvloop.new_event_loop)
     return EventLoop("asyncio", asyncio.new_event_loop)
+
+
+def open_file_limit() -> int | None:
+    """This process's soft limit on open files (RLIMIT_NOFILE); None when unlimited, or on a platform
+    without limits."""
+    try:
+        import resource
+    except ImportError:  # not a Unix
+        return None
+    soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    return None if soft == resource.RLIM_INFINITY else soft
+
+
+def raise_open_file_limit() -> tuple[int | None, int | None]:
+    """Raise the soft limit on open files to the hard limit, as Go's runtime does; the soft limit before
+    and after (see :func:`open_file_limit`).
+
+    Every connection takes a file descriptor, and many systems still start services with a soft limit
+    of 1,024 under a far higher hard limit: a server at its soft limit can accept no probe's connection
+    and reopen no store connection. The low limit protects programs that wait with ``select()``, which
+    cannot watch descriptors above 1,023; the event loops (asyncio, uvloop), grpc and psycopg wait with
+    epoll or poll instead."""
+    before = open_file_limit()
+    if before is not None:
+        import resource
+
+        hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+        # macOS refuses more than OPEN_MAX under an unlimited hard limit: the limit then stays.
+        with contextlib.suppress(ValueError, OSError):
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    after = open_file_limit()
+    if after != before:
+        get_logger("cronoq.process").info("open_file_limit_raised", soft_before=before, soft=after)
+    return before, after
 
 
 def is_uvloop(loop: asyncio.AbstractEventLoop) -> bool:

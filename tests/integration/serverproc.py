@@ -17,6 +17,13 @@ from pathlib import Path
 
 from tests.ports import free_ports
 
+# Runs a module (argv[3]) with the open-file limit set to (argv[1], argv[2]) first.
+LIMITED_LAUNCH = (
+    "import resource, runpy, sys; "
+    "resource.setrlimit(resource.RLIMIT_NOFILE, (int(sys.argv[1]), int(sys.argv[2]))); "
+    "sys.argv = sys.argv[3:]; runpy.run_module(sys.argv[0], run_name='__main__', alter_sys=True)"
+)
+
 
 @dataclass
 class ServerProcess:
@@ -30,6 +37,7 @@ class ServerProcess:
     http_port: int = 0
     ssl_context: ssl.SSLContext | None = None  # set when the server serves HTTPS ([server.tls])
     module: str = "cronoq.shard.main"  # or "cronoq.router.main"
+    open_files: tuple[int, int] | None = None  # (soft, hard) RLIMIT_NOFILE to start the process with
 
     @property
     def target(self) -> str:
@@ -45,8 +53,11 @@ class ServerProcess:
         ``/healthz`` does (up, possibly a standby)."""
         probe = "readyz" if ready else "healthz"
         log = self.log_path.open("ab")
+        command = ["-m", self.module, "--config", str(self.config_path)]
+        if self.open_files is not None:  # set in the child before it runs (preexec_fn is unsafe with threads)
+            command = ["-c", LIMITED_LAUNCH, *map(str, self.open_files), *command[1:]]
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", self.module, "--config", str(self.config_path)],
+            [sys.executable, *command],
             stdout=log,
             stderr=subprocess.STDOUT,
             env={**os.environ, "CRONOQ_LOG": "info", **self.env},

@@ -23,7 +23,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import statistics
-import struct
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass, field
@@ -35,6 +34,7 @@ from cronoq.v1 import cronoq_pb2 as pb
 from cronoq.v1 import cronoq_pb2_grpc as pbg
 from tests.ports import free_port
 
+from .rawh2 import ACK, ENHANCE_YOUR_CALM, GOAWAY, PING, PREFACE, SETTINGS, encode
 from .serverproc import ServerProcess, running_server
 from .shardproc import ShardSpec, cluster_tables, router_process
 
@@ -45,11 +45,6 @@ TIMEOUT = 1.0
 LONG_TIMEOUT = 2.5
 WITHIN = 15.0  # the upper bound on waiting for any one event
 EARLY = 0.15  # timers start when the server's write ends, a little before the frame is read here
-
-PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
-SETTINGS, PING, GOAWAY = 0x4, 0x6, 0x7
-ACK = 0x1
-ENHANCE_YOUR_CALM = 0xB
 
 
 def limits(interval: float, timeout: float) -> str:
@@ -81,10 +76,6 @@ def patient(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]
 
 
 # ---------------------------------------------------------------------------------- raw HTTP/2
-
-
-def encode(kind: int, flags: int, stream: int, payload: bytes = b"") -> bytes:
-    return len(payload).to_bytes(3, "big") + bytes([kind, flags]) + struct.pack(">I", stream) + payload
 
 
 @dataclass(frozen=True)

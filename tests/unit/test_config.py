@@ -49,7 +49,7 @@ from cronoq.config import (
     read_config,
     validate_config,
 )
-from cronoq.config.model import MAX_KEY_BYTES
+from cronoq.config.model import GRPC_STREAMS_PER_CONNECTION, MAX_KEY_BYTES
 from cronoq.config.rules import RESOLVED_KEY
 from cronoq.config.startup import file_problems
 from cronoq.engine.model import (
@@ -86,6 +86,10 @@ insecure_no_auth = false
 shutdown_grace_s = 5.5
 shard = "cpu"
 insecure_peer_http = true
+http_max_connections = 300
+http_header_timeout_s = 4.5
+http_idle_timeout_s = 20
+grpc_max_streams_per_connection = 250
 
 [server.tls]
 cert_path = "/tls/server.crt"
@@ -372,6 +376,8 @@ def test_full_file_reads_every_table() -> None:
     assert server.peer_tls == PeerTlsSection("/tls/peers-ca.crt", "/tls/peer.crt", "/tls/peer.key")
     assert server.grpc_web is not None and len(server.grpc_web.allowed_origins) == 3
     assert server.shutdown_grace_s == 5.5 and server.insecure_peer_http
+    assert (server.http_max_connections, server.http_header_timeout_s) == (300, 4.5)
+    assert (server.http_idle_timeout_s, server.grpc_max_streams_per_connection) == (20, 250)
 
     admin, worker = config.auth.tokens
     assert (admin.role, admin.resolved_token) == (Role.ADMIN, LITERAL_TOKEN)
@@ -451,6 +457,17 @@ def test_a_pools_wait_time_objectives_reach_its_autoscaler() -> None:
     assert section is not None
     autoscale = section.to_engine(config.limits).autoscale
     assert autoscale is not None and dict(autoscale.slo) == {Priority.NORMAL: 5.0, Priority.CRITICAL: 0.5}
+
+
+def test_grpc_streams_per_connection_leave_room_for_what_is_forwarded_to_a_shard() -> None:
+    """A shard of a sharded cluster gets every call routers and other shards forward over one connection
+    each: by default it allows as many as a process admits; the router, unsharded servers and any
+    configured value keep their own."""
+    sharded = parse_config(FULL_WITHOUT_SHARD.replace("grpc_max_streams_per_connection = 250\n", ""), env=ENV)
+    assert sharded.grpc_streams_per_connection() == 13 + 14  # [limits] of FULL
+    assert sharded.grpc_streams_per_connection(router=True) == GRPC_STREAMS_PER_CONNECTION == 1000
+    assert Config().grpc_streams_per_connection() == 1000
+    assert parse_config(FULL, env=ENV).grpc_streams_per_connection() == 250
 
 
 def test_pool_lookup() -> None:
@@ -635,6 +652,11 @@ BAD: list[tuple[str, str, str]] = [
     ("[store]\nkind = 'memory'\nkeep_finished_s = 3.2e7", "store.keep_finished_s", "(got 32000000)"),
     ("[store]\nkind = 'sqlite'\npath = 'a'\nkeep_finished_s = 4e7", "store.keep_finished_s", "at most"),
     ("[server]\nshutdown_grace_s = -1", "server.shutdown_grace_s", "at least 0"),
+    ("[server]\nhttp_max_connections = 0", "server.http_max_connections", "at least 1 and at most 1000000"),
+    ("[server]\nhttp_header_timeout_s = 0", "server.http_header_timeout_s", "> 0 and at most 31536000"),
+    ("[server]\nhttp_idle_timeout_s = -5", "server.http_idle_timeout_s", "> 0"),
+    ("[server]\nhttp_idle_timeout_s = '30'", "server.http_idle_timeout_s", "expected a number (got string)"),
+    ("[server]\ngrpc_max_streams_per_connection = 0", "server.grpc_max_streams_per_connection", "at least 1"),
     ("[limits]\nmax_tasks_per_batch = 0", "limits.max_tasks_per_batch", "at least 1 and at most 100000"),
     ("[limits]\nmax_message_bytes = 10", "limits.max_message_bytes", "at least 4096"),
     ("[limits]\nkeepalive_interval_s = 0", "limits.keepalive_interval_s", "> 0"),

@@ -504,7 +504,7 @@ async def test_the_channel_sends_keepalive_pings_unless_options_say_otherwise(
 
 def test_keepalive_pings_are_never_too_many_for_a_cronoq_server() -> None:
     """A cronoq server (or router) answers pings closer together than this with GOAWAY too_many_pings."""
-    server = dict(grpc_server_options(Limits()))
+    server = dict(grpc_server_options(Limits(), 1000))
     assert (
         dict(CHANNEL_DEFAULTS)["grpc.keepalive_time_ms"]
         >= server["grpc.http2.min_ping_interval_without_data_ms"]
