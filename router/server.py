@@ -98,7 +98,7 @@ class RouterServer:
         limits = cfg.limits
         await self.finder.start()
         server = grpc.aio.server(
-            options=grpc_server_options(limits, cfg.grpc_streams_per_connection(router=True)),
+            options=grpc_server_options(limits, cfg.server.grpc_max_streams_per_connection),
             interceptors=[LimitsInterceptor(self.request_limits)],
             # A backstop for what the interceptor does not count (health checks).
             maximum_concurrent_rpcs=limits.max_concurrent_requests + limits.max_concurrent_streams + 64,

@@ -353,7 +353,7 @@ class ShardServer:
         limits = self.config.limits
         # Messages up to twice max_message_bytes reach the LimitsInterceptor, which refuses those above
         # the limit by name; max_concurrent_streams bounds Work and Watch streams server-wide (there).
-        options = grpc_server_options(limits, self.config.grpc_streams_per_connection())
+        options = grpc_server_options(limits, self.config.server.grpc_max_streams_per_connection)
         if not leading:
             # GOAWAY a second after accepting, busy or not: the client's next call connects again.
             options += [

@@ -58,6 +58,7 @@ def forwarding(shards: ShardMap, config: Config) -> tuple[LeaderFinder, Peers]:
         suspect=finder.suspect,
         retries=RETRIES,
         credentials=credentials,
+        streams_per_connection=config.server.grpc_max_streams_per_connection,
     )
     return finder, peers
 

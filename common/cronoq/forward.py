@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 from collections import Counter
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -19,6 +20,7 @@ import grpc
 
 from cronoq.auth import Principal
 from cronoq.client._connect import Endpoint, api_error, never_received, open_channel
+from cronoq.config.model import GRPC_STREAMS_PER_CONNECTION
 from cronoq.errors import ApiError, DeadlineExceeded, FailedPrecondition, Unavailable
 from cronoq.hosts import is_loopback_name
 from cronoq.prometheus import Writer, labelled
@@ -79,6 +81,7 @@ PEER_CHANNEL_OPTIONS = (
     ("grpc.initial_reconnect_backoff_ms", 100),
     ("grpc.max_reconnect_backoff_ms", 500),
     ("grpc.max_receive_message_length", -1),
+    ("grpc.use_local_subchannel_pool", 1),
 )
 
 # Retried after UNAVAILABLE (the leader moved, or is between leaders) when a retry cannot run a call
@@ -128,6 +131,7 @@ class Peers:
         suspect: Callable[[Shard, str], None] | None = None,
         retries: int = 0,
         credentials: Any = None,
+        streams_per_connection: int = GRPC_STREAMS_PER_CONNECTION,
     ) -> None:
         self.shards = shards
         self.credentials = credentials
@@ -136,7 +140,12 @@ class Peers:
         self._resolve = resolve
         self._suspect = suspect
         self.retries = min(retries, len(RETRY_DELAYS_S))
-        self._stubs: dict[str, tuple[Any, Any, Any]] = {}  # endpoint URL -> (channel, Tasks, Admin)
+        # Calls one connection carries before another is opened: the shards' own limit per connection
+        # (server.grpc_max_streams_per_connection), less a tenth, as grpc lets go of a stream a moment
+        # after the call ended. Past the limit grpc would hold calls back until others end, and a
+        # router's Watches hold theirs for as long as they last.
+        self._room = max(1, streams_per_connection - streams_per_connection // 10)
+        self._connections: dict[str, list[_Connection]] = {}  # endpoint URL -> its connections
         self.calls: Counter[tuple[str, str, str]] = Counter()
         self.retried: Counter[tuple[str, str]] = Counter()
 
@@ -166,12 +175,17 @@ class Peers:
                 "(server.insecure_peer_http allows it)",
             )
 
-    def _stub(self, url: str) -> tuple[Any, Any, Any]:
-        stubs = self._stubs.get(url)
-        if stubs is None:
+    def _connection(self, url: str) -> _Connection:
+        """A connection to ``url`` with room for one more call, which the caller now counts as open
+        (and uncounts when it ended): the first that has room, else a new one."""
+        pool = self._connections.setdefault(url, [])
+        connection = next((c for c in pool if c.open < self._room), None)
+        if connection is None:
             channel = open_channel(Endpoint.parse(url, secure=False), self.credentials, PEER_CHANNEL_OPTIONS)
-            stubs = self._stubs[url] = (channel, pbg.TasksStub(channel), pbg.AdminStub(channel))
-        return stubs
+            connection = _Connection(channel, pbg.TasksStub(channel), pbg.AdminStub(channel))
+            pool.append(connection)
+        connection.open += 1
+        return connection
 
     @staticmethod
     def _metadata(caller: Principal, extra: Metadata = ()) -> Metadata:
@@ -225,13 +239,13 @@ class Peers:
         while True:
             url = self.url(shard)
             self.check(shard, caller, url, last_hop)
-            _, tasks, admin = self._stub(url)
             timeout = self.timeout + wait
             if deadline is not None:
                 timeout = min(timeout, deadline - loop.time())
                 if timeout <= 0:
                     raise DeadlineExceeded(f"shard '{shard.name}' did not answer in time")
-            call = getattr(tasks if service == "tasks" else admin, method)(
+            connection = self._connection(url)
+            call = getattr(connection.tasks if service == "tasks" else connection.admin, method)(
                 request, metadata=self._metadata(caller, extra), timeout=timeout
             )
             try:
@@ -241,6 +255,8 @@ class Peers:
                 return response, metadata_value(await call.trailing_metadata(), OUTPUT_TYPE_KEY)
             except grpc.aio.AioRpcError as err:
                 error, received = _error(err, shard, url), not never_received(err)
+            finally:
+                connection.open -= 1
             if not isinstance(error, Unavailable):
                 raise error
             if not await self._again(shard, method, url, attempt, retry_safe(method, request, received)):
@@ -289,9 +305,21 @@ class Peers:
         return PeerStream(self, shard, method, request, caller)
 
     async def close(self) -> None:
-        channels = [stubs[0] for stubs in self._stubs.values()]
-        self._stubs.clear()
+        channels = [c.channel for pool in self._connections.values() for c in pool]
+        self._connections.clear()
         await asyncio.gather(*(channel.close() for channel in channels), return_exceptions=True)
+
+
+@dataclass(slots=True, eq=False)
+class _Connection:
+    """One channel to a shard, with its stubs and the calls open on it now. Each channel has a connection
+    of its own (``grpc.use_local_subchannel_pool`` in PEER_CHANNEL_OPTIONS: grpc otherwise shares one
+    between channels of the same target and options)."""
+
+    channel: Any
+    tasks: Any
+    admin: Any
+    open: int = 0
 
 
 class PeerStream:
@@ -310,6 +338,7 @@ class PeerStream:
         self._request = request
         self._caller = caller
         self._call: Any = None  # the grpc.aio call, once started
+        self._connection: _Connection | None = None  # the connection it counts on while open
         self._url = ""
         self._ended = False
 
@@ -344,8 +373,11 @@ class PeerStream:
         peers = self._peers
         self._url = peers.url(self._shard)
         peers.check(self._shard, self._caller, self._url)
-        _, tasks, _ = peers._stub(self._url)
-        self._call = getattr(tasks, self._method)(self._request, metadata=peers._metadata(self._caller))
+        self._let_go()
+        self._connection = connection = peers._connection(self._url)
+        self._call = getattr(connection.tasks, self._method)(
+            self._request, metadata=peers._metadata(self._caller)
+        )
         opened = await self._call.initial_metadata()
         return metadata_value(opened, UNAVAILABLE_SHARDS_KEY) is not None
 
@@ -385,7 +417,14 @@ class PeerStream:
         self._ended = True
         if self._call is not None and outcome != "ok":
             self._call.cancel()
+        self._let_go()
         self._peers.calls[(self._shard.name, self._method, outcome)] += 1
+
+    def _let_go(self) -> None:
+        """The call ended (or is being sent again): it no longer counts on its connection."""
+        connection, self._connection = self._connection, None
+        if connection is not None:
+            connection.open -= 1
 
 
 def write_forwarding(w: Writer, peers: Peers, prefix: str) -> None:

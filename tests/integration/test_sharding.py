@@ -40,7 +40,7 @@ from tests.ports import free_ports
 
 from .helpers import Metrics, eager_worker_refusals, scrape_metrics, token, watch_while, worker
 from .serverproc import ServerProcess, write_config
-from .shardproc import ShardSpec, cluster_tables, router_process, running_cluster
+from .shardproc import ShardSpec, cluster_tables, routed_cluster, router_process, running_cluster
 
 pytestmark = pytest.mark.asyncio
 
@@ -750,3 +750,31 @@ async def test_a_watch_on_one_shard_sees_every_shard(cluster: dict[str, ServerPr
 
         seen = await watch_while(client, [a, b], len(queued), workers)
     assert sorted(seen) == sorted((task_id, "succeeded") for task_id in queued)
+
+
+async def test_forwarded_calls_beyond_a_shards_streams_per_connection_go_over_more_connections(
+    tmp_path: Path,
+) -> None:
+    """Every process allows 4 calls per connection (server.grpc_max_streams_per_connection). Ten
+    watches through a router, and five through shard a of b's pool (each Client has a connection of its
+    own), hold a stream to the shards for as long as they last; the router and shard a open more
+    connections, so lookups and submissions still get through instead of waiting behind the watches."""
+    shared = "[server]\ngrpc_max_streams_per_connection = 4\n"
+    with routed_cluster(tmp_path, SHARDS, shared) as (router, procs):
+        watchers = [Client(router.target) for _ in range(10)] + [Client(procs["a"].target) for _ in range(5)]
+        streams = [client.watch(all_transitions=True) for client in watchers[:10]]
+        streams += [client.watch(pools=["b1"]) for client in watchers[10:]]
+        try:
+            for stream in streams:
+                assert await asyncio.wait_for(stream.unavailable_shards(), 10) == []
+            async with Client(router.target) as via_router, Client(procs["a"].target) as via_a:
+                async with asyncio.timeout(10):
+                    on_b = await via_router.submit(b"", pool="b1", key="past-the-watches")
+                    assert (await via_router.get("past-the-watches")).id == on_b.id
+                    assert (await via_a.get(on_b.id)).id == on_b.id
+                    assert (await via_a.submit(b"", pool="b1", key="past-the-watches")).duplicate
+        finally:
+            for stream in streams:
+                await stream.aclose()
+            for client in watchers:
+                await client.close()

@@ -49,7 +49,7 @@ from cronoq.config import (
     read_config,
     validate_config,
 )
-from cronoq.config.model import GRPC_STREAMS_PER_CONNECTION, MAX_KEY_BYTES
+from cronoq.config.model import MAX_KEY_BYTES
 from cronoq.config.rules import RESOLVED_KEY
 from cronoq.config.startup import file_problems
 from cronoq.engine.model import (
@@ -457,17 +457,6 @@ def test_a_pools_wait_time_objectives_reach_its_autoscaler() -> None:
     assert section is not None
     autoscale = section.to_engine(config.limits).autoscale
     assert autoscale is not None and dict(autoscale.slo) == {Priority.NORMAL: 5.0, Priority.CRITICAL: 0.5}
-
-
-def test_grpc_streams_per_connection_leave_room_for_what_is_forwarded_to_a_shard() -> None:
-    """A shard of a sharded cluster gets every call routers and other shards forward over one connection
-    each: by default it allows as many as a process admits; the router, unsharded servers and any
-    configured value keep their own."""
-    sharded = parse_config(FULL_WITHOUT_SHARD.replace("grpc_max_streams_per_connection = 250\n", ""), env=ENV)
-    assert sharded.grpc_streams_per_connection() == 13 + 14  # [limits] of FULL
-    assert sharded.grpc_streams_per_connection(router=True) == GRPC_STREAMS_PER_CONNECTION == 1000
-    assert Config().grpc_streams_per_connection() == 1000
-    assert parse_config(FULL, env=ENV).grpc_streams_per_connection() == 250
 
 
 def test_pool_lookup() -> None:

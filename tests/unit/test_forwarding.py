@@ -212,3 +212,20 @@ def test_a_redirect_names_every_url_of_the_shard() -> None:
         "cronoq-shard-endpoint": "https://b-1:7070",
         "cronoq-shard-endpoints": "https://b:7070,https://b-0:7070,https://b-1:7070",
     }
+
+
+async def test_calls_to_a_shard_open_another_connection_when_those_open_are_nearly_full() -> None:
+    """A shard holds back calls beyond its streams per connection, and a router's Watches hold theirs
+    for as long as they last: forwarded calls go over another connection once one carries nine tenths
+    of the limit, and back over the first as soon as it has room."""
+    shard = Shard("b", 2, "http://127.0.0.1:1", frozenset({"b1"}))
+    peers = Peers(ShardMap([shard]), insecure_peer_http=False, timeout=1.0, streams_per_connection=10)
+    try:
+        first = [peers._connection(shard.endpoint) for _ in range(9)]
+        assert len({id(c) for c in first}) == 1 and first[0].open == 9
+        second = peers._connection(shard.endpoint)
+        assert second is not first[0] and second.channel is not first[0].channel
+        first[0].open -= 1  # one call on the first ended
+        assert peers._connection(shard.endpoint) is first[0]
+    finally:
+        await peers.close()

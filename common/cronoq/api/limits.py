@@ -54,7 +54,7 @@ def grpc_receive_limit(max_message_bytes: int) -> int:
 def grpc_server_options(limits: Limits, streams_per_connection: int) -> list[tuple[str, Any]]:
     """The gRPC core options every cronoq listener (shard or router) takes from ``[limits]``: message
     sizes and HTTP/2 keepalive; and the streams one connection may have open
-    (:meth:`~cronoq.config.Config.grpc_streams_per_connection`).
+    (``server.grpc_max_streams_per_connection``).
 
     grpc core (1.85) closes a connection whose ping goes unanswered after ``grpc.http2.ping_timeout_ms``
     (60 s by default), not after ``keepalive_timeout_ms`` alone, so both are ``keepalive_timeout_s``.

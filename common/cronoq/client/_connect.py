@@ -49,8 +49,14 @@ HOST_BOUND_OPTIONS = frozenset({"grpc.ssl_target_name_override", "grpc.default_a
 # 120 s by default) and fails calls at once meanwhile, so a producer whose server was away for a few
 # minutes went on failing UNAVAILABLE for up to two minutes after it came back. 5 s at most between
 # attempts bounds that, for one connection attempt every 5 s at worst.
+#
+# Each Client and Worker has a connection of its own (grpc otherwise shares one between channels to the
+# same target with the same options): a server holds back calls beyond
+# ``server.grpc_max_streams_per_connection`` (1,000) on one connection, so a producer with more calls
+# in flight spreads them over several Clients, and a worker's stream never waits behind them.
 CHANNEL_DEFAULTS: ChannelOptions = (
     ("grpc.max_receive_message_length", -1),
+    ("grpc.use_local_subchannel_pool", 1),
     ("grpc.max_reconnect_backoff_ms", 5_000),
     ("grpc.keepalive_time_ms", 20_000),
     ("grpc.keepalive_timeout_ms", 10_000),

@@ -67,7 +67,8 @@ MIB = 1 << 20
 # "@<UTC start>" suffix. ``max_key_len`` (characters) goes no higher, since it could not be used.
 MAX_KEY_BYTES = 2_048
 # Calls one gRPC connection may have open at once unless server.grpc_max_streams_per_connection says:
-# enough for any one client, few enough that an HTTP/2 rapid reset is refused in the transport.
+# enough for any one client, few enough that an HTTP/2 rapid reset is refused in the transport. Routers
+# and shards forwarding more calls than that to a shard open more connections (cronoq.forward.Peers).
 GRPC_STREAMS_PER_CONNECTION = 1_000
 
 # -------------------------------------------------------------------------------------------- server
@@ -116,8 +117,9 @@ class ServerSection:
     http_max_connections: int = field(default=1_000, metadata=between(1, 1_000_000))
     http_header_timeout_s: float = field(default=10.0, metadata=DURATION)
     http_idle_timeout_s: float = field(default=75.0, metadata=DURATION)
-    # None: GRPC_STREAMS_PER_CONNECTION, or more on a sharded server (Config.grpc_streams_per_connection)
-    grpc_max_streams_per_connection: int | None = field(default=None, metadata=between(1, 2**31 - 1))
+    grpc_max_streams_per_connection: int = field(
+        default=GRPC_STREAMS_PER_CONNECTION, metadata=between(1, 2**31 - 1)
+    )
 
 
 # ---------------------------------------------------------------------------------------------- auth
@@ -501,20 +503,6 @@ class Config:
         to the network with ``insecure_no_auth`` serves other names by design: there the guard would
         refuse every legitimate caller and protect nothing, as anyone who reaches it may call it."""
         return not self.auth_enabled and is_loopback(http_addr)
-
-    def grpc_streams_per_connection(self, *, router: bool = False) -> int:
-        """The calls one connection to a gRPC listener may have open (``grpc.max_concurrent_streams``).
-
-        Unset, it is :data:`GRPC_STREAMS_PER_CONNECTION`, except on a server of a sharded cluster: routers
-        and the other shards send it every call they forward over one connection each (Watch streams
-        included, for as long as they last), so a connection may carry as many calls as a process admits,
-        ``limits.max_concurrent_requests + limits.max_concurrent_streams``. Nothing forwards to a router."""
-        configured = self.server.grpc_max_streams_per_connection
-        if configured is not None:
-            return configured
-        if self.shards and not router:
-            return self.limits.max_concurrent_requests + self.limits.max_concurrent_streams
-        return GRPC_STREAMS_PER_CONNECTION
 
     def pool(self, name: str) -> PoolSection | None:
         return next((p for p in self.pools if p.name == name), None)

@@ -493,6 +493,7 @@ async def test_the_channel_sends_keepalive_pings_unless_options_say_otherwise(
 
     defaults = {
         "grpc.max_receive_message_length": -1,
+        "grpc.use_local_subchannel_pool": 1,  # a connection of its own
         "grpc.max_reconnect_backoff_ms": 5_000,  # back within 5 s of the server's return
         "grpc.keepalive_time_ms": 20_000,
         "grpc.keepalive_timeout_ms": 10_000,
