@@ -7,10 +7,10 @@ name unreachable shards, and workers it sent to their shard.
 
 from __future__ import annotations
 
-from cronoq.discovery import LeaderFinder
-from cronoq.forward import Peers, write_forwarding
+from cronoq.cluster.discovery import LeaderFinder
+from cronoq.cluster.forward import Peers, write_forwarding
+from cronoq.cluster.shards import ShardMap
 from cronoq.prometheus import Sample, Writer, labelled
-from cronoq.shards import ShardMap
 
 from .service import RouterService
 

@@ -18,13 +18,12 @@ from cronoq.api.http_api import build_http_app
 from cronoq.api.http_listener import HttpBounds, HttpListeners
 from cronoq.api.limits import LimitsInterceptor, RequestLimits, grpc_server_options
 from cronoq.auth import Authenticator
+from cronoq.cluster.discovery import forwarding
+from cronoq.cluster.shards import ShardMap, WrongShard
 from cronoq.config import Config
-from cronoq.discovery import forwarding
 from cronoq.errors import NotFound, PermissionDenied, shown
-from cronoq.forward import WrongShard
 from cronoq.logs import get_logger
 from cronoq.process import open_file_limit, running_loop_name
-from cronoq.shards import ShardMap
 from cronoq.tls import load_server_tls
 from cronoq.v1 import cronoq_pb2_grpc as pbg
 

@@ -15,11 +15,11 @@ from typing import Any
 
 from cronoq.api.output_types import OutputTypes
 from cronoq.auth import Authenticator, Principal, Role
+from cronoq.cluster.forward import Peers
+from cronoq.cluster.routing import Routing, check_batch, named_pool
+from cronoq.cluster.shards import Shard, ShardMap
 from cronoq.errors import FailedPrecondition, InvalidArgument, NotFound, shown
-from cronoq.forward import Peers
 from cronoq.limits import LimitHits
-from cronoq.routing import Routing, check_batch, named_pool
-from cronoq.shards import Shard, ShardMap
 from cronoq.v1 import cronoq_pb2 as pb
 
 DEFAULT_PAGE = 100  # ListTasks without a limit

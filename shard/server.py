@@ -19,7 +19,7 @@ the new server then (the port is closed for about a millisecond), and leaves the
 its grace to be answered by the code running them. Calls the old server's gRPC core holds but had not
 yet handed to this process end CANCELLED, which gRPC core does to them whatever the grace
 (grpc/grpc#41785); nothing of them ran, and the SDK and forwarders read CANCELLED as such
-(``cronoq.client._connect.never_received``).
+(``cronoq.transport.never_received``).
 """
 
 from __future__ import annotations
@@ -44,17 +44,17 @@ from cronoq.api.http_api import build_http_app, build_metrics_app
 from cronoq.api.http_listener import HttpBounds, HttpListeners, Listener, waiting_for_request
 from cronoq.api.limits import LimitsInterceptor, RequestLimits, grpc_server_options
 from cronoq.auth import Authenticator, Principal
+from cronoq.cluster.discovery import LeaderFinder, forwarding
+from cronoq.cluster.forward import Peers, write_forwarding
+from cronoq.cluster.shards import ShardMap
 from cronoq.config import Config
 from cronoq.config.model import WebhookScaler
-from cronoq.discovery import LeaderFinder, forwarding
 from cronoq.engine import Engine, compiled
 from cronoq.errors import Unavailable
-from cronoq.forward import Peers, write_forwarding
 from cronoq.limits import LimitHits
 from cronoq.logs import get_logger
 from cronoq.process import open_file_limit, running_loop_name
 from cronoq.prometheus import Writer
-from cronoq.shards import ShardMap
 from cronoq.tls import ServerTls, load_server_tls
 from cronoq.v1 import cronoq_pb2_grpc as pbg
 

@@ -14,6 +14,10 @@ from dataclasses import replace
 
 from cronoq.auth import Authenticator, Principal, Role
 from cronoq.checks import check_key
+from cronoq.cluster.fanout import fit_page
+from cronoq.cluster.forward import Peers
+from cronoq.cluster.routing import Routing, check_batch, named_pool
+from cronoq.cluster.shards import Shard, ShardMap
 from cronoq.engine.fixed import reservation_limit
 from cronoq.engine.model import PoolConfig, RecurringError, RetryPolicy, Status, SubmitError, Task, TaskSpec
 from cronoq.engine.snapshot import Snapshot, Totals
@@ -29,11 +33,7 @@ from cronoq.errors import (
     Unavailable,
     shown,
 )
-from cronoq.fanout import fit_page
-from cronoq.forward import Peers
 from cronoq.limits import LimitHits
-from cronoq.routing import Routing, check_batch, named_pool
-from cronoq.shards import Shard, ShardMap
 from cronoq.transport import unadmitted
 from cronoq.v1 import cronoq_pb2 as pb
 
@@ -207,7 +207,7 @@ class Service:
                 runtime.outputs.put(found.task.id, found.output, found.output_type)
         return found
 
-    # A shard's own part of a cluster-wide lookup by key (cronoq.routing.LocalKeys).
+    # A shard's own part of a cluster-wide lookup by key (cronoq.cluster.routing.LocalKeys).
 
     def held(self, caller: Principal, key: str) -> tuple[int, str] | None:
         task = self.runtime.engine.get(key)

@@ -19,6 +19,7 @@ import grpc
 from cronoq.api.grpc_api import registration
 from cronoq.auth import Principal
 from cronoq.checks import check_text
+from cronoq.cluster.shards import Shard, ShardMap, WrongShard
 from cronoq.engine.model import Abort, Dispatch
 from cronoq.errors import (
     MAX_REPORT_CHARS,
@@ -28,10 +29,8 @@ from cronoq.errors import (
     NotFound,
     PermissionDenied,
 )
-from cronoq.forward import WrongShard
 from cronoq.limits import LimitHits
 from cronoq.logs import get_logger
-from cronoq.shards import Shard, ShardMap
 from cronoq.v1 import cronoq_pb2 as pb
 
 from .convert import NS, SpecLimits, check_map, priority_to_wire

@@ -113,6 +113,16 @@ class ResourceExhausted(ApiError):
     retryable = True
 
 
+class MessageTooLarge(ResourceExhausted):
+    """RESOURCE_EXHAUSTED because a message is over a size limit (this channel's or the server's).
+
+    Still a :class:`ResourceExhausted`, but not retryable: the same message is just as
+    large the next time.
+    """
+
+    retryable = False
+
+
 class Unavailable(ApiError):
     code = "unavailable"
     http_status = 503

@@ -4,7 +4,7 @@ A server keeps one :class:`LimitHits` and counts a hit where the limit is enforc
 (batch sizes, pending bounds, key and tag sizes, the caps on waits and list pages, worker slots), the
 gRPC interceptor and the HTTP middleware of :mod:`cronoq.api.limits` (message and body sizes,
 concurrent requests and streams, the request timeout). Validation that does not know the counter
-(:mod:`cronoq.shard.convert`, :func:`cronoq.routing.check_batch`) marks the error it raises with the
+(:mod:`cronoq.shard.convert`, :func:`cronoq.cluster.routing.check_batch`) marks the error it raises with the
 limit's name (:func:`exceeded`), and the caller counts it with :meth:`LimitHits.counting`.
 
 A hit is a request the limit changed: refused (an error naming the limit), or cut (a wait or a page

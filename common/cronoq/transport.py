@@ -1,18 +1,26 @@
-"""Plumbing both servers (shard and router) and the SDK share to move errors across gRPC.
+"""Plumbing both servers (shard and router) and the SDK share to move calls and errors across gRPC.
 
-A server raises an :class:`~cronoq.errors.ApiError`; :func:`grpc_status` gives the status code to send.
-The SDK does the reverse (``cronoq.client._connect.api_error``).
+A server raises an :class:`~cronoq.errors.ApiError`; :func:`grpc_status` gives the status code to send,
+and :func:`api_error` turns a received status back into the same class (the SDK's calls, and a server's
+calls to other shards). :class:`Endpoint` and :func:`open_channel` are how both open channels; the
+``cronoq-*`` metadata keys are named here once.
 """
 
 from __future__ import annotations
 
 import asyncio
+import re
+from collections.abc import Sequence
 from contextlib import suppress
+from dataclasses import dataclass
 from typing import Any
 
 import grpc
 
-from cronoq.errors import ApiError, Unavailable
+from cronoq.errors import ApiError, MessageTooLarge, Unavailable, error_for
+
+ChannelOptions = Sequence[tuple[str, Any]]
+Metadata = tuple[tuple[str, str], ...]
 
 _STATUS_BY_CODE: dict[str, grpc.StatusCode] = {s.name.lower(): s for s in grpc.StatusCode}
 
@@ -34,7 +42,7 @@ OUTPUT_TYPE_KEY = "cronoq-output-content-type"
 # that stopped admitting): nothing of it ran, so a forwarder may send it to the new leader even when
 # running it twice would not be safe (a keyless Submit). A message cannot say this: "server is shutting
 # down" also ends the wait of a Submit(wait) that was committed before it waited. The SDK puts it on the
-# errors of calls that gRPC itself ended before a server took them, too (``_connect.never_received``).
+# errors of calls that gRPC itself ended before a server took them, too (:func:`never_received`).
 NOT_RECEIVED_KEY = "cronoq-not-received"
 # Initial metadata of every Watch (and HTTP header of /v1/watch), sent as soon as the stream is subscribed
 # on every shard it covers and before any event: the shards it could not reach, comma-separated ("" when
@@ -94,3 +102,91 @@ def metadata_value(metadata: object, wanted: str) -> str | None:
         if key == wanted:
             return value if isinstance(value, str) else bytes(value).decode("latin-1")
     return None
+
+
+@dataclass(frozen=True, slots=True)
+class Endpoint:
+    """A gRPC address (``host:port``) and whether the channel to it uses TLS."""
+
+    address: str
+    secure: bool
+
+    @classmethod
+    def parse(cls, target: str, *, secure: bool) -> Endpoint:
+        """Strips a scheme prefix; ``https://`` always means TLS, the others leave ``secure`` as given."""
+        for prefix in ("https://", "http://", "grpc://"):
+            if target.startswith(prefix):
+                return cls(target[len(prefix) :].rstrip("/"), secure or prefix == "https://")
+        return cls(target.rstrip("/"), secure)
+
+
+def open_channel(endpoint: Endpoint, credentials: Any, options: ChannelOptions) -> Any:
+    """A ``grpc.aio`` channel bound to the running event loop."""
+    if endpoint.secure:
+        creds = credentials if credentials is not None else grpc.ssl_channel_credentials()
+        return grpc.aio.secure_channel(endpoint.address, creds, options=list(options))
+    return grpc.aio.insecure_channel(endpoint.address, options=list(options))
+
+
+# How gRPC itself (not a server) fails a call it never sent: the channel could not connect.
+_NOT_CONNECTED = ("failed to connect", "connection refused")
+
+# A message over a size limit, as grpc core words it (either side's core: "Received message larger than
+# max (n vs. m)", "Sent message larger than max ...") or as a cronoq server refuses it (the limit's name).
+_TOO_LARGE = re.compile(r"message larger than max|limits\.max_message_bytes")
+
+
+def never_received(err: Any) -> bool:
+    """Whether a failed call (an ``AioRpcError``) provably never reached the server's code, so that
+    sending it again cannot run it twice, keyless Submit included:
+
+    - the server refused it before admission and said so (trailing metadata ``NOT_RECEIVED_KEY``);
+    - gRPC could not connect to send it (gRPC's own message begins with its words);
+    - the server's gRPC core ended it CANCELLED. A cronoq server never ends a call so; gRPC core does,
+      for the calls it holds but had not yet handed to the server's code when the server's listener
+      closes (a standby taking over, a leader stepping down, a shutdown): grpc/grpc#41785. A call this
+      client cancels ends in ``asyncio.CancelledError``, never in an ``AioRpcError``.
+
+    Never judged by words a server wrote: "shutting down" also ends a committed Submit(wait)'s wait,
+    and a store failure's message may quote "connection refused"."""
+    code = err.code()
+    if code == grpc.StatusCode.CANCELLED:
+        return True
+    if metadata_value(err.trailing_metadata(), NOT_RECEIVED_KEY) is not None:
+        return True
+    return code == grpc.StatusCode.UNAVAILABLE and (err.details() or "").lower().startswith(_NOT_CONNECTED)
+
+
+def api_error(err: Any) -> ApiError:
+    """The :class:`~cronoq.errors.ApiError` subclass for an ``AioRpcError``, by lower-case status name,
+    carrying the call's ``cronoq-*`` trailing metadata in ``metadata`` (a shard redirect says in them where
+    the pool is served). A call that never reached the server's code (:func:`never_received`) is
+    ``Unavailable`` (retryable) and carries ``NOT_RECEIVED_KEY``, also when gRPC core, not the server,
+    ended it (CANCELLED or a failed connection), so that callers and forwarders may send it again."""
+    code: str = err.code().name.lower()
+    details: str = err.details() or ""
+    too_large = code == "resource_exhausted" and _TOO_LARGE.search(details) is not None
+    if too_large:
+        error: ApiError = MessageTooLarge(details)
+    elif code == "cancelled":
+        error = Unavailable(
+            f"the server's listener closed before the server took the call (gRPC: {details or code}); "
+            "nothing of it ran, retry"
+        )
+    else:
+        error = error_for(code, details)
+    metadata = tuple(
+        (key, metadata_text(value))
+        for key, value in err.trailing_metadata() or ()
+        if key.startswith("cronoq-")
+    )
+    if never_received(err) and all(key != NOT_RECEIVED_KEY for key, _ in metadata):
+        metadata += ((NOT_RECEIVED_KEY, "1"),)
+    if metadata:
+        error.metadata = metadata
+    return error
+
+
+def metadata_text(value: str | bytes) -> str:
+    """A metadata value as text: grpc hands ``-bin`` keys' values over as bytes."""
+    return value if isinstance(value, str) else bytes(value).decode(errors="replace")

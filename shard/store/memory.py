@@ -9,7 +9,7 @@ and :meth:`MemoryDatabase.take_over` lets a test force a new epoch, as if the le
 out and someone else took over, so that fencing can be exercised without any database.
 
 The first leader of a fresh :class:`MemoryDatabase` gets epoch 0, so that its task ids start at 1
-(:meth:`cronoq.shards.ShardMap.first_id`) as they do in a server without a durable store; every later leader gets the
+(:meth:`cronoq.cluster.shards.ShardMap.first_id`) as they do in a server without a durable store; every later leader gets the
 next epoch.
 """
 

@@ -22,7 +22,7 @@ import kubernetes_validate  # type: ignore[import-untyped]  # ships no type info
 import pytest
 import yaml
 
-from cronoq.shards import SHARD_SHIFT
+from cronoq.cluster.shards import SHARD_SHIFT
 from tests.integration.serverproc import ServerProcess
 from tests.pki import issue, new_ca
 from tests.ports import free_ports

@@ -15,8 +15,8 @@ import grpc
 import pytest
 
 from cronoq.client import Client
+from cronoq.cluster.shards import SHARD_SHIFT
 from cronoq.errors import FailedPrecondition, Unavailable
-from cronoq.shards import SHARD_SHIFT
 from tests.pki import issue, new_ca
 from tests.ports import free_ports
 

@@ -16,8 +16,8 @@ import aiohttp
 import pytest
 
 from cronoq.client import Client, Lease, task
+from cronoq.cluster.shards import SHARD_SHIFT
 from cronoq.errors import NotFound, Unavailable
-from cronoq.shards import SHARD_SHIFT
 from tests.ports import free_ports
 
 from .helpers import scrape_metrics, watch_while, worker

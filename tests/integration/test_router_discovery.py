@@ -1,4 +1,4 @@
-"""Leader discovery (``cronoq.discovery``, used by the router and by sharded servers) against real
+"""Leader discovery (``cronoq.cluster.discovery``, used by the router and by sharded servers) against real
 server processes: it finds a shard's leader among its members, follows a handover within 2 s, skips
 members that are down, and re-checks at once when a forwarded call failed."""
 
@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from cronoq.discovery import LeaderFinder
-from cronoq.shards import Shard, ShardMap
+from cronoq.cluster.discovery import LeaderFinder
+from cronoq.cluster.shards import Shard, ShardMap
 from tests.ports import free_port
 
 from .serverproc import ServerProcess, leader_and_standby, new_server

@@ -11,8 +11,8 @@ import aiohttp
 import pytest
 
 from cronoq.client import Client
+from cronoq.cluster.shards import SHARD_SHIFT
 from cronoq.errors import NotFound, Unavailable
-from cronoq.shards import SHARD_SHIFT
 
 from .shardproc import ShardSpec, cluster_tables, router_process, running_cluster
 

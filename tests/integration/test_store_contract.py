@@ -27,6 +27,7 @@ import psycopg
 import pytest
 from psycopg import sql
 
+from cronoq.cluster.shards import ShardMap
 from cronoq.engine.model import (
     Dep,
     DepOn,
@@ -40,7 +41,6 @@ from cronoq.engine.model import (
     Task,
     TaskSpec,
 )
-from cronoq.shards import ShardMap
 from shard.store import Batch, Fenced, Leadership, SchemaTooNew, Store
 from shard.store import postgres as postgres_store
 from shard.store import sqlite as sqlite_store

@@ -7,9 +7,9 @@ from dataclasses import replace
 import pytest
 
 from cronoq.auth import Authenticator, CertEntry, Principal, Role, TokenEntry
+from cronoq.cluster.forward import Peers
+from cronoq.cluster.shards import Shard, ShardMap
 from cronoq.errors import FailedPrecondition, Unauthenticated
-from cronoq.forward import Peers
-from cronoq.shards import Shard, ShardMap
 
 TOKEN = "admin-token-0123456789abcdef"
 AUTH = Authenticator(

@@ -8,8 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from cronoq.errors import DeadlineExceeded, PermissionDenied, Unauthenticated, Unavailable
-from cronoq.fanout import (
+from cronoq.cluster.fanout import (
     PAGE_HEADROOM,
     fit_page,
     merge_pages,
@@ -19,7 +18,8 @@ from cronoq.fanout import (
     merge_workers,
     split_list,
 )
-from cronoq.shards import Shard, ShardMap
+from cronoq.cluster.shards import Shard, ShardMap
+from cronoq.errors import DeadlineExceeded, PermissionDenied, Unauthenticated, Unavailable
 from cronoq.v1 import cronoq_pb2 as pb
 
 A = Shard("a", 1, "http://127.0.0.1:1", frozenset({"a1", "a2"}))

@@ -1,4 +1,4 @@
-"""Forwarding to a shard's leader (``cronoq.forward.Peers``) against a real shard Service served over
+"""Forwarding to a shard's leader (``cronoq.cluster.forward.Peers``) against a real shard Service served over
 gRPC on loopback: which failures a forwarder may send again, judged by what the shard marked rather than
 by the words of its message."""
 
@@ -14,14 +14,13 @@ import pytest
 
 from cronoq.api.grpc_api import TasksServicer
 from cronoq.auth import Principal, Role
-from cronoq.client._connect import never_received
+from cronoq.cluster.forward import RETRIES, Peers, retry_safe
+from cronoq.cluster.shards import Shard, ShardMap, WrongShard
 from cronoq.config import parse_config
 from cronoq.engine import Engine
 from cronoq.engine.model import PoolConfig
 from cronoq.errors import Unavailable
-from cronoq.forward import RETRIES, Peers, WrongShard, retry_safe
-from cronoq.shards import Shard, ShardMap
-from cronoq.transport import NOT_RECEIVED_KEY
+from cronoq.transport import NOT_RECEIVED_KEY, never_received
 from cronoq.v1 import cronoq_pb2 as pb
 from cronoq.v1 import cronoq_pb2_grpc as pbg
 from shard.outputs import OutputCache

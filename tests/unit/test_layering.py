@@ -1,5 +1,7 @@
 """DESIGN's one-way dependencies: ``common`` (package ``cronoq``) imports neither the shard server nor
-the router, and the router does not import the shard server; they share only ``common``."""
+the router, and the router does not import the shard server; they share only ``common``. Inside it, the
+cluster (``cronoq.cluster``) and the SDK (``cronoq.client``) do not import each other, nor the API
+transports (``cronoq.api``): what both need of gRPC is in ``cronoq.transport``."""
 
 from __future__ import annotations
 
@@ -12,6 +14,8 @@ ROOT = Path(__file__).resolve().parents[2]
 FORBIDDEN = {
     "common": ("shard", "cronoq.shard", "router", "cronoq.router"),
     "router": ("shard", "cronoq.shard"),
+    "common/cronoq/cluster": ("cronoq.client", "cronoq.api", "cronoq.engine", "cronoq.library"),
+    "common/cronoq/client": ("cronoq.cluster", "cronoq.api", "cronoq.engine", "cronoq.library"),
 }
 
 

@@ -17,11 +17,11 @@ from aiohttp.test_utils import TestClient, TestServer
 
 from cronoq.api.http_api import _middleware
 from cronoq.api.limits import LimitsInterceptor, RequestLimits, grpc_receive_limit, limits_middleware
+from cronoq.cluster.routing import check_batch
 from cronoq.config.model import Limits
 from cronoq.engine.model import RetryPolicy
 from cronoq.errors import DeadlineExceeded, InvalidArgument, ResourceExhausted
 from cronoq.limits import COUNTED, NOT_COUNTED, LimitHits, exceeded
-from cronoq.routing import check_batch
 from cronoq.v1 import cronoq_pb2 as pb
 from cronoq.v1 import cronoq_pb2_grpc as pbg
 from shard.convert import SpecLimits, lease_size, spec_from_wire

@@ -1,5 +1,5 @@
-"""Routing decisions that depend on what the other shards answered (``cronoq.routing.Routing``), from a
-router and from a shard server, with shards scripted behind :class:`~cronoq.forward.Peers`."""
+"""Routing decisions that depend on what the other shards answered (``cronoq.cluster.routing.Routing``), from a
+router and from a shard server, with shards scripted behind :class:`~cronoq.cluster.forward.Peers`."""
 
 from __future__ import annotations
 
@@ -9,6 +9,9 @@ from typing import Any
 import pytest
 
 from cronoq.auth import Authenticator, Principal, Role
+from cronoq.cluster.forward import Metadata, Peers
+from cronoq.cluster.routing import MergedWatch, Routing
+from cronoq.cluster.shards import Shard, ShardMap
 from cronoq.errors import (
     AlreadyExists,
     ApiError,
@@ -18,9 +21,6 @@ from cronoq.errors import (
     PermissionDenied,
     Unavailable,
 )
-from cronoq.forward import Metadata, Peers
-from cronoq.routing import MergedWatch, Routing
-from cronoq.shards import Shard, ShardMap
 from cronoq.transport import KEY_PROBE_KEY, NOT_RECEIVED_KEY, POOL_KEY
 from cronoq.v1 import cronoq_pb2 as pb
 from router.service import RouterService
@@ -67,7 +67,7 @@ class Scripted(Peers):
 
 
 class Here:
-    """Shard a's own engine and store (``cronoq.routing.LocalKeys``): what they hold of each key."""
+    """Shard a's own engine and store (``cronoq.cluster.routing.LocalKeys``): what they hold of each key."""
 
     def __init__(self, held: dict[str, int] | None = None, stored: dict[str, int] | None = None) -> None:
         self._held = held or {}

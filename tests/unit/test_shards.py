@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from cronoq.cluster.shards import SHARD_SHIFT, Shard, ShardMap
 from cronoq.config import load_config
-from cronoq.shards import SHARD_SHIFT, Shard, ShardMap
 
 A = Shard("a", 1, "http://127.0.0.1:7070", frozenset({"a1", "a2"}))
 B = Shard("b", 2, "https://b.internal:7070", frozenset({"b1"}))

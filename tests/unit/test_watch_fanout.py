@@ -18,11 +18,11 @@ from aiohttp.test_utils import TestClient, TestServer
 from cronoq.api.grpc_api import TasksServicer
 from cronoq.api.http_api import build_http_app
 from cronoq.auth import Authenticator
+from cronoq.cluster.forward import Peers
+from cronoq.cluster.shards import Shard, ShardMap
 from cronoq.engine import Engine
 from cronoq.engine.model import PoolConfig
 from cronoq.errors import Unavailable
-from cronoq.forward import Peers
-from cronoq.shards import Shard, ShardMap
 from cronoq.v1 import cronoq_pb2 as pb
 from cronoq.v1 import cronoq_pb2_grpc as pbg
 from router.service import RouterService

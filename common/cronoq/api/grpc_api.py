@@ -12,9 +12,9 @@ from typing import Any, TypeVar
 
 from cronoq.auth import Principal, Role
 from cronoq.checks import MAX_POOL_LEN, check_text
+from cronoq.cluster.routing import Watch, serving
 from cronoq.errors import ApiError, FailedPrecondition, InvalidArgument
 from cronoq.logs import get_logger
-from cronoq.routing import Watch, serving
 from cronoq.transport import (
     KEY_PROBE_KEY,
     OUTPUT_TYPE_KEY,

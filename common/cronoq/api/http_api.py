@@ -23,6 +23,7 @@ from aiohttp import HttpVersion11, hdrs, web
 from aiohttp.typedefs import Middleware
 
 from cronoq.auth import Principal, Role
+from cronoq.cluster.routing import Watch, serving
 from cronoq.errors import (
     ApiError,
     Internal,
@@ -36,7 +37,6 @@ from cronoq.hosts import is_loopback_host_header
 from cronoq.limits import LimitHits
 from cronoq.logs import get_logger
 from cronoq.prometheus import CONTENT_TYPE as PROMETHEUS_CONTENT_TYPE
-from cronoq.routing import Watch, serving
 from cronoq.transport import FORWARDED_KEY, UNAVAILABLE_SHARDS_KEY
 from cronoq.v1 import cronoq_pb2 as pb
 

@@ -10,15 +10,7 @@ from typing import Any, Unpack
 
 import grpc
 
-from cronoq.client._connect import (
-    CHANNEL_DEFAULTS,
-    ChannelOptions,
-    Endpoint,
-    api_error,
-    auth_metadata,
-    open_channel,
-    with_defaults,
-)
+from cronoq.client._connect import CHANNEL_DEFAULTS, auth_metadata, with_defaults
 from cronoq.client._models import (
     Event,
     RecurringInfo,
@@ -32,7 +24,15 @@ from cronoq.client._models import (
 from cronoq.client._spec import Ref, TaskOptions, task
 from cronoq.client._wire import duration, overlap_value, status_value, task_ref
 from cronoq.errors import Cancelled
-from cronoq.transport import POOL_KEY, UNAVAILABLE_SHARDS_KEY, metadata_value
+from cronoq.transport import (
+    POOL_KEY,
+    UNAVAILABLE_SHARDS_KEY,
+    ChannelOptions,
+    Endpoint,
+    api_error,
+    metadata_value,
+    open_channel,
+)
 from cronoq.v1 import cronoq_pb2 as pb
 from cronoq.v1 import cronoq_pb2_grpc as pb_grpc
 

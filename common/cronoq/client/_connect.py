@@ -9,19 +9,21 @@ from __future__ import annotations
 import contextlib
 import ipaddress
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any
 from urllib.parse import SplitResult, urlsplit
 
-import grpc
-
-from cronoq.errors import ApiError, FailedPrecondition, ResourceExhausted, Unavailable, error_for
+from cronoq.errors import ApiError, FailedPrecondition
 from cronoq.hosts import is_loopback_name
-from cronoq.transport import NOT_RECEIVED_KEY, SHARD_ENDPOINT_KEY, SHARD_ENDPOINTS_KEY, metadata_value
-
-ChannelOptions = Sequence[tuple[str, Any]]
-Metadata = tuple[tuple[str, str], ...]
+from cronoq.transport import (
+    SHARD_ENDPOINT_KEY,
+    SHARD_ENDPOINTS_KEY,
+    ChannelOptions,
+    Endpoint,
+    Metadata,
+    metadata_text,
+)
 
 # Options naming the configured server; they would break TLS host checks against another shard.
 HOST_BOUND_OPTIONS = frozenset({"grpc.ssl_target_name_override", "grpc.default_authority"})
@@ -64,29 +66,6 @@ CHANNEL_DEFAULTS: ChannelOptions = (
     ("grpc.http2.max_pings_without_data", 0),
 )
 
-# How gRPC itself (not a server) fails a call it never sent: the channel could not connect.
-_NOT_CONNECTED = ("failed to connect", "connection refused")
-
-# A message over a size limit, as grpc core words it (either side's core: "Received message larger than
-# max (n vs. m)", "Sent message larger than max ...") or as a cronoq server refuses it (the limit's name).
-_TOO_LARGE = re.compile(r"message larger than max|limits\.max_message_bytes")
-
-
-@dataclass(frozen=True, slots=True)
-class Endpoint:
-    """A gRPC address (``host:port``) and whether the channel to it uses TLS."""
-
-    address: str
-    secure: bool
-
-    @classmethod
-    def parse(cls, target: str, *, secure: bool) -> Endpoint:
-        """Strips a scheme prefix; ``https://`` always means TLS, the others leave ``secure`` as given."""
-        for prefix in ("https://", "http://", "grpc://"):
-            if target.startswith(prefix):
-                return cls(target[len(prefix) :].rstrip("/"), secure or prefix == "https://")
-        return cls(target.rstrip("/"), secure)
-
 
 def with_defaults(options: ChannelOptions, defaults: ChannelOptions) -> ChannelOptions:
     """``options`` followed by each default whose key they do not set, so the caller's value wins."""
@@ -94,76 +73,9 @@ def with_defaults(options: ChannelOptions, defaults: ChannelOptions) -> ChannelO
     return (*options, *(option for option in defaults if option[0] not in given))
 
 
-def open_channel(endpoint: Endpoint, credentials: Any, options: ChannelOptions) -> Any:
-    """A ``grpc.aio`` channel bound to the running event loop."""
-    if endpoint.secure:
-        creds = credentials if credentials is not None else grpc.ssl_channel_credentials()
-        return grpc.aio.secure_channel(endpoint.address, creds, options=list(options))
-    return grpc.aio.insecure_channel(endpoint.address, options=list(options))
-
-
 def auth_metadata(token: str | None) -> Metadata:
     """Sent with every call instead of call credentials, which gRPC refuses on plain channels."""
     return (("authorization", f"Bearer {token}"),) if token else ()
-
-
-class MessageTooLarge(ResourceExhausted):
-    """RESOURCE_EXHAUSTED because a message is over a size limit (this channel's or the server's).
-
-    Still a :class:`~cronoq.errors.ResourceExhausted`, but not retryable: the same message is just as
-    large the next time.
-    """
-
-    retryable: ClassVar[bool] = False
-
-
-def never_received(err: Any) -> bool:
-    """Whether a failed call (an ``AioRpcError``) provably never reached the server's code, so that
-    sending it again cannot run it twice, keyless Submit included:
-
-    - the server refused it before admission and said so (trailing metadata ``NOT_RECEIVED_KEY``);
-    - gRPC could not connect to send it (gRPC's own message begins with its words);
-    - the server's gRPC core ended it CANCELLED. A cronoq server never ends a call so; gRPC core does,
-      for the calls it holds but had not yet handed to the server's code when the server's listener
-      closes (a standby taking over, a leader stepping down, a shutdown): grpc/grpc#41785. A call this
-      client cancels ends in ``asyncio.CancelledError``, never in an ``AioRpcError``.
-
-    Never judged by words a server wrote: "shutting down" also ends a committed Submit(wait)'s wait,
-    and a store failure's message may quote "connection refused"."""
-    code = err.code()
-    if code == grpc.StatusCode.CANCELLED:
-        return True
-    if metadata_value(err.trailing_metadata(), NOT_RECEIVED_KEY) is not None:
-        return True
-    return code == grpc.StatusCode.UNAVAILABLE and (err.details() or "").lower().startswith(_NOT_CONNECTED)
-
-
-def api_error(err: Any) -> ApiError:
-    """The :class:`~cronoq.errors.ApiError` subclass for an ``AioRpcError``, by lower-case status name,
-    carrying the call's ``cronoq-*`` trailing metadata in ``metadata`` (a shard redirect says in them where
-    the pool is served). A call that never reached the server's code (:func:`never_received`) is
-    ``Unavailable`` (retryable) and carries ``NOT_RECEIVED_KEY``, also when gRPC core, not the server,
-    ended it (CANCELLED or a failed connection), so that callers and forwarders may send it again."""
-    code: str = err.code().name.lower()
-    details: str = err.details() or ""
-    too_large = code == "resource_exhausted" and _TOO_LARGE.search(details) is not None
-    if too_large:
-        error: ApiError = MessageTooLarge(details)
-    elif code == "cancelled":
-        error = Unavailable(
-            f"the server's listener closed before the server took the call (gRPC: {details or code}); "
-            "nothing of it ran, retry"
-        )
-    else:
-        error = error_for(code, details)
-    metadata = tuple(
-        (key, _text(value)) for key, value in err.trailing_metadata() or () if key.startswith("cronoq-")
-    )
-    if never_received(err) and all(key != NOT_RECEIVED_KEY for key, _ in metadata):
-        metadata += ((NOT_RECEIVED_KEY, "1"),)
-    if metadata:
-        error.metadata = metadata
-    return error
 
 
 # ------------------------------------------------------------------------------------- shard redirects
@@ -228,13 +140,8 @@ def _metadata_text(err: Any, key: str) -> str | None:
     for metadata in (err.trailing_metadata(), err.initial_metadata()):
         for name, value in metadata or ():
             if name == key:
-                return _text(value)
+                return metadata_text(value)
     return None
-
-
-def _text(value: str | bytes) -> str:
-    """A metadata value as text: grpc hands ``-bin`` keys' values over as bytes."""
-    return value if isinstance(value, str) else bytes(value).decode(errors="replace")
 
 
 def _origins(listed: str) -> frozenset[Origin]:

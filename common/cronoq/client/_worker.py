@@ -22,14 +22,10 @@ from cronoq.client._codec import decode_json, decode_text, encode
 from cronoq.client._connect import (
     CHANNEL_DEFAULTS,
     HOST_BOUND_OPTIONS,
-    ChannelOptions,
-    Endpoint,
     Redirect,
     Redirects,
     allowed_hosts,
-    api_error,
     auth_metadata,
-    open_channel,
     shard_redirect,
     with_defaults,
 )
@@ -43,6 +39,7 @@ from cronoq.errors import (
     Retryable,
     error_for,
 )
+from cronoq.transport import ChannelOptions, Endpoint, api_error, open_channel
 from cronoq.v1 import cronoq_pb2 as pb
 from cronoq.v1 import cronoq_pb2_grpc as pb_grpc
 

@@ -68,7 +68,7 @@ MIB = 1 << 20
 MAX_KEY_BYTES = 2_048
 # Calls one gRPC connection may have open at once unless server.grpc_max_streams_per_connection says:
 # enough for any one client, few enough that an HTTP/2 rapid reset is refused in the transport. Routers
-# and shards forwarding more calls than that to a shard open more connections (cronoq.forward.Peers).
+# and shards forwarding more calls than that to a shard open more connections (cronoq.cluster.forward.Peers).
 GRPC_STREAMS_PER_CONNECTION = 1_000
 
 # -------------------------------------------------------------------------------------------- server

@@ -13,8 +13,8 @@ import pytest
 
 from cronoq import errors
 from cronoq.client import Client, ClientError, Event, task
-from cronoq.client._connect import CHANNEL_DEFAULTS, ChannelOptions, Endpoint, open_channel
-from cronoq.transport import NOT_RECEIVED_KEY
+from cronoq.client._connect import CHANNEL_DEFAULTS
+from cronoq.transport import NOT_RECEIVED_KEY, ChannelOptions, Endpoint, open_channel
 from cronoq.v1 import cronoq_pb2 as pb
 
 from .scripted import TIMEOUT, ApiServer, Refusal, serve

@@ -8,14 +8,8 @@ import pytest
 
 from cronoq import errors
 from cronoq.client import Worker
-from cronoq.client._connect import (
-    Endpoint,
-    Origin,
-    Redirect,
-    Redirects,
-    allowed_hosts,
-    shard_redirect,
-)
+from cronoq.client._connect import Origin, Redirect, Redirects, allowed_hosts, shard_redirect
+from cronoq.transport import Endpoint
 
 PLAIN = Endpoint("10.0.0.1:7070", secure=False)
 TLS = Endpoint("cronoq.internal:7070", secure=True)

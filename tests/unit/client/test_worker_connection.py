@@ -18,9 +18,10 @@ import pytest
 from cronoq import errors
 from cronoq.api.limits import grpc_server_options
 from cronoq.client import MAX_REDIRECTS, ClientError, Lease, Worker
-from cronoq.client._connect import CHANNEL_DEFAULTS, ChannelOptions, Endpoint, open_channel
+from cronoq.client._connect import CHANNEL_DEFAULTS
 from cronoq.client._worker import LEADER_HUNT_DELAY_S
 from cronoq.config.model import Limits
+from cronoq.transport import ChannelOptions, Endpoint, open_channel
 from cronoq.v1 import cronoq_pb2 as pb
 
 from .scripted import TIMEOUT, Refusal, WorkersServer, redirect_to, running, serve

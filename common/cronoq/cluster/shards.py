@@ -10,7 +10,9 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
-from .config import Config
+from cronoq.config import Config
+from cronoq.errors import FailedPrecondition
+from cronoq.transport import SHARD_ENDPOINT_KEY, SHARD_ENDPOINTS_KEY, SHARD_KEY
 
 SHARD_SHIFT = 56  # task ids: shard number in bits 56-63 ...
 EPOCH_SHIFT = 48  # ... and the leader epoch below it (the whole top 16 bits when unsharded)
@@ -85,3 +87,19 @@ class ShardMap:
         else:
             base = (self.local.number << SHARD_SHIFT) | ((epoch & 0xFF) << EPOCH_SHIFT)
         return max(base + 1, max_id + 1)
+
+
+class WrongShard(FailedPrecondition):
+    """The call belongs to another shard and this server will not forward it: go there instead.
+
+    The metadata name the shard, the URL to go to (``url``, default its ``endpoint``) and every URL the
+    map gives the shard, which SDK workers check redirects against (``SHARD_ENDPOINTS_KEY``)."""
+
+    def __init__(self, shard: Shard, why: str, url: str | None = None) -> None:
+        url = url or shard.endpoint
+        super().__init__(f"{why}; shard '{shard.name}' serves it at {url}")
+        self.metadata = (
+            (SHARD_KEY, shard.name),
+            (SHARD_ENDPOINT_KEY, url),
+            (SHARD_ENDPOINTS_KEY, ",".join(shard.urls)),
+        )

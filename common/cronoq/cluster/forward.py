@@ -19,40 +19,25 @@ from urllib.parse import urlsplit
 import grpc
 
 from cronoq.auth import Principal
-from cronoq.client._connect import Endpoint, api_error, never_received, open_channel
 from cronoq.config.model import GRPC_STREAMS_PER_CONNECTION
-from cronoq.errors import ApiError, DeadlineExceeded, FailedPrecondition, Unavailable
+from cronoq.errors import ApiError, DeadlineExceeded, Unavailable
 from cronoq.hosts import is_loopback_name
 from cronoq.prometheus import Writer, labelled
-from cronoq.shards import Shard, ShardMap
 from cronoq.transport import (
     FORWARDED_KEY,
     OUTPUT_TYPE_KEY,
-    SHARD_ENDPOINT_KEY,
-    SHARD_ENDPOINTS_KEY,
-    SHARD_KEY,
     UNAVAILABLE_SHARDS_KEY,
+    Endpoint,
+    api_error,
     metadata_value,
+    never_received,
+    open_channel,
 )
 from cronoq.v1 import cronoq_pb2_grpc as pbg
 
+from .shards import Shard, ShardMap, WrongShard
+
 Metadata = tuple[tuple[str, str], ...]
-
-
-class WrongShard(FailedPrecondition):
-    """The call belongs to another shard and this server will not forward it: go there instead.
-
-    The metadata name the shard, the URL to go to (``url``, default its ``endpoint``) and every URL the
-    map gives the shard, which SDK workers check redirects against (``SHARD_ENDPOINTS_KEY``)."""
-
-    def __init__(self, shard: Shard, why: str, url: str | None = None) -> None:
-        url = url or shard.endpoint
-        super().__init__(f"{why}; shard '{shard.name}' serves it at {url}")
-        self.metadata = (
-            (SHARD_KEY, shard.name),
-            (SHARD_ENDPOINT_KEY, url),
-            (SHARD_ENDPOINTS_KEY, ",".join(shard.urls)),
-        )
 
 
 def _error(err: grpc.aio.AioRpcError, shard: Shard, url: str) -> ApiError:
@@ -110,7 +95,7 @@ def retry_safe(method: str, request: Any, received: bool) -> bool:
 class Peers:
     """Channels to the other shards, opened on first use and kept (one per endpoint URL).
 
-    ``resolve`` gives the URL to use for a shard now (leader discovery, :mod:`cronoq.discovery`;
+    ``resolve`` gives the URL to use for a shard now (leader discovery, :mod:`cronoq.cluster.discovery`;
     default: its configured endpoint); ``suspect(shard, url)`` hears of a call there that failed UNAVAILABLE, and
     ``retries`` bounds how often such a call is tried again (only when that cannot run it twice).
     ``credentials`` (from ``[server.peer_tls]``) are used for ``https://`` endpoints; without them the

@@ -8,9 +8,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from .errors import ApiError, DeadlineExceeded, NotFound, Unavailable, shown
+from cronoq.errors import ApiError, DeadlineExceeded, NotFound, Unavailable, shown
+from cronoq.v1 import cronoq_pb2 as pb
+
 from .shards import Shard, ShardMap
-from .v1 import cronoq_pb2 as pb
 
 Answers = Sequence[tuple[Shard, Any]]  # each shard and its answer, or the ApiError it failed with
 # Bytes of a ListTasks answer besides its tasks (the cursor, the names of unavailable shards).

@@ -2,8 +2,8 @@
 
 A shard server answers its own shard's calls itself and routes the rest; the router owns no shard, so it
 routes everything. Both decide the same way (by the pool a call names, by the shard number in a task
-id, by asking every shard about a key), forward through :class:`~cronoq.forward.Peers`, and fan reads
-out to every shard with :mod:`cronoq.fanout`.
+id, by asking every shard about a key), forward through :class:`~cronoq.cluster.forward.Peers`, and fan reads
+out to every shard with :mod:`cronoq.cluster.fanout`.
 """
 
 from __future__ import annotations
@@ -12,9 +12,8 @@ import asyncio
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any, Protocol
 
-from . import fanout
-from .auth import Principal
-from .errors import (
+from cronoq.auth import Principal
+from cronoq.errors import (
     AlreadyExists,
     ApiError,
     DataLoss,
@@ -26,11 +25,13 @@ from .errors import (
     error_for,
     shown,
 )
+from cronoq.limits import exceeded
+from cronoq.transport import KEY_PROBE_KEY, POOL_KEY, unadmitted
+from cronoq.v1 import cronoq_pb2 as pb
+
+from . import fanout
 from .forward import Peers
-from .limits import exceeded
 from .shards import SHARD_SHIFT, Shard, ShardMap
-from .transport import KEY_PROBE_KEY, POOL_KEY, unadmitted
-from .v1 import cronoq_pb2 as pb
 
 Local = Callable[[Principal, Any], Any]  # answers one fan-out part on this process's own shard
 Match = tuple[Shard, int, str]  # a task found by key: its shard, id and pool
@@ -96,7 +97,7 @@ class Watch(Protocol):
 
 class _Part(Protocol):
     """One shard's stream inside a :class:`MergedWatch` (an :class:`OwnWatch`, or a forwarded
-    :class:`~cronoq.forward.PeerStream`)."""
+    :class:`~cronoq.cluster.forward.PeerStream`)."""
 
     async def open(self) -> None: ...
 
@@ -444,7 +445,7 @@ class Routing:
     ) -> Any:
         """Forward one Tasks (or, with ``service="admin"``, Admin) call, with the ``pool`` its caller
         named for the task it looks up (``POOL_KEY``); ``last_hop`` as in
-        :meth:`~cronoq.forward.Peers.check`. Calls that wait for a task get the longest wait added to
+        :meth:`~cronoq.cluster.forward.Peers.check`. Calls that wait for a task get the longest wait added to
         their deadline."""
         waits = method == "Wait" or (method == "Submit" and req.wait)
         response, output_type = await self.peers.call(

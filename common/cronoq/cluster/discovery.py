@@ -6,7 +6,7 @@ standby, which answers UNAVAILABLE. When the shard map names a shard's ``members
 the leader itself: a member's gRPC health service answers SERVING only while that process is the serving
 leader, so asking every member every ``interval`` follows failovers without a restart. A forwarded call
 that fails UNAVAILABLE need not wait for the next round: :meth:`LeaderFinder.suspect` stops using that
-member at once and checks again now. :func:`forwarding` wires a finder into :class:`~cronoq.forward.Peers`
+member at once and checks again now. :func:`forwarding` wires a finder into :class:`~cronoq.cluster.forward.Peers`
 the same way for both kinds of process.
 """
 
@@ -20,14 +20,15 @@ from typing import Any
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from .client._connect import Endpoint, open_channel
-from .config import Config
-from .forward import PEER_CHANNEL_OPTIONS, RETRIES, Peers
-from .logs import get_logger
-from .shards import Shard, ShardMap
-from .tls import peer_credentials
+from cronoq.config import Config
+from cronoq.logs import get_logger
+from cronoq.tls import peer_credentials
+from cronoq.transport import Endpoint, open_channel
 
-log = get_logger("cronoq.discovery")
+from .forward import PEER_CHANNEL_OPTIONS, RETRIES, Peers
+from .shards import Shard, ShardMap
+
+log = get_logger("cronoq.cluster.discovery")
 
 
 SERVING = health_pb2.HealthCheckResponse.SERVING
