@@ -12,11 +12,10 @@ from collections.abc import Mapping
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from cronoq import __version__
 from cronoq.config import ConfigError
-from cronoq.config.startup import refuse
 from cronoq.logs import configure, get_logger
 from cronoq.process import choose_event_loop, serve_until_signalled
+from cronoq.serving import command_line, refuse
 
 from .config import OperatorConfig, check_token_file, load_operator_config
 from .kube import KubeApi, KubeTarget, in_cluster
@@ -29,24 +28,12 @@ STOP_GRACE_S = 5.0
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="cronoq-operator",
-        description="Run the cronoq operator: for each CronoqWorkerScaler, read its pool's desired "
-        "capacity from a configured cronoq server and set its Deployment's replicas to match.",
-    )
-    p.add_argument("--version", action="version", version=f"cronoq-operator {__version__}")
-    p.add_argument(
-        "-c",
-        "--config",
-        metavar="PATH",
-        default=os.environ.get(CONFIG_ENV),
-        help=f"the operator's TOML configuration: its servers and their tokens (env {CONFIG_ENV})",
-    )
-    p.add_argument(
-        "--check",
-        action="store_true",
-        help="validate the configuration (and the tokens and files it names), print every problem, "
-        "exit 0 if valid and 1 if not",
+    p = command_line(
+        "cronoq-operator",
+        "Run the cronoq operator: for each CronoqWorkerScaler, read its pool's desired capacity from a "
+        "configured cronoq server and set its Deployment's replicas to match.",
+        "the operator's TOML configuration: its servers and their tokens",
+        CONFIG_ENV,
     )
     p.add_argument(
         "--kube-api",

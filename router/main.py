@@ -3,41 +3,27 @@
 from __future__ import annotations
 
 import argparse
-import os
 import sys
+from functools import partial
 
-from cronoq import __version__
 from cronoq.config import Config, ConfigError, load_config
-from cronoq.config.startup import preflight, refuse
 from cronoq.logs import configure, get_logger
-from cronoq.process import choose_event_loop, raise_open_file_limit, serve_until_signalled
+from cronoq.process import serve_until_signalled
+from cronoq.serving import command_line, preflight, refuse, run
 
 log = get_logger("cronoq.router")
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="cronoq-router",
-        description="Run a cronoq router: the same gRPC and HTTP API as a server, forwarding each call to "
-        "the leader of the shard that owns it and fanning listings out to every shard. It keeps no state: "
-        "run as many replicas as you like behind one address.",
+    return command_line(
+        "cronoq-router",
+        "Run a cronoq router: the same gRPC and HTTP API as a server, forwarding each call to the leader of "
+        "the shard that owns it and fanning listings out to every shard. It keeps no state: run as many "
+        "replicas as you like behind one address.",
+        "the cluster's TOML configuration, with its [[shards]]; the router listens on [router] grpc_addr "
+        "and http_addr",
+        "CRONOQ_CONFIG",
     )
-    p.add_argument("--version", action="version", version=f"cronoq-router {__version__}")
-    p.add_argument(
-        "-c",
-        "--config",
-        metavar="PATH",
-        default=os.environ.get("CRONOQ_CONFIG"),
-        help="the cluster's TOML configuration, with its [[shards]] (env CRONOQ_CONFIG); "
-        "the router listens on [router] grpc_addr and http_addr",
-    )
-    p.add_argument(
-        "--check",
-        action="store_true",
-        help="validate the configuration and the files it names, print every problem, exit 0 if valid "
-        "and 1 if not",
-    )
-    return p
 
 
 def problems(config: Config) -> list[str]:
@@ -75,17 +61,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.check:
         print(f"configuration ok: {len(config.shards)} shard(s): {', '.join(s.name for s in config.shards)}")
         return 0
-    raise_open_file_limit()
-    try:
-        loop = choose_event_loop()
-    except ValueError as err:
-        return refuse("cronoq-router: cannot start:", [err])
-    try:
-        loop.run(serve(config))
-    except OSError as err:
-        print(f"cronoq-router: cannot start: {err}", file=sys.stderr)
-        return 1
-    return 0
+    return run("cronoq-router", partial(serve, config))
 
 
 if __name__ == "__main__":

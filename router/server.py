@@ -14,9 +14,8 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from cronoq.api.grpc_api import AdminServicer, Ctx, TasksServicer, authorize_worker, call, registration
-from cronoq.api.http_api import build_http_app
 from cronoq.api.http_listener import HttpBounds, HttpListeners
-from cronoq.api.limits import LimitsInterceptor, RequestLimits, grpc_server_options
+from cronoq.api.limits import RequestLimits
 from cronoq.auth import Authenticator
 from cronoq.cluster.discovery import forwarding
 from cronoq.cluster.shards import ShardMap, WrongShard
@@ -24,6 +23,7 @@ from cronoq.config import Config
 from cronoq.errors import NotFound, PermissionDenied, shown
 from cronoq.logs import get_logger
 from cronoq.process import open_file_limit, running_loop_name
+from cronoq.serving import api_app, grpc_server, listen_grpc
 from cronoq.tls import load_server_tls
 from cronoq.v1 import cronoq_pb2_grpc as pbg
 
@@ -94,42 +94,19 @@ class RouterServer:
 
     async def start(self) -> None:
         cfg = self.config
-        limits = cfg.limits
         await self.finder.start()
-        server = grpc.aio.server(
-            options=grpc_server_options(limits, cfg.server.grpc_max_streams_per_connection),
-            interceptors=[LimitsInterceptor(self.request_limits)],
-            # A backstop for what the interceptor does not count (health checks).
-            maximum_concurrent_rpcs=limits.max_concurrent_requests + limits.max_concurrent_streams + 64,
-        )
+        server = grpc_server(cfg, self.request_limits)
         pbg.add_TasksServicer_to_server(TasksServicer(self.service), server)
         pbg.add_AdminServicer_to_server(AdminServicer(self.service), server)
         pbg.add_WorkersServicer_to_server(RedirectWorkers(self.service), server)
         health_servicer = health.aio.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
         tls = load_server_tls(cfg.server.tls) if cfg.server.tls is not None else None
-        try:
-            if tls is None:
-                port = server.add_insecure_port(cfg.router.grpc_addr)
-            else:
-                port = server.add_secure_port(cfg.router.grpc_addr, tls.grpc_credentials)
-        except RuntimeError:
-            port = 0
-        if port == 0:
-            raise OSError(
-                f"router.grpc_addr: cannot listen on {cfg.router.grpc_addr} (in use, or not an address here)"
-            )
+        listen_grpc(server, "router.grpc_addr", cfg.router.grpc_addr, tls)
         await server.start()
         self.grpc_server = server
         await health_servicer.set("", health_pb2.HealthCheckResponse.SERVING)
-        app = build_http_app(
-            self.service,
-            max_body_bytes=limits.max_http_body_bytes,
-            loopback_only_guard=cfg.host_guard(cfg.router.http_addr),
-            metrics=self.render_metrics,
-            require_client_cert=tls is not None and tls.client_certs_required,
-            limits=self.request_limits,
-        )
+        app = api_app(self.service, cfg, cfg.router.http_addr, tls, self.render_metrics, self.request_limits)
         try:
             await self.http.open(
                 "router.http_addr", cfg.router.http_addr, app, tls.ssl_context if tls is not None else None

@@ -5,15 +5,13 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from functools import partial
 from importlib import resources
 
-from cronoq import __version__
 from cronoq.config import Config, ConfigError, default_config, load_config, validate_config
-from cronoq.config.startup import notes, preflight, refuse
 from cronoq.logs import configure, get_logger
-from cronoq.process import choose_event_loop, raise_open_file_limit, serve_until_signalled
-
-from .support import server_problems
+from cronoq.process import serve_until_signalled
+from cronoq.serving import command_line, notes, preflight, refuse, run, server_problems
 
 log = get_logger("cronoq.server")
 
@@ -24,24 +22,12 @@ def proto_text() -> str:
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="cronoq-server",
-        description="Run a cronoq server: the scheduler, its gRPC API (Tasks, Workers, Admin, health) and the "
-        "HTTP/JSON gateway. Without --config: one pool 'default', memory store, loopback only, no auth.",
-    )
-    p.add_argument("--version", action="version", version=f"cronoq-server {__version__}")
-    p.add_argument(
-        "-c",
-        "--config",
-        metavar="PATH",
-        default=os.environ.get("CRONOQ_CONFIG"),
-        help="TOML configuration file (env CRONOQ_CONFIG)",
-    )
-    p.add_argument(
-        "--check",
-        action="store_true",
-        help="validate the configuration and the files it names, print every problem, exit 0 if valid "
-        "and 1 if not",
+    p = command_line(
+        "cronoq-server",
+        "Run a cronoq server: the scheduler, its gRPC API (Tasks, Workers, Admin, health) and the HTTP/JSON "
+        "gateway. Without --config: one pool 'default', memory store, loopback only, no auth.",
+        "TOML configuration file",
+        "CRONOQ_CONFIG",
     )
     p.add_argument(
         "--print-proto",
@@ -72,11 +58,15 @@ def read_config(args: argparse.Namespace) -> Config:
 
 
 async def serve(config: Config) -> str | None:
-    """Serve until signalled; why the server ended on its own, if it did."""
+    """Serve until signalled; why the server ended on its own, if it did (logged too)."""
     from .server import ShardServer
 
     server = ShardServer(config)
-    await serve_until_signalled(server.start, server.shutdown, server.ended)
+    try:
+        await serve_until_signalled(server.start, server.shutdown, server.ended)
+    except OSError as err:
+        log.error("startup_failed", error=str(err))
+        raise
     return server.failure
 
 
@@ -111,21 +101,7 @@ def main(argv: list[str] | None = None) -> int:
         for note in notes(config):
             print(f"note: {note}")
         return 0
-    raise_open_file_limit()
-    try:
-        loop = choose_event_loop()
-    except ValueError as err:
-        return refuse("cronoq-server: cannot start:", [err])
-    try:
-        failure = loop.run(serve(config))
-    except OSError as err:
-        log.error("startup_failed", error=str(err))
-        print(f"cronoq-server: cannot start: {err}", file=sys.stderr)
-        return 1
-    if failure is not None:
-        print(f"cronoq-server: stopped: {failure}", file=sys.stderr)
-        return 1
-    return 0
+    return run("cronoq-server", partial(serve, config))
 
 
 if __name__ == "__main__":

@@ -40,9 +40,9 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from cronoq.api.grpc_api import AdminServicer, TasksServicer
-from cronoq.api.http_api import build_http_app, build_metrics_app
+from cronoq.api.http_api import build_metrics_app
 from cronoq.api.http_listener import HttpBounds, HttpListeners, Listener, waiting_for_request
-from cronoq.api.limits import LimitsInterceptor, RequestLimits, grpc_server_options
+from cronoq.api.limits import RequestLimits
 from cronoq.auth import Authenticator, Principal
 from cronoq.cluster.discovery import LeaderFinder, forwarding
 from cronoq.cluster.forward import Peers, write_forwarding
@@ -55,6 +55,7 @@ from cronoq.limits import LimitHits
 from cronoq.logs import get_logger
 from cronoq.process import open_file_limit, running_loop_name
 from cronoq.prometheus import Writer
+from cronoq.serving import api_app, bind_grpc, grpc_server, listen_grpc
 from cronoq.tls import ServerTls, load_server_tls
 from cronoq.v1 import cronoq_pb2_grpc as pbg
 
@@ -76,7 +77,6 @@ PRUNE_EVERY_S = 60.0
 # (polling every 0.5 s) takes over rather than the instance that just failed.
 REACQUIRE_AFTER_S = 2.0
 GRPC_SERVICES = ("", "cronoq.v1.Tasks", "cronoq.v1.Workers", "cronoq.v1.Admin")
-UNLIMITED_RPCS = 64  # health and reflection calls at once, beyond the limited cronoq.v1 ones
 # A standby closes connections about this long after accepting them (gRPC: max_connection_age, which
 # gRPC jitters by 10 %; HTTP: a sweep every STANDBY_SWEEP_S), so clients go back to their balancer.
 STANDBY_CONNECTION_S = 1.0
@@ -350,25 +350,13 @@ class ShardServer:
 
     def _new_grpc_server(self, leading: bool) -> grpc.aio.Server:
         """A gRPC server with every service, configured for leading or for standing by (not bound)."""
-        limits = self.config.limits
-        # Messages up to twice max_message_bytes reach the LimitsInterceptor, which refuses those above
-        # the limit by name; max_concurrent_streams bounds Work and Watch streams server-wide (there).
-        options = grpc_server_options(limits, self.config.server.grpc_max_streams_per_connection)
-        if not leading:
-            # GOAWAY a second after accepting, busy or not: the client's next call connects again.
-            options += [
-                ("grpc.max_connection_age_ms", int(STANDBY_CONNECTION_S * 1000)),
-                ("grpc.max_connection_age_grace_ms", int(STANDBY_CLOSE_GRACE_S * 1000)),
-                ("grpc.max_connection_idle_ms", int(STANDBY_CONNECTION_S * 1000)),
-            ]
-        server = grpc.aio.server(
-            options=options,
-            interceptors=[LimitsInterceptor(self.request_limits)],
-            # A backstop for what the interceptor does not count (health checks, reflection).
-            maximum_concurrent_rpcs=limits.max_concurrent_requests
-            + limits.max_concurrent_streams
-            + UNLIMITED_RPCS,
+        # A standby's GOAWAYs a second after accepting, busy or not: the client's next call connects again.
+        standby = (
+            ("grpc.max_connection_age_ms", int(STANDBY_CONNECTION_S * 1000)),
+            ("grpc.max_connection_age_grace_ms", int(STANDBY_CLOSE_GRACE_S * 1000)),
+            ("grpc.max_connection_idle_ms", int(STANDBY_CONNECTION_S * 1000)),
         )
+        server = grpc_server(self.config, self.request_limits, () if leading else standby)
         pbg.add_TasksServicer_to_server(TasksServicer(self.service), server)
         pbg.add_WorkersServicer_to_server(self.workers, server)
         pbg.add_AdminServicer_to_server(AdminServicer(self.service), server)
@@ -382,15 +370,6 @@ class ShardServer:
             server,
         )
         return server
-
-    def _bind_grpc(self, server: grpc.aio.Server, addr: str) -> int:
-        """Add the listening port; 0 when it cannot be bound."""
-        try:
-            if self._tls is None:
-                return int(server.add_insecure_port(addr))
-            return int(server.add_secure_port(addr, self._tls.grpc_credentials))
-        except RuntimeError:  # grpc's way of saying the bind failed
-            return 0
 
     async def _use_grpc(self, leading: bool) -> None:
         """Serve gRPC with a server configured for this role: swap servers on the same port when the
@@ -416,7 +395,7 @@ class ShardServer:
             addr = f"[{host}]:{self.grpc_port}" if ":" in host else f"{host}:{self.grpc_port}"
             await asyncio.sleep(0)  # the old server's stop closes its listener before it first waits
             for _ in range(REBIND_TRIES):
-                if self._bind_grpc(new, addr) == self.grpc_port:
+                if bind_grpc(new, addr, self._tls) == self.grpc_port:
                     break
                 await asyncio.sleep(REBIND_EVERY_S)
             else:
@@ -432,30 +411,18 @@ class ShardServer:
 
     async def _listen_all(self) -> None:
         cfg = self.config
-        limits = cfg.limits
         tls = self._tls = load_server_tls(cfg.server.tls) if cfg.server.tls is not None else None
         # The memory store leads at once: start with the leader's server rather than swap at once.
         leading = not self.store.durable
         server = self._new_grpc_server(leading)
-        self.grpc_port = self._bind_grpc(server, cfg.server.grpc_addr)
-        if self.grpc_port == 0:
-            raise OSError(
-                f"server.grpc_addr: cannot listen on {cfg.server.grpc_addr} (in use, or not an address here)"
-            )
+        self.grpc_port = listen_grpc(server, "server.grpc_addr", cfg.server.grpc_addr, tls)
         await server.start()
         self.grpc_server = server
         self._grpc_leading = leading
         for name in GRPC_SERVICES:
             await self.health.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
 
-        app = build_http_app(
-            self.service,
-            max_body_bytes=limits.max_http_body_bytes,
-            loopback_only_guard=cfg.host_guard(cfg.server.http_addr),
-            metrics=self.render_metrics,
-            require_client_cert=tls is not None and tls.client_certs_required,
-            limits=self.request_limits,
-        )
+        app = api_app(self.service, cfg, cfg.server.http_addr, tls, self.render_metrics, self.request_limits)
         app.on_response_prepare.append(self._close_unless_serving)
         ssl_context = tls.ssl_context if tls is not None else None
         try:

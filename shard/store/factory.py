@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 from cronoq.config import Config
-from cronoq.config.model import MemoryStore as MemoryConfig
-from cronoq.config.model import PostgresStore as PostgresConfig
+from cronoq.config.model import MemoryStoreSection, PostgresStoreSection
 
 from .base import Store
 
@@ -12,11 +11,11 @@ from .base import Store
 def make_store(config: Config) -> Store:
     """Build (not open) the store of ``[store]``; Postgres tables go in the shard's schema."""
     section = config.store
-    if isinstance(section, MemoryConfig):
+    if isinstance(section, MemoryStoreSection):
         from .memory import MemoryStore
 
         return MemoryStore()
-    if isinstance(section, PostgresConfig):
+    if isinstance(section, PostgresStoreSection):
         from .postgres import PostgresStore
 
         return PostgresStore(section.resolved_url, schema=section.schema_for(config.server.shard))

@@ -20,8 +20,8 @@ from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 from grpc_tools import protoc
 
 from cronoq.client import Client, Lease
-from cronoq.config.startup import SQLITE_FAILOVER_NOTE
 from cronoq.engine import compiled
+from cronoq.serving import SQLITE_FAILOVER_NOTE
 from tests.ports import free_port
 
 from . import test_tls

@@ -25,12 +25,12 @@ from cronoq.config import (
     ExternalScaler,
     GrpcWebSection,
     Limits,
-    MemoryStore,
+    MemoryStoreSection,
     OutputsSection,
     Overflow,
     PeerTlsSection,
     PoolSection,
-    PostgresStore,
+    PostgresStoreSection,
     Problem,
     RetrySection,
     Role,
@@ -38,7 +38,7 @@ from cronoq.config import (
     SemaphoreResource,
     ServerSection,
     ShardSection,
-    SqliteStore,
+    SqliteStoreSection,
     TlsSection,
     TokenBucketResource,
     TokenSection,
@@ -51,7 +51,6 @@ from cronoq.config import (
 )
 from cronoq.config.model import MAX_KEY_BYTES
 from cronoq.config.rules import RESOLVED_KEY
-from cronoq.config.startup import file_problems
 from cronoq.engine.model import (
     AutoscaleConfig,
     EngineLimits,
@@ -63,6 +62,7 @@ from cronoq.engine.model import (
     UnknownDependency,
 )
 from cronoq.errors import CronoqError
+from cronoq.serving import file_problems
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "cronoq.toml"
@@ -220,9 +220,9 @@ SECTIONS: tuple[type[Any], ...] = (
     GrpcWebSection,
     TokenSection,
     CertSection,
-    MemoryStore,
-    SqliteStore,
-    PostgresStore,
+    MemoryStoreSection,
+    SqliteStoreSection,
+    PostgresStoreSection,
     Limits,
     PoolSection,
     RetrySection,
@@ -262,7 +262,7 @@ def test_no_file_is_one_default_pool_on_loopback_without_auth() -> None:
     assert config == Config()
     assert [p.name for p in config.pools] == ["default"]
     assert config == parse_config("", env={})
-    assert isinstance(config.store, MemoryStore)
+    assert isinstance(config.store, MemoryStoreSection)
     assert config.server.grpc_addr == "127.0.0.1:7070"
     assert config.server.http_addr == "127.0.0.1:7071"
     assert config.server.shutdown_grace_s == 10
@@ -345,7 +345,7 @@ def test_example_file_passes_validation() -> None:
     assert [t.resolved_token for t in config.auth.tokens] == [
         env[t.token_env or ""] for t in config.auth.tokens
     ]
-    assert isinstance(config.store, SqliteStore)
+    assert isinstance(config.store, SqliteStoreSection)
     llm = config.pool("llm")
     assert llm is not None and isinstance(llm.scaler, WebhookScaler)
     assert llm.scaler.resolved_token == env["CRONOQ_SCALER_TOKEN"]
@@ -395,7 +395,7 @@ def test_full_file_reads_every_table() -> None:
     assert config.auth.certs[0].label_map() == {"gpu": "h100"}
 
     store = config.store
-    assert isinstance(store, PostgresStore)
+    assert isinstance(store, PostgresStoreSection)
     assert store.resolved_url == ENV["PG_URL"]
     assert store.schema_for("gpu") == "cronoq_gpu"
     assert store.keep_finished_s == 86400
@@ -558,10 +558,10 @@ def test_file_checks_name_the_key_and_stay_out_of_parsing(tmp_path: Path) -> Non
 def test_sharded_postgres_defaults_to_a_schema_per_shard() -> None:
     text = FULL.replace('schema = "cronoq_{shard}"\n', "")
     store = parse_config(text, env=ENV).store
-    assert isinstance(store, PostgresStore)
+    assert isinstance(store, PostgresStoreSection)
     assert store.schema_for("cpu") == "cronoq_cpu"
     unsharded = parse_config('[store]\nkind = "postgres"\n', env={"DATABASE_URL": "postgres://x"}).store
-    assert isinstance(unsharded, PostgresStore) and unsharded.schema_for(None) == "public"
+    assert isinstance(unsharded, PostgresStoreSection) and unsharded.schema_for(None) == "public"
     assert unsharded.resolved_url == "postgres://x"
 
 

@@ -207,7 +207,7 @@ def _label_map(labels: tuple[str, ...] | None) -> dict[str, str] | None:
 
 
 @dataclass(frozen=True, slots=True)
-class MemoryStore:
+class MemoryStoreSection:
     """``kind = "memory"``: state lives in the process and is lost on restart; no standbys."""
 
     KIND: ClassVar[str] = "memory"
@@ -215,7 +215,7 @@ class MemoryStore:
 
 
 @dataclass(frozen=True, slots=True)
-class SqliteStore:
+class SqliteStoreSection:
     """``kind = "sqlite"``: a file on a local disk; a second process on it is a standby."""
 
     KIND: ClassVar[str] = "sqlite"
@@ -224,7 +224,7 @@ class SqliteStore:
 
 
 @dataclass(frozen=True, slots=True)
-class PostgresStore:
+class PostgresStoreSection:
     """``kind = "postgres"``: high availability across hosts; every schema is one leader group."""
 
     KIND: ClassVar[str] = "postgres"
@@ -242,7 +242,7 @@ class PostgresStore:
         return template.replace(SCHEMA_PLACEHOLDER, shard or "")
 
 
-Store = MemoryStore | SqliteStore | PostgresStore
+StoreSection = MemoryStoreSection | SqliteStoreSection | PostgresStoreSection
 
 # -------------------------------------------------------------------------------------------- limits
 
@@ -473,7 +473,7 @@ class Config:
 
     server: ServerSection = field(default_factory=ServerSection)
     auth: AuthSection = field(default_factory=AuthSection)
-    store: Store = field(default_factory=MemoryStore)
+    store: StoreSection = field(default_factory=MemoryStoreSection)
     limits: Limits = field(default_factory=Limits)
     pools: tuple[PoolSection, ...] = (PoolSection(DEFAULT_POOL),)
     resources: tuple[Resource, ...] = ()

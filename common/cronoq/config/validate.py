@@ -26,8 +26,8 @@ from .model import (
     AuthSection,
     Config,
     PoolSection,
-    PostgresStore,
-    Store,
+    PostgresStoreSection,
+    StoreSection,
     TokenSection,
     WebhookScaler,
 )
@@ -307,9 +307,9 @@ def _token_value(index: int, token: TokenSection, env: Mapping[str, str], proble
     return value
 
 
-def _resolve_store(config: Config, env: Mapping[str, str], problems: Problems) -> Store:
+def _resolve_store(config: Config, env: Mapping[str, str], problems: Problems) -> StoreSection:
     store = config.store
-    if not isinstance(store, PostgresStore):
+    if not isinstance(store, PostgresStoreSection):
         return store
     _check_schema(config, store, problems)
     if store.url is not None:
@@ -321,7 +321,7 @@ def _resolve_store(config: Config, env: Mapping[str, str], problems: Problems) -
     )
 
 
-def _check_schema(config: Config, store: PostgresStore, problems: Problems) -> None:
+def _check_schema(config: Config, store: PostgresStoreSection, problems: Problems) -> None:
     """Every shard's schema, after ``{shard}`` is replaced, must be a usable Postgres identifier."""
     if problems.failed("store.schema"):
         return
