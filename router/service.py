@@ -19,7 +19,7 @@ from cronoq.cluster.forward import Peers
 from cronoq.cluster.routing import Routing, check_batch, named_pool
 from cronoq.cluster.shards import Shard, ShardMap
 from cronoq.errors import FailedPrecondition, InvalidArgument, NotFound, shown
-from cronoq.limits import LimitHits
+from cronoq.limit_hits import LimitHits
 from cronoq.v1 import cronoq_pb2 as pb
 
 DEFAULT_PAGE = 100  # ListTasks without a limit
@@ -86,7 +86,7 @@ class RouterService:
     def authorize(
         self, authorization: str | None, role: Role, forwarded: bool = False, cert_names: Sequence[str] = ()
     ) -> Principal:
-        # A forwarded call's certificate is a peer's, not the caller's (see the shard Service).
+        # A forwarded call's certificate is a peer's, not the caller's (see ShardService.authorize).
         principal = self.auth.require(authorization, role, () if forwarded else cert_names)
         return replace(principal, credential=authorization or "", forwarded=forwarded)
 

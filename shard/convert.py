@@ -30,7 +30,7 @@ from cronoq.engine.model import (
 )
 from cronoq.engine.readonly import NO_RESOURCES
 from cronoq.errors import InvalidArgument, NotFound
-from cronoq.limits import exceeded
+from cronoq.limit_hits import exceeded
 from cronoq.v1 import cronoq_pb2 as pb
 
 HUNDRED_YEARS_S = 100 * 365 * 86_400.0

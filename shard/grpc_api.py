@@ -12,14 +12,14 @@ from cronoq.logs import get_logger
 from cronoq.transport import grpc_status
 from cronoq.v1 import cronoq_pb2_grpc as pbg
 
-from .service import Service
+from .service import ShardService
 from .workers import WorkerStream
 
 log = get_logger("cronoq.grpc")
 
 
 class WorkersServicer(pbg.WorkersServicer):  # type: ignore[misc]
-    def __init__(self, service: Service, make_stream: Callable[[Ctx, Principal], WorkerStream]) -> None:
+    def __init__(self, service: ShardService, make_stream: Callable[[Ctx, Principal], WorkerStream]) -> None:
         self.service = service
         self.make_stream = make_stream
         self.streams: set[WorkerStream] = set()

@@ -51,7 +51,7 @@ from cronoq.config import Config
 from cronoq.config.model import WebhookScaler
 from cronoq.engine import Engine, compiled
 from cronoq.errors import Unavailable
-from cronoq.limits import LimitHits
+from cronoq.limit_hits import LimitHits
 from cronoq.logs import get_logger
 from cronoq.process import open_file_limit, running_loop_name
 from cronoq.prometheus import Writer
@@ -65,7 +65,7 @@ from .grpc_api import WorkersServicer
 from .outputs import OutputCache
 from .runtime import Runtime
 from .scaler import WebhookScalers
-from .service import Service
+from .service import ShardService
 from .store import Leadership, StoreError
 from .store.factory import make_store
 from .workers import WorkerStream
@@ -151,7 +151,7 @@ class ShardServer:
         # gates both listeners share.
         self.limit_hits = LimitHits()
         self.request_limits = RequestLimits(limits, self.limit_hits)
-        self.service = Service(
+        self.service = ShardService(
             all_pools,
             self.auth,
             spec_limits=self.spec_limits,

@@ -33,7 +33,7 @@ from cronoq.errors import (
     Unavailable,
     shown,
 )
-from cronoq.limits import LimitHits
+from cronoq.limit_hits import LimitHits
 from cronoq.transport import unadmitted
 from cronoq.v1 import cronoq_pb2 as pb
 
@@ -81,7 +81,7 @@ def submit_error(prefix: str, err: SubmitError) -> ApiError:
     return InvalidArgument(message)
 
 
-class Service:
+class ShardService:
     """Tasks and Admin operations of one shard server: served by the runtime of its leadership while it
     leads (:meth:`serve`), refused with UNAVAILABLE while it stands by."""
 
@@ -779,4 +779,4 @@ def _finite(value: float) -> float:
     return value if math.isfinite(value) else 0.0
 
 
-__all__ = ["Service", "scoped_snapshot", "snapshot_to_wire", "submit_error"]
+__all__ = ["ShardService", "scoped_snapshot", "snapshot_to_wire", "submit_error"]

@@ -29,7 +29,7 @@ from cronoq.errors import (
     NotFound,
     PermissionDenied,
 )
-from cronoq.limits import LimitHits
+from cronoq.limit_hits import LimitHits
 from cronoq.logs import get_logger
 from cronoq.v1 import cronoq_pb2 as pb
 

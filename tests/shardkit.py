@@ -1,4 +1,4 @@
-"""A shard's request logic for unit tests, without a server process: the :class:`~shard.service.Service`
+"""A shard's request logic for unit tests, without a server process: the :class:`~shard.service.ShardService`
 over a given runtime, with small limits the tests rely on."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from cronoq.auth import Authenticator
 from cronoq.engine.model import PoolConfig
 from shard.convert import SpecLimits
 from shard.runtime import Runtime
-from shard.service import Service
+from shard.service import ShardService
 
 SPEC_LIMITS = SpecLimits(
     max_key_len=128, max_kind_len=64, max_tags=8, max_tag_len=64, max_deps=2, max_resources=2
@@ -25,9 +25,9 @@ def service_over(
     *,
     max_wait_s: float = 5.0,
     request_timeout_s: float = 5.0,
-) -> Service:
-    """A Service serving ``runtime`` (whose engine has ``pools``); no credentials unless ``auth``."""
-    service = Service(
+) -> ShardService:
+    """A ShardService serving ``runtime`` (whose engine has ``pools``); no credentials unless ``auth``."""
+    service = ShardService(
         pools,
         auth if auth is not None else Authenticator([]),
         spec_limits=SPEC_LIMITS,

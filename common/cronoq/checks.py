@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from cronoq.config.model import MAX_KEY_BYTES
 from cronoq.errors import InvalidArgument
-from cronoq.limits import exceeded
+from cronoq.limit_hits import exceeded
 
 MAX_POOL_LEN = 64  # characters in a pool name on the wire (a task's pool, a worker's registration)
 

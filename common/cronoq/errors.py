@@ -59,7 +59,7 @@ class ApiError(CronoqError):
     retryable: ClassVar[bool] = False
     # Sent with the status (gRPC trailing metadata, HTTP headers): e.g. where a shard's pool is served.
     metadata: tuple[tuple[str, str], ...] = ()
-    # The ``[limits]`` key that refused the request, if one did (see cronoq.limits); never sent.
+    # The ``[limits]`` key that refused the request, if one did (see cronoq.limit_hits); never sent.
     limit: str | None = None
 
     def __init__(self, message: str = "", code: str | None = None) -> None:

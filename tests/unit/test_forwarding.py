@@ -26,7 +26,7 @@ from cronoq.v1 import cronoq_pb2_grpc as pbg
 from shard.outputs import OutputCache
 from shard.runtime import Runtime
 from shard.server import ShardServer
-from shard.service import Service
+from shard.service import ShardService
 from tests.shardkit import service_over
 
 CALLER = Principal(Role.CLIENT)
@@ -37,7 +37,7 @@ KEYLESS_WAIT = pb.SubmitRequest(task=pb.TaskSpec(pool="a1"), wait=True)
 class Leader:
     """A shard's leader as a forwarder sees it: its service and runtime, and Peers that reach it."""
 
-    service: Service
+    service: ShardService
     runtime: Runtime
     peers: Peers
     shard: Shard
@@ -53,7 +53,7 @@ class Leader:
 
 
 @contextlib.asynccontextmanager
-async def leader(on_suspect: Callable[[Service, Runtime], None]) -> AsyncIterator[Leader]:
+async def leader(on_suspect: Callable[[ShardService, Runtime], None]) -> AsyncIterator[Leader]:
     """A leader of shard 'a' and Peers forwarding to it with retries; ``on_suspect`` runs when a call
     there failed UNAVAILABLE, before the retry (as a router learns of the new leader meanwhile)."""
     runtime = Runtime(Engine([PoolConfig("a1", max=4)]), OutputCache(100, 1 << 20))
@@ -78,7 +78,7 @@ async def leader(on_suspect: Callable[[Service, Runtime], None]) -> AsyncIterato
         runtime.cancel_timer()
 
 
-def lead_again(service: Service, runtime: Runtime) -> None:
+def lead_again(service: ShardService, runtime: Runtime) -> None:
     """The shard leads again at the same address by the time the forwarder retries."""
     runtime.accepting = True
     service.serve(runtime)

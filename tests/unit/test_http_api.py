@@ -1,4 +1,4 @@
-"""The HTTP/JSON gateway over a real Service, Runtime and Engine, on a loopback socket.
+"""The HTTP/JSON gateway over a real ShardService, Runtime and Engine, on a loopback socket.
 
 Workers are simulated the way ``shard.workers.WorkerStream`` drives the runtime (attach a sink, report
 outcomes to the engine, keep the output), so these tests exercise exactly the HTTP layer plus the shared
@@ -46,7 +46,7 @@ from cronoq.errors import Unavailable
 from cronoq.v1 import cronoq_pb2 as pb
 from shard.outputs import OutputCache
 from shard.runtime import Runtime
-from shard.service import Service
+from shard.service import ShardService
 from tests.shardkit import service_over
 
 CLIENT = "client-token-0123456789"
@@ -77,7 +77,7 @@ class Sink:
 @dataclass
 class Api:
     client: Client
-    service: Service
+    service: ShardService
     runtime: Runtime
     connected: dict[int, tuple[str, int]] = field(default_factory=dict)
 

@@ -21,7 +21,7 @@ from cronoq.cluster.routing import check_batch
 from cronoq.config.model import Limits
 from cronoq.engine.model import RetryPolicy
 from cronoq.errors import DeadlineExceeded, InvalidArgument, ResourceExhausted
-from cronoq.limits import COUNTED, NOT_COUNTED, LimitHits, exceeded
+from cronoq.limit_hits import COUNTED, NOT_COUNTED, LimitHits, exceeded
 from cronoq.v1 import cronoq_pb2 as pb
 from cronoq.v1 import cronoq_pb2_grpc as pbg
 from shard.convert import SpecLimits, lease_size, spec_from_wire

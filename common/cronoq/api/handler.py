@@ -1,4 +1,4 @@
-"""What the transports need from the request logic behind them (a shard's Service, or the router)."""
+"""What the transports need from the request logic behind them (a shard's ShardService, or the router's RouterService)."""
 
 from __future__ import annotations
 

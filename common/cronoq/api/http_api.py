@@ -3,7 +3,7 @@
 Every API route does the same steps, written once in :func:`_authorized`: authenticate the
 ``authorization`` header for the route's role (before any body byte is read), refuse what the route does
 not read (query parameters, a body: :meth:`_Gateway._admit`), translate the request into the wire message
-(:mod:`cronoq.api.http_codec`), call the very Service method the gRPC servicer calls, and render the answer
+(:mod:`cronoq.api.http_codec`), call the very ShardService or RouterService method the gRPC servicer calls, and render the answer
 as JSON. An :class:`~cronoq.errors.ApiError` raised anywhere becomes ``{"error", "code"}`` with its HTTP
 status in one middleware, which also turns aiohttp's own 404/405 into that shape and, when authentication
 is off, refuses non-loopback ``Host`` headers (DNS rebinding).
@@ -34,7 +34,7 @@ from cronoq.errors import (
     Unavailable,
 )
 from cronoq.hosts import is_loopback_host_header
-from cronoq.limits import LimitHits
+from cronoq.limit_hits import LimitHits
 from cronoq.logs import get_logger
 from cronoq.prometheus import CONTENT_TYPE as PROMETHEUS_CONTENT_TYPE
 from cronoq.transport import FORWARDED_KEY, UNAVAILABLE_SHARDS_KEY

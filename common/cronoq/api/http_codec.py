@@ -1,6 +1,6 @@
 """JSON to protobuf and back, for the HTTP gateway (the conventions of SPEC §6).
 
-The gateway is a thin adapter over :class:`~shard.service.Service`, which speaks wire protobuf messages.
+The gateway is a thin adapter over :class:`~shard.service.ShardService`, which speaks wire protobuf messages.
 This module only translates: it checks the *shape* of a JSON document (types, unknown fields, both of
 two exclusive fields) and names the offending JSON field in the error, then leaves every rule about the
 values (ranges, limits, pools, permissions) to the service, so HTTP and gRPC refuse the same things with

@@ -14,7 +14,7 @@ HTTP application (:func:`limits_middleware`), so that a call counts the same whi
   RESOURCE_EXHAUSTED naming the limit. The gRPC core itself cuts off messages above twice the limit
   (:func:`grpc_receive_limit`) before any of this code sees them, with its own message.
 
-Every refusal is counted in the process's :class:`~cronoq.limits.LimitHits`. gRPC's health and reflection
+Every refusal is counted in the process's :class:`~cronoq.limit_hits.LimitHits`. gRPC's health and reflection
 services are not limited.
 """
 
@@ -32,7 +32,7 @@ from aiohttp.typedefs import Middleware
 
 from cronoq.config.model import Limits
 from cronoq.errors import ApiError, DeadlineExceeded, ResourceExhausted
-from cronoq.limits import LimitHits
+from cronoq.limit_hits import LimitHits
 from cronoq.prometheus import Writer
 from cronoq.transport import grpc_status, take_first_message
 

@@ -25,7 +25,7 @@ from cronoq.errors import (
     error_for,
     shown,
 )
-from cronoq.limits import exceeded
+from cronoq.limit_hits import exceeded
 from cronoq.transport import KEY_PROBE_KEY, POOL_KEY, unadmitted
 from cronoq.v1 import cronoq_pb2 as pb
 
