@@ -1,5 +1,5 @@
-"""``cronoq-operator``: sets worker Deployments' replicas from their pools' desired capacity (SPEC §2,
-``CronoqWorkerScaler`` resources; ``docs/operator.md``)."""
+"""``cronoq-operator``: sets worker Deployments' replicas from their pools' desired capacity
+(``CronoqWorkerScaler`` resources; ``docs/operator.md``)."""
 
 from __future__ import annotations
 

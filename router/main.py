@@ -1,4 +1,4 @@
-"""``cronoq-router``: the stateless front door of a sharded cluster (SPEC §2, §9)."""
+"""``cronoq-router``: the stateless front door of a sharded cluster (docs/operations.md, The router)."""
 
 from __future__ import annotations
 

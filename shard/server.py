@@ -4,7 +4,7 @@ The listeners open at once; the process then stands by (UNAVAILABLE, ``/readyz``
 makes it leader. With the memory store that is immediate. Taking over rebuilds an engine from what the
 store recovered and serves it; losing leadership (fenced, lock session gone, lease taken) drops that
 engine, tells workers ``Shutdown{not_leader}`` so they reconnect to the new leader, and stands by
-again. Shutdown follows SPEC §2: stop admitting work, give running attempts ``shutdown_grace_s``, commit
+again. Shutdown as docs/operations.md (Shutdown) says: stop admitting work, give running attempts ``shutdown_grace_s``, commit
 what is pending, tell workers to reconnect, step down cleanly (a standby takes over at once), drain
 listeners for at most 5 s.
 

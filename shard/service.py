@@ -67,7 +67,7 @@ def _pool_of(found: Task | StoredTask) -> str:
 
 
 def submit_error(prefix: str, err: SubmitError) -> ApiError:
-    """The API error for an engine refusal, naming the offending task (SPEC §5): unknown pool, resource
+    """The API error for an engine refusal, naming the offending task (docs/http-api.md, Errors): unknown pool, resource
     or dependency NOT_FOUND; a full pool or the global bound RESOURCE_EXHAUSTED; a fixed-start
     reservation conflict FAILED_PRECONDITION; everything else (cycle, a resource amount above its
     capacity, a key twice in one batch) INVALID_ARGUMENT."""
@@ -656,7 +656,7 @@ class ShardService:
         try:
             runtime.engine.add_recurring(spec, runtime.clock())
         except RecurringError as err:  # the engine names the field: "cron: ...", "template.resources: ..."
-            missing = err.code in ("unknown_pool", "unknown_resource")  # SPEC §5: NOT_FOUND, like a task's
+            missing = err.code in ("unknown_pool", "unknown_resource")  # docs/http-api.md, Errors: NOT_FOUND, like a task's
             raise (NotFound if missing else InvalidArgument)(str(err)) from None
         runtime.flush()
         await runtime.sync()

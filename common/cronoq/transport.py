@@ -24,7 +24,7 @@ Metadata = tuple[tuple[str, str], ...]
 
 _STATUS_BY_CODE: dict[str, grpc.StatusCode] = {s.name.lower(): s for s in grpc.StatusCode}
 
-# Metadata of shard-to-shard calls and of refusals naming the shard that serves a call (SPEC §9).
+# Metadata of shard-to-shard calls and of refusals naming the shard that serves a call (docs/operations.md, Sharding).
 FORWARDED_KEY = "cronoq-forwarded"
 SHARD_KEY = "cronoq-shard"
 SHARD_ENDPOINT_KEY = "cronoq-shard-endpoint"

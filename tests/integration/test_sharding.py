@@ -1,4 +1,4 @@
-"""Sharding (SPEC §9) against real ``cronoq-server`` processes, one per shard, on loopback.
+"""Sharding (docs/operations.md) against real ``cronoq-server`` processes, one per shard, on loopback.
 
 Shard ``a`` (number 1) owns pools ``a1`` and ``a2``, shard ``b`` (number 2) owns ``b1``. Any server
 answers for every shard: task calls for the other shard are forwarded over gRPC with the caller's own
@@ -308,7 +308,7 @@ async def test_forwarding_over_plain_http_to_another_host_is_refused_promptly(
     """Plain http to another host would carry the caller's token (and payloads) in the clear to a
     peer that cannot prove who it is, so unless ``server.insecure_peer_http`` allows it the call
     fails at once with the owner's endpoint (the caller can go there itself) instead of connecting.
-    SPEC §9 makes no exception for a cluster without authentication, hence both variants."""
+    docs/operations.md (Sharding) makes no exception for a cluster without authentication, hence both variants."""
     extra = {"a": token(ADMIN, "admin")} if authenticated else None
     metadata = (("authorization", f"Bearer {ADMIN}"),) if authenticated else ()
     async with peer_trap() as (remote, connections):

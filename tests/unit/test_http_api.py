@@ -543,7 +543,7 @@ async def test_a_batch_may_depend_on_its_own_keys_and_a_failed_dependency_skips_
             r"^task\.resources: resource names must not be empty",
         ),
         ({"resources": {"gpu": -1}}, 400, "invalid_argument", r"^resources\.gpu: expected an integer"),
-        # Refused by the engine: mapped as SPEC §5 says, naming the task and the field.
+        # Refused by the engine: mapped as docs/http-api.md (Errors) says, naming the task and the field.
         ({"deps": [{"key": "nope"}]}, 404, "not_found", r"^task\.deps\[0\]\.key: unknown dependency 'nope'"),
         ({"deps": [{"id": 999}]}, 404, "not_found", r"^task\.deps\[0\]\.id: unknown dependency 999"),
         ({"key": "me", "deps": [{"key": "me"}]}, 400, "invalid_argument", r"^task\.deps: dependency cycle"),

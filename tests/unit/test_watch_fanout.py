@@ -1,7 +1,7 @@
 """Watch across shards over real gRPC on loopback: a shard's Watch says it is open before any event (its
 initial metadata), so a router or a sharded server can tell a quiet shard from a stuck one; a fan-out
 serves the reachable shards' events and names the unreachable ones in ``cronoq-unavailable-shards``
-(gRPC initial metadata, HTTP header) instead of failing (SPEC §9)."""
+(gRPC initial metadata, HTTP header) instead of failing (docs/operations.md, Sharding)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The HTTP/JSON gateway (SPEC §6): aiohttp routes as thin adapters over :class:`~cronoq.api.handler.RequestHandler`.
+"""The HTTP/JSON gateway (docs/http-api.md): aiohttp routes as thin adapters over :class:`~cronoq.api.handler.RequestHandler`.
 
 Every API route does the same steps, written once in :func:`_authorized`: authenticate the
 ``authorization`` header for the route's role (before any body byte is read), refuse what the route does

@@ -1,4 +1,4 @@
-"""JSON to protobuf and back, for the HTTP gateway (the conventions of SPEC §6).
+"""JSON to protobuf and back, for the HTTP gateway (the conventions of docs/http-api.md).
 
 The gateway is a thin adapter over :class:`~shard.service.ShardService`, which speaks wire protobuf messages.
 This module only translates: it checks the *shape* of a JSON document (types, unknown fields, both of
@@ -150,7 +150,7 @@ def media_type(content_type: str) -> str:
 
 # Wire field names the shared request logic (shard/convert.py, shard/service.py, the router) puts in its
 # messages, and the HTTP names of the same fields, so that a message names the field the caller sent
-# (SPEC §5). The instants are renamed wherever a message mentions them ("use either start_in_s or
+# (docs/http-api.md, Errors). The instants are renamed wherever a message mentions them ("use either start_in_s or
 # start_unix_ns"); ``pools``, an English word too ("this credential's pools"), only as the field a
 # message starts with (the ``pool`` query parameter of a listing or a watch).
 _INSTANT_NAMES: Mapping[str, str] = {"start_unix_ns": "start_at", "deadline_unix_ns": "deadline_at"}

@@ -1,7 +1,7 @@
 """Fan-out calls across shards (ListTasks, Snapshot, ListWorkers, ListRecurring, RemoveRecurring): splitting the request, merging the
 answers. Pure functions over wire messages, shared by shard servers and the router; a shard that could
 not answer (UNAVAILABLE or DEADLINE_EXCEEDED in place of an answer) is named in ``unavailable_shards``
-(SPEC §9), and any other error a shard answered is the caller's, raised as a single server would."""
+(docs/operations.md, Sharding), and any other error a shard answered is the caller's, raised as a single server would."""
 
 from __future__ import annotations
 

@@ -58,7 +58,8 @@ def _error(err: grpc.aio.AioRpcError, shard: Shard, url: str) -> ApiError:
 
 
 # gRPC's reconnect backoff grows to two minutes by default; a shard member that was down and comes back as
-# the new leader must be reachable again within the 2 s in which traffic has to recover (SPEC §9).
+# the new leader must be reachable again within seconds of its taking over, as forwarded calls are retried for
+# about two seconds (RETRY_DELAYS_S).
 # A forwarded answer is as large as the shard's own limits.max_message_bytes lets it be, and this
 # process's limit bounds what it passes on: grpc's default of 4 MiB on receiving refused every larger
 # output (Submit with wait, Wait) forwarded from a cluster configured above it.

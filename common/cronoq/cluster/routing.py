@@ -156,7 +156,7 @@ class MergedWatch(AsyncIterator[pb.StatusEvent]):
 
     :meth:`open` opens every shard's stream at once (a remote one within the forwarding timeout) and
     names those that could not be reached (UNAVAILABLE, DEADLINE_EXCEEDED) in
-    :attr:`unavailable_shards`, as the unary fan-outs do (SPEC §9); any other error (a refusal) is
+    :attr:`unavailable_shards`, as the unary fan-outs do (docs/operations.md, Sharding); any other error (a refusal) is
     raised, and so is UNAVAILABLE when no shard could be reached (there would be nothing to watch). A
     shard whose stream fails or ends after it opened ends the whole watch with an error naming it:
     silently missing that shard's events would be worse, and the client watches again."""

@@ -2,7 +2,7 @@
 
 Every process of a cluster reads the same map, so any of them (a shard server or a router) can tell
 where a call belongs without asking anyone: by the pool it names, or by the shard number carried in
-the top 8 bits of a task id (SPEC §9).
+the top 8 bits of a task id (docs/operations.md, Sharding).
 """
 
 from __future__ import annotations
