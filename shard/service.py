@@ -656,7 +656,8 @@ class ShardService:
         try:
             runtime.engine.add_recurring(spec, runtime.clock())
         except RecurringError as err:  # the engine names the field: "cron: ...", "template.resources: ..."
-            missing = err.code in ("unknown_pool", "unknown_resource")  # docs/http-api.md, Errors: NOT_FOUND, like a task's
+            # NOT_FOUND, as for a task's (docs/http-api.md, Errors)
+            missing = err.code in ("unknown_pool", "unknown_resource")
             raise (NotFound if missing else InvalidArgument)(str(err)) from None
         runtime.flush()
         await runtime.sync()
