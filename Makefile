@@ -21,7 +21,7 @@ help:
 	@echo "make test   - run the whole test suite (unit + integration)"
 	@echo "make lint   - ruff and mypy --strict on our sources"
 	@echo "make bench  - engine, transport, drain, latency, sharding, durable stores, failover (numbers printed)"
-	@echo "make proto  - regenerate proto/cronoq/v1/*_pb2*.py from proto/cronoq/v1/cronoq.proto"
+	@echo "make proto  - regenerate proto/cronoq/v1/*_pb2*.py and their .pyi stubs from proto/cronoq/v1/cronoq.proto"
 
 # The engine is compiled with mypyc at install time (setup.py): a change to its sources reinstalls.
 $(STAMP): pyproject.toml setup.py $(wildcard common/cronoq/engine/*.py)
@@ -44,9 +44,13 @@ lint: $(STAMP)
 bench: $(STAMP)
 	$(BIN)/python -m bench
 
+# The .pyi stubs (mypy-protobuf) give mypy the messages' types: the generated modules have none, and
+# `make lint` checks our use of every message against them. tests/unit/test_build.py runs the same command.
 proto: $(STAMP)
-	$(BIN)/python -m grpc_tools.protoc -Iproto --python_out=proto \
-		--grpc_python_out=proto proto/cronoq/v1/cronoq.proto
+	$(BIN)/python -m grpc_tools.protoc -Iproto --python_out=proto --grpc_python_out=proto \
+		--plugin=protoc-gen-mypy=$(BIN)/protoc-gen-mypy --mypy_out=proto \
+		--plugin=protoc-gen-mypy_grpc=$(BIN)/protoc-gen-mypy_grpc --mypy_grpc_out=proto \
+		proto/cronoq/v1/cronoq.proto
 
 $(HELM): | $(STAMP)
 	mkdir -p $(TOOLS)/npm

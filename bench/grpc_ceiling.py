@@ -21,12 +21,15 @@ from .cpu import process_cpu_s
 from .rawgrpc import free_port, serve, spawn
 
 
-class _Echo(pbg.WorkersServicer):  # type: ignore[misc]
+class _Echo(pbg.WorkersServicer):
     def __init__(self, n: int, window: int) -> None:
         self.n = n
         self.window = window
 
-    async def Work(self, request_iterator: object, context: grpc.aio.ServicerContext) -> None:
+    # grpc.aio serves a coroutine that writes through the context; the generated stub knows only iterators.
+    async def Work(  # type: ignore[override]
+        self, request_iterator: object, context: grpc.aio.ServicerContext
+    ) -> None:
         credit = asyncio.Semaphore(self.window)
 
         async def read_all() -> None:

@@ -34,13 +34,15 @@ DRAIN_S = 5.0
 log = get_logger("cronoq.router")
 
 
-class RedirectWorkers(pbg.WorkersServicer):  # type: ignore[misc]
+class RedirectWorkers(pbg.WorkersServicer):
     """Work streams are refused with the endpoint of the shard that serves their pool."""
 
     def __init__(self, service: RouterService) -> None:
         self.service = service
 
-    async def Work(self, request_iterator: object, context: Ctx) -> None:
+    # grpc.aio also serves a stream-stream method as a coroutine that reads and writes through the context,
+    # which the generated servicer does not describe (it returns an iterator of ServerMessages).
+    async def Work(self, request_iterator: object, context: Ctx) -> None:  # type: ignore[override]
         async def run() -> None:
             caller = await authorize_worker(self.service, context)
             first = await context.read()

@@ -11,7 +11,9 @@ from collections import Counter
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import replace
 from functools import partial
-from typing import Any
+from typing import NoReturn, TypeVar
+
+from google.protobuf.message import Message
 
 from cronoq.api.output_types import OutputTypes
 from cronoq.auth import Authenticator, Principal, Role
@@ -20,14 +22,16 @@ from cronoq.cluster.routing import Routing, check_batch, named_pool
 from cronoq.cluster.shards import Shard, ShardMap
 from cronoq.errors import FailedPrecondition, InvalidArgument, NotFound, shown
 from cronoq.limit_hits import LimitHits
+from cronoq.transport import ADD_RECURRING, CANCEL, GET, SUBMIT, SUBMIT_BATCH, WAIT, Resp, Rpc
 from cronoq.v1 import cronoq_pb2 as pb
 
 DEFAULT_PAGE = 100  # ListTasks without a limit
 # Answers that name unreachable shards (Watch in its initial metadata).
 FAN_OUTS = ("ListTasks", "Snapshot", "ListWorkers", "ListRecurring", "Watch")
+Lookup = TypeVar("Lookup", pb.CancelRequest, pb.GetRequest, pb.WaitRequest)  # a request naming one task
 
 
-def _never_local(caller: Principal, request: Any) -> Any:
+def _never_local(caller: Principal, request: Message) -> NoReturn:
     raise AssertionError("the router serves no shard of its own")
 
 
@@ -112,17 +116,17 @@ class RouterService:
             raise NotFound(f"task: no task {shown(ref.key)}")
         return owner
 
-    async def _lookup(self, caller: Principal, method: str, req: Any, pool: str) -> Any:
+    async def _lookup(self, caller: Principal, rpc: Rpc[Lookup, Resp], req: Lookup, pool: str) -> Resp:
         """Get, Cancel or Wait: to the shard holding the task (of ``pool``, when the caller named one)."""
         pool = named_pool(caller, pool, lambda name: self.shards.by_pool(name) is not None)
         return await self.routing.forward(
-            await self._ref_owner(caller, req.task, pool), method, req, caller, pool=pool
+            await self._ref_owner(caller, req.task, pool), rpc, req, caller, pool=pool
         )
 
     # ------------------------------------------------------------------------------------ tasks
 
     async def submit(self, caller: Principal, req: pb.SubmitRequest) -> pb.SubmitResponse:
-        return await self.routing.forward(self._owner("task.pool", req.task.pool), "Submit", req, caller)
+        return await self.routing.forward(self._owner("task.pool", req.task.pool), SUBMIT, req, caller)
 
     async def submit_batch(self, caller: Principal, req: pb.SubmitBatchRequest) -> pb.SubmitBatchResponse:
         with self.limit_hits.counting():
@@ -130,16 +134,16 @@ class RouterService:
         owner = self.routing.batch_owner(req)
         if owner is None:
             raise NotFound(f"tasks[0].pool: unknown pool {shown(req.tasks[0].pool or self.default_pool)}")
-        return await self.routing.forward(owner, "SubmitBatch", req, caller)
+        return await self.routing.forward(owner, SUBMIT_BATCH, req, caller)
 
     async def cancel(self, caller: Principal, req: pb.CancelRequest, pool: str = "") -> pb.CancelResponse:
-        return await self._lookup(caller, "Cancel", req, pool)
+        return await self._lookup(caller, CANCEL, req, pool)
 
     async def get(self, caller: Principal, req: pb.GetRequest, pool: str = "") -> pb.TaskInfo:
-        return await self._lookup(caller, "Get", req, pool)
+        return await self._lookup(caller, GET, req, pool)
 
     async def wait(self, caller: Principal, req: pb.WaitRequest, pool: str = "") -> pb.TaskResult:
-        return await self._lookup(caller, "Wait", req, pool)
+        return await self._lookup(caller, WAIT, req, pool)
 
     async def probe(self, caller: Principal, req: pb.GetRequest) -> pb.TaskInfo:
         """Key probes are one shard's question to another; a router holds no task to answer one with."""
@@ -170,7 +174,7 @@ class RouterService:
     async def add_recurring(self, caller: Principal, req: pb.RecurringRequest) -> pb.Empty:
         """To the shard owning the template's pool, which validates and keeps the schedule."""
         owner = self._owner("template.pool", req.template.pool)
-        return await self.routing.forward(owner, "AddRecurring", req, caller, service="admin")
+        return await self.routing.forward(owner, ADD_RECURRING, req, caller)
 
     async def remove_recurring(
         self, caller: Principal, req: pb.RemoveRecurringRequest

@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Literal, TypeVar, overload
 
 from cronoq.checks import MAX_POOL_LEN, check_key, check_text
 from cronoq.config.model import MAX_KEY_BYTES
@@ -41,6 +41,8 @@ NS = 1_000_000_000
 LEASE_OVERHEAD = 128
 LEASE_FIELD_OVERHEAD = 6  # tag and length prefix of one string field
 LEASE_TAG_OVERHEAD = 18  # one map entry: its own tag and length, its key's and its value's
+K = TypeVar("K", bound=int)
+V = TypeVar("V")
 
 _ON_MISS = {
     pb.MISS_POLICY_UNSPECIFIED: MissPolicy.RUN_LATE,
@@ -116,11 +118,20 @@ def priority_from_wire(field: str, value: int) -> Priority:
     raise InvalidArgument(f"{field}: unknown priority value {value}")
 
 
-def priority_to_wire(priority: Priority) -> int:
-    return int(priority) + 1
+# Indexed by the engine's Priority (0..3): the wire enum is that value + 1.
+_PRIORITY_WIRE = (pb.PRIORITY_CRITICAL, pb.PRIORITY_HIGH, pb.PRIORITY_NORMAL, pb.PRIORITY_LOW)
 
 
-def _enum(field: str, value: int, table: Mapping[int, Any], what: str) -> Any:
+def priority_to_wire(priority: Priority) -> pb.Priority.ValueType:
+    return _PRIORITY_WIRE[priority]
+
+
+def status_to_wire(status: Status) -> pb.TaskStatus.ValueType:
+    """The wire value of an engine status: the same number (see :class:`Status`), typed as the wire's."""
+    return pb.TaskStatus.ValueType(status)
+
+
+def _enum(field: str, value: K, table: Mapping[K, V], what: str) -> V:
     try:
         return table[value]
     except KeyError:
@@ -269,16 +280,20 @@ def lease_size(spec: TaskSpec) -> int:
     )
 
 
+# The TaskSpec fields a recurring template refuses, and why.
+_NOT_IN_TEMPLATE: tuple[tuple[Literal["start_in_s", "start_unix_ns", "deadline_unix_ns"], str], ...] = (
+    ("start_in_s", "a recurring template cannot have a fixed start (the cron sets it)"),
+    ("start_unix_ns", "a recurring template cannot have a fixed start (the cron sets it)"),
+    (
+        "deadline_unix_ns",
+        "a recurring template cannot have an absolute deadline; use deadline_in_s "
+        "(relative to each occurrence's start)",
+    ),
+)
+
+
 def _refuse_in_template(field: str, msg: pb.TaskSpec) -> None:
-    for name, why in (
-        ("start_in_s", "a recurring template cannot have a fixed start (the cron sets it)"),
-        ("start_unix_ns", "a recurring template cannot have a fixed start (the cron sets it)"),
-        (
-            "deadline_unix_ns",
-            "a recurring template cannot have an absolute deadline; use deadline_in_s "
-            "(relative to each occurrence's start)",
-        ),
-    ):
+    for name, why in _NOT_IN_TEMPLATE:
         if msg.HasField(name):
             raise InvalidArgument(f"{field}.{name}: {why}")
     if msg.deps:
@@ -373,6 +388,10 @@ def retry_from_wire(field: str, msg: pb.RetryPolicy, pool_default: RetryPolicy) 
     )
 
 
+@overload
+def ns(seconds: float) -> int: ...
+@overload
+def ns(seconds: float | None) -> int | None: ...
 def ns(seconds: float | None) -> int | None:
     return None if seconds is None else int(seconds * NS)
 
@@ -381,7 +400,7 @@ def task_info(task: Task, output_available: bool) -> pb.TaskInfo:
     spec = task.spec
     info = pb.TaskInfo(
         id=task.id,
-        status=int(task.status),
+        status=status_to_wire(task.status),
         pool=spec.pool,
         key=spec.key,
         kind=spec.kind,

@@ -18,13 +18,15 @@ from .workers import WorkerStream
 log = get_logger("cronoq.grpc")
 
 
-class WorkersServicer(pbg.WorkersServicer):  # type: ignore[misc]
+class WorkersServicer(pbg.WorkersServicer):
     def __init__(self, service: ShardService, make_stream: Callable[[Ctx, Principal], WorkerStream]) -> None:
         self.service = service
         self.make_stream = make_stream
         self.streams: set[WorkerStream] = set()
 
-    async def Work(self, request_iterator: object, context: Ctx) -> None:
+    # grpc.aio also serves a stream-stream method as a coroutine that reads and writes through the context,
+    # which the generated servicer does not describe (it returns an iterator of ServerMessages).
+    async def Work(self, request_iterator: object, context: Ctx) -> None:  # type: ignore[override]
         async def run() -> None:
             caller = await authorize_worker(self.service, context)
             stream = self.make_stream(context, caller)

@@ -34,7 +34,7 @@ from cronoq.errors import (
     shown,
 )
 from cronoq.limit_hits import LimitHits
-from cronoq.transport import unadmitted
+from cronoq.transport import ADD_RECURRING, CANCEL, GET, SUBMIT, SUBMIT_BATCH, WAIT, unadmitted
 from cronoq.v1 import cronoq_pb2 as pb
 
 from .convert import (
@@ -45,6 +45,7 @@ from .convert import (
     recurring_info,
     spec_from_wire,
     status_from_wire,
+    status_to_wire,
     task_info,
 )
 from .runtime import Runtime
@@ -390,7 +391,7 @@ class ShardService:
         remote = self.routing.pool_owner(req.task.pool) if self.routing is not None else None
         if remote is not None:
             assert self.routing is not None
-            return await self.routing.forward(remote, "Submit", req, caller)
+            return await self.routing.forward(remote, SUBMIT, req, caller)
         # Checked before admission: a refused call must leave nothing behind.
         timeout = (
             self._wait_limit("wait_timeout_s", req.wait_timeout_s if req.HasField("wait_timeout_s") else None)
@@ -416,9 +417,7 @@ class ShardService:
         if wait is not None:
             assert self.routing is not None
             request = pb.WaitRequest(task=pb.TaskRef(id=held.id), timeout_s=wait)
-            response.result.CopyFrom(
-                await self.routing.forward(shard, "Wait", request, caller, last_hop=True)
-            )
+            response.result.CopyFrom(await self.routing.forward(shard, WAIT, request, caller, last_hop=True))
         return response
 
     async def submit_batch(self, caller: Principal, req: pb.SubmitBatchRequest) -> pb.SubmitBatchResponse:
@@ -427,7 +426,7 @@ class ShardService:
         if self.routing is not None:
             remote = self.routing.batch_owner(req)
             if remote is not None:
-                return await self.routing.forward(remote, "SubmitBatch", req, caller)
+                return await self.routing.forward(remote, SUBMIT_BATCH, req, caller)
         specs = self._specs(caller, "tasks", req.tasks)
         elsewhere = await self._held_elsewhere(caller, "tasks", specs)
         positions = [i for i in range(len(specs)) if i not in elsewhere]
@@ -450,7 +449,7 @@ class ShardService:
         remote = await self._ref_owner(caller, "task", req.task, pool)
         if remote is not None:
             assert self.routing is not None
-            return await self.routing.forward(remote, "Cancel", req, caller, pool=pool)
+            return await self.routing.forward(remote, CANCEL, req, caller, pool=pool)
         found = await self._task(caller, "task", req.task, pool)
         if isinstance(found, StoredTask):  # the engine holds every live task: this one has finished
             return pb.CancelResponse(cancelled=False)
@@ -465,7 +464,7 @@ class ShardService:
         remote = await self._ref_owner(caller, "task", req.task, pool)
         if remote is not None:
             assert self.routing is not None
-            return await self.routing.forward(remote, "Get", req, caller, pool=pool)
+            return await self.routing.forward(remote, GET, req, caller, pool=pool)
         found = await self._task(caller, "task", req.task, pool)
         if isinstance(found, StoredTask):
             return task_info(found.task, found.output is not None)
@@ -514,7 +513,7 @@ class ShardService:
 
     async def result(self, task: Task) -> pb.TaskResult:
         """A finished task's result; its output from the cache, else from a durable store."""
-        result = pb.TaskResult(id=task.id, status=int(task.status), message=task.message)
+        result = pb.TaskResult(id=task.id, status=status_to_wire(task.status), message=task.message)
         if task.status is Status.SUCCEEDED:
             runtime = self.runtime
             cached = runtime.outputs.get(task.id)
@@ -545,7 +544,7 @@ class ShardService:
         remote = await self._ref_owner(caller, "task", req.task, pool)
         if remote is not None:
             assert self.routing is not None
-            return await self.routing.forward(remote, "Wait", req, caller, pool=pool)
+            return await self.routing.forward(remote, WAIT, req, caller, pool=pool)
         found = await self._task(caller, "task", req.task, pool)
         timeout = self._wait_limit("timeout_s", req.timeout_s if req.HasField("timeout_s") else None)
         if isinstance(found, StoredTask):
@@ -579,7 +578,7 @@ class ShardService:
                         id=task.id,
                         pool=task.spec.pool,
                         key=task.spec.key,
-                        status=int(status),
+                        status=status_to_wire(status),
                         attempt=attempt,
                         at_unix_ns=int(at * NS),
                         message=message,
@@ -635,7 +634,7 @@ class ShardService:
         if self.routing is not None:
             remote = self.routing.pool_owner(req.template.pool)
             if remote is not None:
-                return await self.routing.forward(remote, "AddRecurring", req, caller, service="admin")
+                return await self.routing.forward(remote, ADD_RECURRING, req, caller)
         runtime = self.runtime
         with self.limit_hits.counting():
             spec = recurring_from_wire(

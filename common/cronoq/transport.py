@@ -3,7 +3,8 @@
 A server raises an :class:`~cronoq.errors.ApiError`; :func:`grpc_status` gives the status code to send,
 and :func:`api_error` turns a received status back into the same class (the SDK's calls, and a server's
 calls to other shards). :class:`Endpoint` and :func:`open_channel` are how both open channels; the
-``cronoq-*`` metadata keys are named here once.
+``cronoq-*`` metadata keys are named here once. :class:`Rpc` names a unary method with the messages it
+takes and answers, which grpc's stubs do not type.
 """
 
 from __future__ import annotations
@@ -13,14 +14,19 @@ import re
 from collections.abc import Sequence
 from contextlib import suppress
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 import grpc
+from google.protobuf.message import Message
 
 from cronoq.errors import ApiError, MessageTooLarge, Unavailable, error_for
+from cronoq.v1 import cronoq_pb2 as pb
+from cronoq.v1 import cronoq_pb2_grpc as pbg
 
 ChannelOptions = Sequence[tuple[str, Any]]
 Metadata = tuple[tuple[str, str], ...]
+Req = TypeVar("Req", bound=Message)
+Resp = TypeVar("Resp", bound=Message)
 
 _STATUS_BY_CODE: dict[str, grpc.StatusCode] = {s.name.lower(): s for s in grpc.StatusCode}
 
@@ -58,6 +64,34 @@ POOL_KEY = "cronoq-pool"
 # deduplicates), never from its store, and ALREADY_EXISTS when a task of a pool outside the caller's
 # pools holds the key (a plain Get answers NOT_FOUND there, and the submission must be refused).
 KEY_PROBE_KEY = "cronoq-key-probe"
+
+
+@dataclass(frozen=True, slots=True)
+class Rpc(Generic[Req, Resp]):
+    """A unary method of the Tasks or Admin service: its stub (``service``, "tasks" or "admin") and its
+    ``method``, typed by the messages it takes and answers. grpc ships no type information, so a call
+    made through a stub is unchecked; the SDK's calls and a server's calls to other shards name one of
+    these instead, and mypy checks their requests and answers as the method's own."""
+
+    service: str
+    method: str
+
+    def on(self, tasks: pbg.TasksStub, admin: pbg.AdminStub) -> Any:
+        """The method's multi-callable on a channel's Tasks or Admin stub (grpc's own, untyped)."""
+        return getattr(tasks if self.service == "tasks" else admin, self.method)
+
+
+SUBMIT: Rpc[pb.SubmitRequest, pb.SubmitResponse] = Rpc("tasks", "Submit")
+SUBMIT_BATCH: Rpc[pb.SubmitBatchRequest, pb.SubmitBatchResponse] = Rpc("tasks", "SubmitBatch")
+CANCEL: Rpc[pb.CancelRequest, pb.CancelResponse] = Rpc("tasks", "Cancel")
+GET: Rpc[pb.GetRequest, pb.TaskInfo] = Rpc("tasks", "Get")
+LIST_TASKS: Rpc[pb.ListTasksRequest, pb.ListTasksResponse] = Rpc("tasks", "ListTasks")
+WAIT: Rpc[pb.WaitRequest, pb.TaskResult] = Rpc("tasks", "Wait")
+SNAPSHOT: Rpc[pb.Empty, pb.SnapshotResponse] = Rpc("admin", "Snapshot")
+LIST_WORKERS: Rpc[pb.Empty, pb.ListWorkersResponse] = Rpc("admin", "ListWorkers")
+ADD_RECURRING: Rpc[pb.RecurringRequest, pb.Empty] = Rpc("admin", "AddRecurring")
+REMOVE_RECURRING: Rpc[pb.RemoveRecurringRequest, pb.RemoveRecurringResponse] = Rpc("admin", "RemoveRecurring")
+LIST_RECURRING: Rpc[pb.Empty, pb.ListRecurringResponse] = Rpc("admin", "ListRecurring")
 
 
 # How long a Work call refused as it opens waits for the worker's first message (take_first_message).

@@ -214,8 +214,9 @@ def test_dockerignore_keeps_out(path: str) -> None:
 
 
 def test_wheel_holds_every_package(wheel: zipfile.ZipFile) -> None:
-    """The image's wheel has every package with all its modules (none lost to .dockerignore), and the
-    data files the server reads: the embedded .proto, py.typed."""
+    """The image's wheel has every package with all its modules (none lost to .dockerignore), the
+    data files the server reads (the embedded .proto), and what type checkers read: py.typed, and the
+    stubs of the generated wire modules (the SDK's signatures name their messages)."""
     names = set(wheel.namelist())
     for package, folder in PYPROJECT["tool"]["setuptools"]["package-dir"].items():
         prefix = package.replace(".", "/")
@@ -224,6 +225,7 @@ def test_wheel_holds_every_package(wheel: zipfile.ZipFile) -> None:
     for package in PYPROJECT["tool"]["setuptools"]["packages"]:
         assert f"{package.replace('.', '/')}/__init__.py" in names
     assert {"cronoq/v1/cronoq.proto", "cronoq/py.typed"} <= names
+    assert {"cronoq/v1/cronoq_pb2.pyi", "cronoq/v1/cronoq_pb2_grpc.pyi"} <= names
 
 
 # --- the image's example configuration, run as the image runs it ------------------------------------

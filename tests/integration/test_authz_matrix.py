@@ -326,7 +326,7 @@ async def register(row: Row, labels: dict[str, str] | None = None) -> pb.Registe
 
     call = pbg.WorkersStub(row.channel).Work(messages(), metadata=row.metadata)
     try:
-        first = await call.read()
+        first: pb.ServerMessage = await call.read()
         assert first is not grpc.aio.EOF, await call.code()
         assert first.WhichOneof("msg") == "registered", first
         return first.registered

@@ -505,12 +505,15 @@ async def test_fair_share_interleaves_tenants(server: ServerProcess, client: Cli
         (pb.TaskSpec(tolerance_s=1), r"^task\.tolerance_s: only meaningful with a fixed start"),
         (pb.TaskSpec(start_in_s=1, tolerance_s=-1), r"^task\.tolerance_s: invalid duration"),
         (pb.TaskSpec(on_miss=pb.MISS_POLICY_SKIP), r"^task\.on_miss: only meaningful with a fixed start"),
-        (pb.TaskSpec(start_in_s=1, on_miss=9), r"^task\.on_miss: unknown on_miss value 9"),
+        (
+            pb.TaskSpec(start_in_s=1, on_miss=pb.MissPolicy.ValueType(9)),
+            r"^task\.on_miss: unknown on_miss value 9",
+        ),
         (pb.TaskSpec(deps=[pb.Dep()]), r"^task\.deps\[0\]: name the task it waits for by id or key"),
         (pb.TaskSpec(deps=[pb.Dep(target=pb.TaskRef(key=""))]), r"^task\.deps\[0\]\.key: must not be empty"),
         (pb.TaskSpec(deps=[pb.Dep(target=pb.TaskRef(id=0))]), r"^task\.deps\[0\]\.id: task ids start at 1"),
         (
-            pb.TaskSpec(deps=[pb.Dep(target=pb.TaskRef(key="k"), cond=7)]),
+            pb.TaskSpec(deps=[pb.Dep(target=pb.TaskRef(key="k"), cond=pb.EdgeCond.ValueType(7))]),
             r"^task\.deps\[0\]\.cond: unknown dependency condition value 7",
         ),
         (pb.TaskSpec(resources={"gpu": 0}), r"^task\.resources\['gpu'\]: amount must be > 0"),

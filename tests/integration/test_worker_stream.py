@@ -7,9 +7,11 @@ import contextlib
 import signal
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import grpc
 import pytest
+from google.protobuf.message import Message
 
 from cronoq.client import Client
 from cronoq.v1 import cronoq_pb2 as pb
@@ -50,7 +52,7 @@ class RawWorker:
                 return
             yield msg
 
-    def send(self, **kw: object) -> None:
+    def send(self, **kw: Any) -> None:  # the fields of a WorkerMessage
         self.outbox.put_nowait(pb.WorkerMessage(**kw))
 
     async def recv(self, timeout: float = 5) -> pb.ServerMessage:
@@ -266,7 +268,7 @@ async def test_shutdown_starts_no_new_attempt_during_its_grace(tmp_path: Path) -
         assert await asyncio.to_thread(server.wait, 30) == 0
 
 
-OPENINGS = [
+OPENINGS: list[dict[str, Message]] = [
     {"heartbeat": pb.Heartbeat(lease=1)},
     {"register": pb.Register(pool="", slots=1)},
     {"register": pb.Register(pool="a1\x00", slots=1)},

@@ -1,11 +1,14 @@
-"""The build: which engine modules setup.py compiles with mypyc, how CRONOQ_COMPILE is read, and the
-guard against testing a compiled engine older than its sources."""
+"""The build: which engine modules setup.py compiles with mypyc, how CRONOQ_COMPILE is read, the
+guard against testing a compiled engine older than its sources, and the generated wire modules and
+stubs being what ``make proto`` makes."""
 
 from __future__ import annotations
 
 import importlib
 import importlib.util
 import os
+import subprocess
+import sys
 from importlib.machinery import EXTENSION_SUFFIXES
 from pathlib import Path
 from types import ModuleType
@@ -16,6 +19,7 @@ import cronoq.engine
 from tests.conftest import stale_engine_modules
 
 REPO = Path(__file__).resolve().parents[2]
+GENERATED = ("cronoq_pb2.py", "cronoq_pb2_grpc.py", "cronoq_pb2.pyi", "cronoq_pb2_grpc.pyi")
 
 
 @pytest.fixture(scope="module")
@@ -68,3 +72,31 @@ def test_a_compiled_module_older_than_its_source_is_reported(tmp_path: Path) -> 
     os.utime(tmp_path / f"model{suffix}", (3_000_000, 3_000_000))  # built after
     assert stale_engine_modules(tmp_path) == ["lanes.py"]
     assert stale_engine_modules() == [], "this checkout's compiled engine is older than its sources"
+
+
+def test_the_committed_wire_modules_and_stubs_are_what_make_proto_makes(tmp_path: Path) -> None:
+    """``make proto``'s command, writing to a scratch folder: the committed modules and their .pyi stubs
+    are its output to the byte. mypy checks our use of every message against the stubs, so stubs left
+    behind by a change to cronoq.proto would have it check against a contract that is no longer so."""
+    tools = Path(sys.executable).parent  # the virtualenv's bin/, where the mypy-protobuf plugins are
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "grpc_tools.protoc",
+            "-Iproto",
+            f"--python_out={tmp_path}",
+            f"--grpc_python_out={tmp_path}",
+            f"--plugin=protoc-gen-mypy={tools / 'protoc-gen-mypy'}",
+            f"--mypy_out={tmp_path}",
+            f"--plugin=protoc-gen-mypy_grpc={tools / 'protoc-gen-mypy_grpc'}",
+            f"--mypy_grpc_out={tmp_path}",
+            "proto/cronoq/v1/cronoq.proto",
+        ],
+        cwd=REPO,
+        check=True,
+        capture_output=True,
+    )
+    for name in GENERATED:
+        made = (tmp_path / "cronoq" / "v1" / name).read_bytes()
+        assert (REPO / "proto" / "cronoq" / "v1" / name).read_bytes() == made, f"{name}: run make proto"

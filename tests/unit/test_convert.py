@@ -208,7 +208,10 @@ def test_fixed_starts() -> None:
         (pb.TaskSpec(tolerance_s=1), "task.tolerance_s: only meaningful with a fixed start"),
         (pb.TaskSpec(start_in_s=1, tolerance_s=math.nan), "task.tolerance_s: invalid duration nan"),
         (pb.TaskSpec(on_miss=pb.MISS_POLICY_FAIL), "task.on_miss: only meaningful with a fixed start"),
-        (pb.TaskSpec(start_in_s=1, on_miss=4), "task.on_miss: unknown on_miss value 4"),
+        (
+            pb.TaskSpec(start_in_s=1, on_miss=pb.MissPolicy.ValueType(4)),
+            "task.on_miss: unknown on_miss value 4",
+        ),
     ],
 )
 def test_bad_fixed_starts(msg: pb.TaskSpec, message: str) -> None:
@@ -244,7 +247,7 @@ def test_dependencies() -> None:
         ([pb.Dep(target=pb.TaskRef(key="x" * 33))], "task.deps[0].key: longer than 32 characters (33)"),
         ([pb.Dep(target=pb.TaskRef(key="a\x00"))], "task.deps[0].key: must not contain NUL characters"),
         (
-            [pb.Dep(target=pb.TaskRef(key="a"), cond=9)],
+            [pb.Dep(target=pb.TaskRef(key="a"), cond=pb.EdgeCond.ValueType(9))],
             "task.deps[0].cond: unknown dependency condition value 9",
         ),
         ([pb.Dep(target=pb.TaskRef(id=i)) for i in range(1, 5)], "task.deps: more than limits.max_deps (3)"),
@@ -334,7 +337,7 @@ def test_recurring_requests() -> None:
         (pb.RecurringRequest(name="a\x00", cron="* * * * *"), InvalidArgument, "name: must not contain NUL"),
         (pb.RecurringRequest(name="n", cron="  "), InvalidArgument, "cron: required"),
         (
-            pb.RecurringRequest(name="n", cron="* * * * *", overlap=9),
+            pb.RecurringRequest(name="n", cron="* * * * *", overlap=pb.Overlap.ValueType(9)),
             InvalidArgument,
             "overlap: unknown overlap",
         ),

@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 
 from cronoq.cluster.fanout import (
     PAGE_HEADROOM,
+    Answers,
     fit_page,
     merge_pages,
     merge_recurring,
@@ -121,7 +122,7 @@ def test_a_listing_asks_only_the_shards_of_the_pools_named() -> None:
 
 
 def test_recurring_listings_merge_and_name_the_shards_that_did_not_answer() -> None:
-    answers = [
+    answers: Answers[pb.ListRecurringResponse] = [
         (A, pb.ListRecurringResponse(schedules=[pb.RecurringInfo(name="x", pool="a1")])),
         (B, Unavailable("shard 'b' is unavailable")),
     ]

@@ -20,7 +20,7 @@ from cronoq.config import parse_config
 from cronoq.engine import Engine
 from cronoq.engine.model import PoolConfig
 from cronoq.errors import Unavailable
-from cronoq.transport import NOT_RECEIVED_KEY, never_received
+from cronoq.transport import NOT_RECEIVED_KEY, SUBMIT, never_received
 from cronoq.v1 import cronoq_pb2 as pb
 from cronoq.v1 import cronoq_pb2_grpc as pbg
 from shard.outputs import OutputCache
@@ -86,7 +86,7 @@ def lead_again(service: ShardService, runtime: Runtime) -> None:
 
 async def test_a_committed_submit_whose_wait_a_shutdown_ends_is_not_sent_again() -> None:
     async with leader(lead_again) as shard:
-        call = asyncio.ensure_future(shard.peers.call(shard.shard, "tasks", "Submit", KEYLESS_WAIT, CALLER))
+        call = asyncio.ensure_future(shard.peers.call(shard.shard, SUBMIT, KEYLESS_WAIT, CALLER))
         await shard.until_submitted(1)
         shard.runtime.accepting = False  # what a clean shutdown does to a waiting Submit
         shard.runtime.wake_waiters_unavailable()
@@ -105,7 +105,7 @@ async def test_a_step_down_between_commit_and_wait_is_not_sent_again() -> None:
 
         shard.runtime.sync = step_down_after_commit  # type: ignore[method-assign]
         with pytest.raises(Unavailable, match="standby"):
-            await shard.peers.call(shard.shard, "tasks", "Submit", KEYLESS_WAIT, CALLER)
+            await shard.peers.call(shard.shard, SUBMIT, KEYLESS_WAIT, CALLER)
         assert shard.submitted() == 1 and not shard.peers.retried
 
 
@@ -121,7 +121,7 @@ async def test_a_refusal_before_admission_is_sent_again_even_without_a_key() -> 
         for refuse in (stand_by, stop_admitting):  # a standby, then a leader that stopped admitting
             refuse()
             keyless = pb.SubmitRequest(task=pb.TaskSpec(pool="a1"))
-            await shard.peers.call(shard.shard, "tasks", "Submit", keyless, CALLER)
+            await shard.peers.call(shard.shard, SUBMIT, keyless, CALLER)
         assert shard.submitted() == 2 and shard.peers.retried[("a", "Submit")] == 2
 
 
@@ -159,7 +159,7 @@ async def test_a_sharded_server_retries_what_another_shards_standby_refused() ->
         try:
             keyless = pb.SubmitRequest(task=pb.TaskSpec(pool="a1"))
             with pytest.raises(Unavailable, match="standby"):
-                await server.peers.call(a, "tasks", "Submit", keyless, CALLER)
+                await server.peers.call(a, SUBMIT, keyless, CALLER)
             assert server.peers.retried[("a", "Submit")] == RETRIES and other.submitted() == 0
         finally:
             await server.peers.close()

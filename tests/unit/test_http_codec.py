@@ -354,7 +354,9 @@ def ct(value: str) -> Callable[[int], str]:
 
 def test_outputs_render_as_json_or_base64() -> None:
     def render(output: bytes, content_type: str) -> codec.JsonObject:
-        return codec.task_result(pb.TaskResult(id=1, status=6, output=output), ct(content_type))
+        return codec.task_result(
+            pb.TaskResult(id=1, status=pb.TASK_STATUS_SUCCEEDED, output=output), ct(content_type)
+        )
 
     assert render(b'{"a":1}', "application/json")["output"] == {"a": 1}
     assert render(b"[1]", "application/json; charset=utf-8")["output"] == [1]
@@ -364,7 +366,9 @@ def test_outputs_render_as_json_or_base64() -> None:
         assert base64.b64decode(str(rendered["output_base64"])) == data
         assert rendered["content_type"] == content_type
     assert "content_type" not in render(b"x", "")
-    none = codec.task_result(pb.TaskResult(id=1, status=7, message="boom"), ct("application/json"))
+    none = codec.task_result(
+        pb.TaskResult(id=1, status=pb.TASK_STATUS_FAILED, message="boom"), ct("application/json")
+    )
     assert none == {"id": "1", "status": "failed", "message": "boom", "output_available": False}
 
 

@@ -21,7 +21,7 @@ from cronoq.errors import (
     PermissionDenied,
     Unavailable,
 )
-from cronoq.transport import KEY_PROBE_KEY, NOT_RECEIVED_KEY, POOL_KEY
+from cronoq.transport import KEY_PROBE_KEY, NOT_RECEIVED_KEY, POOL_KEY, Req, Resp, Rpc
 from cronoq.v1 import cronoq_pb2 as pb
 from router.service import RouterService
 
@@ -46,16 +46,16 @@ class Scripted(Peers):
     async def call(
         self,
         shard: Shard,
-        service: str,
-        method: str,
-        request: Any,
+        rpc: Rpc[Req, Resp],
+        request: Req,
         caller: Principal,
         *,
         wait: float = 0.0,
         budget: float | None = None,
         extra: Metadata = (),
         last_hop: bool = False,
-    ) -> tuple[Any, str | None]:
+    ) -> tuple[Resp, str | None]:
+        method = rpc.method
         self.sent.append((shard.name, method, extra, last_hop))
         if (KEY_PROBE_KEY, "1") in extra:
             answer = self.script.get((shard.name, "Probe")) or self.script[(shard.name, method)]
@@ -159,7 +159,7 @@ async def test_a_shard_refusing_a_key_lookup_refuses_it_rather_than_say_not_foun
 async def test_a_key_two_shards_hold_is_refused_naming_both_and_how_to_name_the_pool() -> None:
     """Never settled by whichever shard answers first: from a router, and from a shard holding it too."""
     by_key = pb.GetRequest(task=pb.TaskRef(key="k"))
-    both = {
+    both: dict[tuple[str, str], object] = {
         ("a", "Get"): pb.TaskInfo(id=1 << 56, pool="a1"),
         ("b", "Get"): pb.TaskInfo(id=2 << 56, pool="b1"),
     }

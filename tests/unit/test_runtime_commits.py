@@ -237,18 +237,17 @@ async def test_get_wait_and_list_report_a_finish_only_after_its_commit() -> None
     assert runtime.engine.complete(1, lease.lease, NOW)
     runtime.flush()
     ref = pb.TaskRef(id=task_id)
-    answers = [
-        asyncio.create_task(service.get(caller, pb.GetRequest(task=ref))),
-        asyncio.create_task(service.wait(caller, pb.WaitRequest(task=ref, timeout_s=1.0))),
-        asyncio.create_task(service.list_tasks(caller, pb.ListTasksRequest())),
-    ]
+    get = asyncio.create_task(service.get(caller, pb.GetRequest(task=ref)))
+    wait = asyncio.create_task(service.wait(caller, pb.WaitRequest(task=ref, timeout_s=1.0)))
+    listing = asyncio.create_task(service.list_tasks(caller, pb.ListTasksRequest()))
+    answers = [get, wait, listing]
     await yield_to_loop()
     assert not any(a.done() for a in answers), "answered before the success was committed"
     known = runtime.engine.get(task_id)
     assert known is not None and known.status is Status.SUCCEEDED  # the engine already knows
 
     store.gate.set()
-    info, result, page = await asyncio.wait_for(asyncio.gather(*answers), 5)
+    info, result, page = await asyncio.wait_for(asyncio.gather(get, wait, listing), 5)
     assert info.status == result.status == page.tasks[0].status == pb.TASK_STATUS_SUCCEEDED
     assert any(t.id == task_id and t.status is Status.SUCCEEDED for b in store.batches for t in b.tasks)
 

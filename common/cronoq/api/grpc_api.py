@@ -51,7 +51,7 @@ async def authorize_worker(service: RequestHandler, context: Ctx) -> Principal:
         raise
 
 
-def registration(first: Any) -> Any:
+def registration(first: pb.WorkerMessage) -> pb.Register:
     """The ``Register`` a Work stream must open with (``first``, its first message), checked as far as
     it can be without knowing the pool: a shard and the router refuse a bad opening alike."""
     if first.WhichOneof("msg") != "register":
@@ -86,7 +86,7 @@ async def call(context: Ctx, fn: Callable[[], Awaitable[T]]) -> T:
         raise  # unreachable: abort raises
 
 
-class TasksServicer(pbg.TasksServicer):  # type: ignore[misc]
+class TasksServicer(pbg.TasksServicer):
     def __init__(self, service: RequestHandler) -> None:
         self.service = service
 
@@ -164,7 +164,7 @@ class TasksServicer(pbg.TasksServicer):  # type: ignore[misc]
                 await watch.aclose()
 
 
-class AdminServicer(pbg.AdminServicer):  # type: ignore[misc]
+class AdminServicer(pbg.AdminServicer):
     def __init__(self, service: RequestHandler) -> None:
         self.service = service
 

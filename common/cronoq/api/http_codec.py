@@ -20,13 +20,17 @@ import math
 import re
 from collections.abc import Callable, Mapping
 from datetime import UTC, datetime, timedelta
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
+from google.protobuf.message import Message
 from multidict import MultiMapping
 
 from cronoq.checks import MAX_POOL_LEN, check_text
 from cronoq.errors import InvalidArgument
 from cronoq.v1 import cronoq_pb2 as pb
+
+if TYPE_CHECKING:  # the type of a generated enum (pb.TaskStatus, ...): it exists for the type checker only
+    from google.protobuf.internal.enum_type_wrapper import _EnumTypeWrapper
 
 NS = 1_000_000_000
 U32_MAX = 2**32 - 1
@@ -36,6 +40,7 @@ EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 JsonObject = dict[str, object]
 T = TypeVar("T")
+V = TypeVar("V", bound=int)
 Reader = Callable[[str, object], T]
 
 _DIGITS = re.compile(r"[0-9]+")
@@ -43,10 +48,10 @@ _DECIMAL = re.compile(r"[+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][+-]?[0-9]+)
 _INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
 
 
-def _enum_names(enum: Any, prefix: str) -> dict[int, str]:
-    """Lower-case JSON names of a wire enum's values, from the descriptor (``TASK_STATUS_SHED`` → shed);
-    the zero "unspecified" value has no name and renders as ``null``."""
-    return {v.number: v.name.removeprefix(prefix).lower() for v in enum.DESCRIPTOR.values if v.number}
+def _enum_names(enum: _EnumTypeWrapper[V], prefix: str) -> dict[V, str]:
+    """Lower-case JSON names of a wire enum's values (``TASK_STATUS_SHED`` → shed); the zero
+    "unspecified" value has no name and renders as ``null``."""
+    return {value: name.removeprefix(prefix).lower() for name, value in enum.items() if value}
 
 
 STATUS_NAMES = _enum_names(pb.TaskStatus, "TASK_STATUS_")
@@ -255,12 +260,12 @@ def base64_bytes(path: str, value: object) -> bytes:
         raise InvalidArgument(f"{path}: not valid base64 (standard alphabet, padded)") from None
 
 
-def named(names: Mapping[int, str]) -> Reader[int]:
+def named(names: Mapping[V, str]) -> Reader[V]:
     """A reader for a wire enum given by its lower-case name."""
     values = {name: number for number, name in names.items()}
     choices = ", ".join(names.values())
 
-    def read(path: str, value: object) -> int:
+    def read(path: str, value: object) -> V:
         if not isinstance(value, str) or value not in values:
             raise InvalidArgument(f"{path}: expected one of {choices}")
         return values[value]
@@ -308,7 +313,7 @@ class Fields:
         value = self._rest.pop(name, None)
         return None if value is None else read(self.at(name), value)
 
-    def set(self, msg: Any, table: tuple[tuple[str, str, Reader[Any]], ...]) -> None:
+    def set(self, msg: Message, table: tuple[tuple[str, str, Reader[Any]], ...]) -> None:
         """Copy the fields named in ``table`` (JSON name, wire name, reader) that are present."""
         for name, wire, read in table:
             value = self.get(name, read)
@@ -363,14 +368,16 @@ def _retry(path: str, value: object) -> pb.RetryPolicy:
 def _ref(fields: Fields) -> pb.TaskRef:
     ref_id = fields.get("id", task_id)
     key = fields.get("key", text)
-    if (ref_id is None) == (key is None):
-        raise InvalidArgument(f"{fields.path}: set either id or key")
-    return pb.TaskRef(id=ref_id) if ref_id is not None else pb.TaskRef(key=key)
+    if key is None and ref_id is not None:
+        return pb.TaskRef(id=ref_id)
+    if ref_id is None and key is not None:
+        return pb.TaskRef(key=key)
+    raise InvalidArgument(f"{fields.path}: set either id or key")
 
 
 def _dep(path: str, value: object) -> pb.Dep:
     fields = Fields(path, value)
-    dep = pb.Dep(target=_ref(fields), cond=fields.get("on", named(COND_NAMES)) or 0)
+    dep = pb.Dep(target=_ref(fields), cond=fields.get("on", named(COND_NAMES)) or pb.EDGE_COND_UNSPECIFIED)
     fields.finish()
     return dep
 
@@ -586,7 +593,7 @@ def timestamp(unix_ns: int) -> str:
     return (EPOCH + timedelta(seconds=whole)).strftime("%Y-%m-%dT%H:%M:%S") + f".{frac // 1000:06d}Z"
 
 
-def _optional_time(msg: Any, field: str) -> str | None:
+def _optional_time(msg: Message, field: str) -> str | None:
     return timestamp(getattr(msg, field)) if msg.HasField(field) else None
 
 

@@ -49,7 +49,7 @@ class TaskOptions(TypedDict, total=False):
     content_type: str | None
 
 
-def task(payload: object = None, **options: Unpack[TaskOptions]) -> Any:
+def task(payload: object = None, **options: Unpack[TaskOptions]) -> pb.TaskSpec:
     """A ``cronoq.v1.TaskSpec`` for ``payload``, for ``Client.submit_batch`` or a recurring template.
 
     The payload is encoded as bytes/str/None/JSON (``content_type=`` overrides the guessed type).
@@ -92,11 +92,11 @@ def task(payload: object = None, **options: Unpack[TaskOptions]) -> Any:
     )
 
 
-def _retry(policy: object) -> Any:
+def _retry(policy: object) -> pb.RetryPolicy:
     """Missing fields go out as 0 (jitter as True), since the wire's RetryPolicy cannot leave one unset;
     the server reads 0 as "the pool's value"."""
 
-    def field(name: str, default: object) -> Any:
+    def field(name: str, default: object) -> Any:  # whatever the caller's policy holds; protobuf checks it
         if isinstance(policy, Mapping):
             return policy.get(name, default)
         return getattr(policy, name, default)
@@ -110,7 +110,7 @@ def _retry(policy: object) -> Any:
     )
 
 
-def _deps(after: Ref | Iterable[Ref] | None, deps: Iterable[DepSpec]) -> list[Any]:
+def _deps(after: Ref | Iterable[Ref] | None, deps: Iterable[DepSpec]) -> list[pb.Dep]:
     edges: list[tuple[Ref, str]] = []
     if after is not None:
         refs = [after] if isinstance(after, int | str) else list(after)

@@ -6,14 +6,17 @@ not answer (UNAVAILABLE or DEADLINE_EXCEEDED in place of an answer) is named in 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import TypeVar
+
+from google.protobuf.message import Message
 
 from cronoq.errors import ApiError, DeadlineExceeded, NotFound, Unavailable, shown
 from cronoq.v1 import cronoq_pb2 as pb
 
 from .shards import Shard, ShardMap
 
-Answers = Sequence[tuple[Shard, Any]]  # each shard and its answer, or the ApiError it failed with
+R = TypeVar("R", bound=Message)
+Answers = Sequence[tuple[Shard, R | ApiError]]  # each shard and its answer, or the ApiError it failed with
 # Bytes of a ListTasks answer besides its tasks (the cursor, the names of unavailable shards).
 PAGE_HEADROOM = 1024
 
@@ -35,21 +38,27 @@ def fit_page(page: pb.ListTasksResponse, max_message_bytes: int) -> pb.ListTasks
     return page
 
 
-def unreachable(answer: Any) -> bool:
+def unreachable(answer: object) -> bool:
     """Whether a shard's ``answer`` is the error of a shard that could not answer at all (down, between
     leaders, too slow), rather than an answer or a refusal."""
     return isinstance(answer, Unavailable | DeadlineExceeded)
 
 
-def unanswered(answer: Any) -> bool:
-    """Whether a shard's ``answer`` is :func:`unreachable`, to be named in ``unavailable_shards``. Any
-    other error is raised: a refusal (PERMISSION_DENIED for a pool the credential may not use,
-    UNAUTHENTICATED) is what a single server would answer, not an outage."""
-    if unreachable(answer):
-        return True
-    if isinstance(answer, ApiError):
-        raise answer
-    return False
+def answered(answers: Answers[R]) -> tuple[list[R], list[str]]:
+    """The answers of the shards that answered, and the names of those that were :func:`unreachable`,
+    to be named in ``unavailable_shards``. Any other error is raised: a refusal (PERMISSION_DENIED for
+    a pool the credential may not use, UNAUTHENTICATED) is what a single server would answer, not an
+    outage."""
+    got: list[R] = []
+    unavailable: list[str] = []
+    for shard, answer in answers:
+        if not isinstance(answer, ApiError):
+            got.append(answer)
+        elif unreachable(answer):
+            unavailable.append(shard.name)
+        else:
+            raise answer
+    return got, unavailable
 
 
 def split_list(shards: ShardMap, req: pb.ListTasksRequest) -> list[tuple[Shard, pb.ListTasksRequest]]:
@@ -71,7 +80,7 @@ def split_list(shards: ShardMap, req: pb.ListTasksRequest) -> list[tuple[Shard, 
     return parts
 
 
-def merge_pages(answers: Answers, limit: int) -> pb.ListTasksResponse:
+def merge_pages(answers: Answers[pb.ListTasksResponse], limit: int) -> pb.ListTasksResponse:
     """The first ``limit`` tasks of all pages in id order, with a cursor that skips none.
 
     Each shard returned its lowest ids after the cursor, but a shard that has more may have returned
@@ -79,12 +88,9 @@ def merge_pages(answers: Answers, limit: int) -> pb.ListTasksResponse:
     its next tasks are unknown, so the page stops there, at the lowest such id of all shards. The last
     id kept is the next cursor whenever anything was left out here or by a shard."""
     merged: list[pb.TaskInfo] = []
-    unavailable: list[str] = []
+    pages, unavailable = answered(answers)
     boundary: int | None = None  # the lowest id after which some shard has tasks it did not return
-    for shard, answer in answers:
-        if unanswered(answer):
-            unavailable.append(shard.name)
-            continue
+    for answer in pages:
         merged.extend(answer.tasks)
         if answer.next_after:
             boundary = answer.next_after if boundary is None else min(boundary, answer.next_after)
@@ -97,13 +103,11 @@ def merge_pages(answers: Answers, limit: int) -> pb.ListTasksResponse:
     return pb.ListTasksResponse(tasks=page, next_after=next_after, unavailable_shards=unavailable)
 
 
-def merge_snapshots(answers: Answers) -> pb.SnapshotResponse:
+def merge_snapshots(answers: Answers[pb.SnapshotResponse]) -> pb.SnapshotResponse:
     """Every shard's pools side by side; counts and totals added up."""
-    merged = pb.SnapshotResponse()
-    for shard, answer in answers:
-        if unanswered(answer):
-            merged.unavailable_shards.append(shard.name)
-            continue
+    snapshots, unavailable = answered(answers)
+    merged = pb.SnapshotResponse(unavailable_shards=unavailable)
+    for answer in snapshots:
         merged.pools.extend(answer.pools)
         merged.live_tasks += answer.live_tasks
         merged.running += answer.running
@@ -115,28 +119,22 @@ def merge_snapshots(answers: Answers) -> pb.SnapshotResponse:
     return merged
 
 
-def merge_workers(answers: Answers) -> pb.ListWorkersResponse:
-    merged = pb.ListWorkersResponse()
-    for shard, answer in answers:
-        if unanswered(answer):
-            merged.unavailable_shards.append(shard.name)
-        else:
-            merged.workers.extend(answer.workers)
-    return merged
+def merge_workers(answers: Answers[pb.ListWorkersResponse]) -> pb.ListWorkersResponse:
+    lists, unavailable = answered(answers)
+    return pb.ListWorkersResponse(
+        workers=[w for answer in lists for w in answer.workers], unavailable_shards=unavailable
+    )
 
 
-def merge_recurring(answers: Answers) -> pb.ListRecurringResponse:
+def merge_recurring(answers: Answers[pb.ListRecurringResponse]) -> pb.ListRecurringResponse:
     """Every shard's schedules, in shard order (each shard lists its own in the order they were added)."""
-    merged = pb.ListRecurringResponse()
-    for shard, answer in answers:
-        if unanswered(answer):
-            merged.unavailable_shards.append(shard.name)
-        else:
-            merged.schedules.extend(answer.schedules)
-    return merged
+    lists, unavailable = answered(answers)
+    return pb.ListRecurringResponse(
+        schedules=[s for answer in lists for s in answer.schedules], unavailable_shards=unavailable
+    )
 
 
-def merge_removed(answers: Answers) -> pb.RemoveRecurringResponse:
+def merge_removed(answers: Answers[pb.RemoveRecurringResponse]) -> pb.RemoveRecurringResponse:
     """Removed if any shard removed a schedule of that name. When none did, a shard that failed to
     answer may still have one: its error is raised rather than a "not removed" that may be false."""
     failed: list[tuple[Shard, ApiError]] = []

@@ -17,6 +17,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import grpc
+from google.protobuf.message import Message
 
 from cronoq.auth import Principal
 from cronoq.config.model import GRPC_STREAMS_PER_CONNECTION
@@ -28,11 +29,15 @@ from cronoq.transport import (
     OUTPUT_TYPE_KEY,
     UNAVAILABLE_SHARDS_KEY,
     Endpoint,
+    Req,
+    Resp,
+    Rpc,
     api_error,
     metadata_value,
     never_received,
     open_channel,
 )
+from cronoq.v1 import cronoq_pb2 as pb
 from cronoq.v1 import cronoq_pb2_grpc as pbg
 
 from .shards import Shard, ShardMap, WrongShard
@@ -81,14 +86,14 @@ RETRIES = 3  # how many of them a router or a sharded server uses
 _READ_ONLY = frozenset({"Get", "Wait", "ListTasks", "Snapshot", "ListWorkers", "ListRecurring", "Cancel"})
 
 
-def retry_safe(method: str, request: Any, received: bool) -> bool:
+def retry_safe(method: str, request: Message, received: bool) -> bool:
     """Whether a call that failed UNAVAILABLE may be sent again without running twice: one that was
     never ``received`` always, else only one that changes nothing or names every task it adds by key."""
     if not received or method in _READ_ONLY:
         return True
-    if method == "Submit":
+    if isinstance(request, pb.SubmitRequest):
         return bool(request.task.key)
-    if method == "SubmitBatch":
+    if isinstance(request, pb.SubmitBatchRequest):
         return all(task.key for task in request.tasks)
     return False
 
@@ -182,44 +187,41 @@ class Peers:
     async def call(
         self,
         shard: Shard,
-        service: str,
-        method: str,
-        request: Any,
+        rpc: Rpc[Req, Resp],
+        request: Req,
         caller: Principal,
         *,
         wait: float = 0.0,
         budget: float | None = None,
         extra: Metadata = (),
         last_hop: bool = False,
-    ) -> tuple[Any, str | None]:
-        """Forward one unary call (``service`` "tasks" or "admin"); ``wait`` extends the deadline of
-        calls that wait for a task; ``budget`` bounds the whole call, retries included (default: each
-        attempt gets ``timeout``); ``extra`` is metadata sent besides the caller's credential and the
-        forwarded marker; ``last_hop`` as in :meth:`check`. Returns the answer and the content type of
-        the output it carries, if the owner said (the wire result has no field for it; HTTP needs it)."""
+    ) -> tuple[Resp, str | None]:
+        """Forward one unary call; ``wait`` extends the deadline of calls that wait for a task;
+        ``budget`` bounds the whole call, retries included (default: each attempt gets ``timeout``);
+        ``extra`` is metadata sent besides the caller's credential and the forwarded marker;
+        ``last_hop`` as in :meth:`check`. Returns the answer and the content type of the output it
+        carries, if the owner said (the wire result has no field for it; HTTP needs it)."""
         deadline = None if budget is None else asyncio.get_running_loop().time() + budget
         try:
-            answer = await self._call(
-                shard, service, method, request, caller, wait, deadline, (extra, last_hop)
-            )
+            answer = await self._call(shard, rpc, request, caller, wait, deadline, (extra, last_hop))
         except ApiError as err:
-            self.calls[(shard.name, method, err.code)] += 1
+            self.calls[(shard.name, rpc.method, err.code)] += 1
             raise
-        self.calls[(shard.name, method, "ok")] += 1
+        self.calls[(shard.name, rpc.method, "ok")] += 1
         return answer
 
     async def _call(
         self,
         shard: Shard,
-        service: str,
-        method: str,
-        request: Any,
+        rpc: Rpc[Req, Resp],
+        request: Req,
         caller: Principal,
         wait: float,
         deadline: float | None,
         how: tuple[Metadata, bool],
-    ) -> tuple[Any, str | None]:
+    ) -> tuple[Resp, str | None]:
         extra, last_hop = how
+        method = rpc.method
         attempt = 0
         loop = asyncio.get_running_loop()
         while True:
@@ -231,11 +233,11 @@ class Peers:
                 if timeout <= 0:
                     raise DeadlineExceeded(f"shard '{shard.name}' did not answer in time")
             connection = self._connection(url)
-            call = getattr(connection.tasks if service == "tasks" else connection.admin, method)(
+            call = rpc.on(connection.tasks, connection.admin)(
                 request, metadata=self._metadata(caller, extra), timeout=timeout
             )
             try:
-                response = await call
+                response: Resp = await call
                 if not wait:  # only answers that waited for a task carry an output
                     return response, None
                 return response, metadata_value(await call.trailing_metadata(), OUTPUT_TYPE_KEY)
@@ -263,32 +265,29 @@ class Peers:
     async def fan_out(
         self,
         shards: Sequence[Shard],
-        service: str,
-        method: str,
-        requests: Sequence[Any],
+        rpc: Rpc[Req, Resp],
+        requests: Sequence[Req],
         caller: Principal,
         *,
         extra: Metadata = (),
         last_hop: bool = False,
-    ) -> list[Any | ApiError]:
+    ) -> list[Resp | ApiError]:
         """The same call on several shards at once (``extra`` and ``last_hop`` as in :meth:`call`): each
         answer, or the error it failed with, within a share of the forwarding timeout."""
         budget = FANOUT_SHARE * self.timeout
 
-        async def one(shard: Shard, request: Any) -> Any:
+        async def one(shard: Shard, request: Req) -> Resp | ApiError:
             try:
-                call = self.call(
-                    shard, service, method, request, caller, budget=budget, extra=extra, last_hop=last_hop
-                )
+                call = self.call(shard, rpc, request, caller, budget=budget, extra=extra, last_hop=last_hop)
                 return (await call)[0]
             except ApiError as err:
                 return err
 
         return list(await asyncio.gather(*(one(s, r) for s, r in zip(shards, requests, strict=True))))
 
-    def stream(self, shard: Shard, method: str, request: Any, caller: Principal) -> PeerStream:
-        """A server-streaming Tasks call (Watch) to ``shard``, started by :meth:`PeerStream.open`."""
-        return PeerStream(self, shard, method, request, caller)
+    def watch(self, shard: Shard, request: pb.WatchRequest, caller: Principal) -> PeerStream:
+        """A Watch call to ``shard``, started by :meth:`PeerStream.open`."""
+        return PeerStream(self, shard, request, caller)
 
     async def close(self) -> None:
         channels = [c.channel for pool in self._connections.values() for c in pool]
@@ -302,14 +301,15 @@ class _Connection:
     of its own (``grpc.use_local_subchannel_pool`` in PEER_CHANNEL_OPTIONS: grpc otherwise shares one
     between channels of the same target and options)."""
 
-    channel: Any
-    tasks: Any
-    admin: Any
+    channel: Any  # a grpc.aio.Channel (grpc ships no type information)
+    tasks: pbg.TasksStub
+    admin: pbg.AdminStub
     open: int = 0
 
 
 class PeerStream:
-    """A server-streaming call (Watch) forwarded to a shard; counted in ``Peers.calls`` when it ends.
+    """A Watch call (the API's only server-streaming call) forwarded to a shard; counted in
+    ``Peers.calls`` when it ends.
 
     :meth:`open` returns once the shard said the stream is open: its Watch sends its initial metadata
     (``UNAVAILABLE_SHARDS_KEY``) as soon as it is subscribed, so a healthy shard with nothing to report
@@ -317,10 +317,9 @@ class PeerStream:
     Then ``anext()`` gives its messages; :meth:`aclose` cancels the call.
     """
 
-    def __init__(self, peers: Peers, shard: Shard, method: str, request: Any, caller: Principal) -> None:
+    def __init__(self, peers: Peers, shard: Shard, request: pb.WatchRequest, caller: Principal) -> None:
         self._peers = peers
         self._shard = shard
-        self._method = method
         self._request = request
         self._caller = caller
         self._call: Any = None  # the grpc.aio call, once started
@@ -339,13 +338,13 @@ class PeerStream:
                     error = await self._refusal()
                     if not isinstance(error, Unavailable):
                         raise error
-                    if not await peers._again(shard, self._method, self._url, attempt, True):
+                    if not await peers._again(shard, "Watch", self._url, attempt, True):
                         raise error
                     attempt += 1
         except TimeoutError:
             self._end("deadline_exceeded")
             raise DeadlineExceeded(
-                f"shard '{shard.name}' did not open the {self._method} stream within {peers.timeout:g} s"
+                f"shard '{shard.name}' did not open the Watch stream within {peers.timeout:g} s"
             ) from None
         except ApiError as err:
             self._end(err.code)
@@ -361,9 +360,7 @@ class PeerStream:
         peers.check(self._shard, self._caller, self._url)
         self._let_go()
         self._connection = connection = peers._connection(self._url)
-        self._call = getattr(connection.tasks, self._method)(
-            self._request, metadata=peers._metadata(self._caller)
-        )
+        self._call = connection.tasks.Watch(self._request, metadata=peers._metadata(self._caller))
         opened = await self._call.initial_metadata()
         return metadata_value(opened, UNAVAILABLE_SHARDS_KEY) is not None
 
@@ -372,17 +369,15 @@ class PeerStream:
         call = self._call
         code, details = await call.code(), await call.details()
         if code == grpc.StatusCode.OK:  # ended without a word: neither opened nor refused
-            return Unavailable(
-                f"shard '{self._shard.name}' ended the {self._method} stream without opening it"
-            )
+            return Unavailable(f"shard '{self._shard.name}' ended the Watch stream without opening it")
         err = grpc.aio.AioRpcError(
             code, await call.initial_metadata(), await call.trailing_metadata(), details
         )
         return _error(err, self._shard, self._url)
 
-    async def __anext__(self) -> Any:
+    async def __anext__(self) -> pb.StatusEvent:
         try:
-            message = await self._call.read()
+            message: pb.StatusEvent = await self._call.read()
         except grpc.aio.AioRpcError as err:
             error = _error(err, self._shard, self._url)
             self._end(error.code)
@@ -404,7 +399,7 @@ class PeerStream:
         if self._call is not None and outcome != "ok":
             self._call.cancel()
         self._let_go()
-        self._peers.calls[(self._shard.name, self._method, outcome)] += 1
+        self._peers.calls[(self._shard.name, "Watch", outcome)] += 1
 
     def _let_go(self) -> None:
         """The call ended (or is being sent again): it no longer counts on its connection."""

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Sequence
-from typing import Any, Protocol
+from typing import Protocol
 
 from cronoq.auth import Principal
 from cronoq.errors import (
@@ -26,14 +26,27 @@ from cronoq.errors import (
     shown,
 )
 from cronoq.limit_hits import exceeded
-from cronoq.transport import KEY_PROBE_KEY, POOL_KEY, unadmitted
+from cronoq.transport import (
+    GET,
+    KEY_PROBE_KEY,
+    LIST_RECURRING,
+    LIST_TASKS,
+    LIST_WORKERS,
+    POOL_KEY,
+    REMOVE_RECURRING,
+    SNAPSHOT,
+    Req,
+    Resp,
+    Rpc,
+    unadmitted,
+)
 from cronoq.v1 import cronoq_pb2 as pb
 
 from . import fanout
 from .forward import Peers
 from .shards import SHARD_SHIFT, Shard, ShardMap
 
-Local = Callable[[Principal, Any], Any]  # answers one fan-out part on this process's own shard
+Local = Callable[[Principal, Req], Resp]  # answers one fan-out part on this process's own shard
 Match = tuple[Shard, int, str]  # a task found by key: its shard, id and pool
 _PROBE = ((KEY_PROBE_KEY, "1"),)
 _PROBES_AT_ONCE = 32  # keys of one submission probed on the other shards at a time (a batch has many)
@@ -101,7 +114,7 @@ class _Part(Protocol):
 
     async def open(self) -> None: ...
 
-    def __anext__(self) -> Awaitable[Any]: ...
+    def __anext__(self) -> Awaitable[pb.StatusEvent]: ...
 
     async def aclose(self) -> None: ...
 
@@ -358,9 +371,7 @@ class Routing:
         others = [s for s in self.shards if not self.shards.is_local(s)]
         request = pb.GetRequest(task=pb.TaskRef(key=key))
         remote, local = await asyncio.gather(
-            self.peers.fan_out(
-                others, "tasks", "Get", [request] * len(others), caller, extra=_PROBE if held else ()
-            ),
+            self.peers.fan_out(others, GET, [request] * len(others), caller, extra=_PROBE if held else ()),
             self._here(caller, key, here, held),
         )
         found: list[Match] = [] if local is None else [local]
@@ -395,11 +406,11 @@ class Routing:
         others = [s for s in self.shards if not self.shards.is_local(s)]
         gate = asyncio.Semaphore(_PROBES_AT_ONCE)
 
-        async def probe(key: str) -> list[Any]:
+        async def probe(key: str) -> list[pb.TaskInfo | ApiError]:
             async with gate:
                 request = pb.GetRequest(task=pb.TaskRef(key=key))
                 return await self.peers.fan_out(
-                    others, "tasks", "Get", [request] * len(others), caller, extra=_PROBE, last_hop=True
+                    others, GET, [request] * len(others), caller, extra=_PROBE, last_hop=True
                 )
 
         answers = await asyncio.gather(*(probe(key) for _, key in keys))
@@ -435,23 +446,20 @@ class Routing:
     async def forward(
         self,
         shard: Shard,
-        method: str,
-        req: Any,
+        rpc: Rpc[Req, Resp],
+        req: Req,
         caller: Principal,
         *,
-        service: str = "tasks",
         pool: str = "",
         last_hop: bool = False,
-    ) -> Any:
-        """Forward one Tasks (or, with ``service="admin"``, Admin) call, with the ``pool`` its caller
-        named for the task it looks up (``POOL_KEY``); ``last_hop`` as in
-        :meth:`~cronoq.cluster.forward.Peers.check`. Calls that wait for a task get the longest wait added to
-        their deadline."""
-        waits = method == "Wait" or (method == "Submit" and req.wait)
+    ) -> Resp:
+        """Forward one Tasks or Admin call, with the ``pool`` its caller named for the task it looks up
+        (``POOL_KEY``); ``last_hop`` as in :meth:`~cronoq.cluster.forward.Peers.check`. Calls that wait
+        for a task (Wait, Submit with ``wait``) get the longest wait added to their deadline."""
+        waits = isinstance(req, pb.WaitRequest) or (isinstance(req, pb.SubmitRequest) and req.wait)
         response, output_type = await self.peers.call(
             shard,
-            service,
-            method,
+            rpc,
             req,
             caller,
             wait=self.max_wait_s if waits else 0.0,
@@ -459,21 +467,23 @@ class Routing:
             last_hop=last_hop,
         )
         if output_type is not None and waits:
-            result = response.result if method == "Submit" else response
-            if result.output_available:
+            result = response.result if isinstance(response, pb.SubmitResponse) else response
+            if isinstance(result, pb.TaskResult) and result.output_available:
                 self.on_output(result.id, result.output, output_type)
         return response
 
     async def fan_out(
-        self, caller: Principal, service: str, method: str, parts: list[tuple[Shard, Any]], local: Local
-    ) -> list[tuple[Shard, Any]]:
+        self,
+        caller: Principal,
+        rpc: Rpc[Req, Resp],
+        parts: list[tuple[Shard, Req]],
+        local: Local[Req, Resp],
+    ) -> list[tuple[Shard, Resp | ApiError]]:
         """Ask every shard in ``parts``: this process's own by ``local(caller, request)``, the others
         over the network; a shard that fails (unreachable, standby) gives its ApiError instead."""
         remote = [(shard, part) for shard, part in parts if not self.shards.is_local(shard)]
-        answers = iter(
-            await self.peers.fan_out([s for s, _ in remote], service, method, [r for _, r in remote], caller)
-        )
-        results: list[tuple[Shard, Any]] = []
+        answers = iter(await self.peers.fan_out([s for s, _ in remote], rpc, [r for _, r in remote], caller))
+        results: list[tuple[Shard, Resp | ApiError]] = []
         for shard, part in parts:
             if self.shards.is_local(shard):
                 try:
@@ -485,24 +495,33 @@ class Routing:
         return results
 
     async def list_tasks(
-        self, caller: Principal, req: pb.ListTasksRequest, local: Local
+        self,
+        caller: Principal,
+        req: pb.ListTasksRequest,
+        local: Local[pb.ListTasksRequest, pb.ListTasksResponse],
     ) -> pb.ListTasksResponse:
         parts = fanout.split_list(self.shards, req)
-        answers = await self.fan_out(caller, "tasks", "ListTasks", parts, local)
+        answers = await self.fan_out(caller, LIST_TASKS, parts, local)
         merged = fanout.merge_pages(answers, min(req.limit or 100, self.max_list))
         return fanout.fit_page(merged, self.max_message_bytes)
 
-    async def snapshot(self, caller: Principal, local: Local) -> pb.SnapshotResponse:
+    async def snapshot(
+        self, caller: Principal, local: Local[pb.Empty, pb.SnapshotResponse]
+    ) -> pb.SnapshotResponse:
         parts = [(shard, pb.Empty()) for shard in self.shards]
-        return fanout.merge_snapshots(await self.fan_out(caller, "admin", "Snapshot", parts, local))
+        return fanout.merge_snapshots(await self.fan_out(caller, SNAPSHOT, parts, local))
 
-    async def list_workers(self, caller: Principal, local: Local) -> pb.ListWorkersResponse:
+    async def list_workers(
+        self, caller: Principal, local: Local[pb.Empty, pb.ListWorkersResponse]
+    ) -> pb.ListWorkersResponse:
         parts = [(shard, pb.Empty()) for shard in self.shards]
-        return fanout.merge_workers(await self.fan_out(caller, "admin", "ListWorkers", parts, local))
+        return fanout.merge_workers(await self.fan_out(caller, LIST_WORKERS, parts, local))
 
-    async def list_recurring(self, caller: Principal, local: Local) -> pb.ListRecurringResponse:
+    async def list_recurring(
+        self, caller: Principal, local: Local[pb.Empty, pb.ListRecurringResponse]
+    ) -> pb.ListRecurringResponse:
         parts = [(shard, pb.Empty()) for shard in self.shards]
-        return fanout.merge_recurring(await self.fan_out(caller, "admin", "ListRecurring", parts, local))
+        return fanout.merge_recurring(await self.fan_out(caller, LIST_RECURRING, parts, local))
 
     async def remove_recurring(
         self, caller: Principal, req: pb.RemoveRecurringRequest, local: LocalRemove | None
@@ -519,9 +538,9 @@ class Routing:
 
         others = [s for s in self.shards if not self.shards.is_local(s)]
         mine = [s for s in self.shards if self.shards.is_local(s)]
-        remote, *local_answers = await asyncio.gather(
-            self.peers.fan_out(others, "admin", "RemoveRecurring", [req] * len(others), caller),
-            *(here(shard) for shard in mine),
+        remote, local_answers = await asyncio.gather(
+            self.peers.fan_out(others, REMOVE_RECURRING, [req] * len(others), caller),
+            asyncio.gather(*(here(shard) for shard in mine)),
         )
         answers = [*zip(mine, local_answers, strict=True), *zip(others, remote, strict=True)]
         return fanout.merge_removed(answers)
@@ -552,5 +571,5 @@ class Routing:
                 assert local is not None
                 parts.append((shard, OwnWatch(local(caller, part))))
             else:
-                parts.append((shard, self.peers.stream(shard, "Watch", part, caller)))
+                parts.append((shard, self.peers.watch(shard, part, caller)))
         return MergedWatch(parts, on_open)

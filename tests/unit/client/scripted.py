@@ -219,7 +219,9 @@ async def serve(
     ``options`` are grpc server options); yields ``host:port``."""
     server = grpc.aio.server(options=options)
     if isinstance(servicer, WorkersServer):
-        pb_grpc.add_WorkersServicer_to_server(servicer, server)
+        # Served as a WorkersServicer, whose Work grpc.aio calls, without deriving from one: its Work is a
+        # coroutine writing through the context, which the generated stub does not describe.
+        pb_grpc.add_WorkersServicer_to_server(servicer, server)  # type: ignore[arg-type]
     else:
         pb_grpc.add_TasksServicer_to_server(servicer, server)
         pb_grpc.add_AdminServicer_to_server(servicer, server)
