@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import time
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -73,7 +74,7 @@ async def leases(target: str, count: int) -> dict[int, pb.Lease]:
     """Register one worker with ``count`` slots and take a lease of each task (none is answered)."""
     register = pb.Register(pool="default", slots=count, worker_name="roundtrip", protocol_version=3)
 
-    async def requests() -> Any:
+    async def requests() -> AsyncIterator[pb.WorkerMessage]:
         yield pb.WorkerMessage(register=register)
         await asyncio.Event().wait()  # keep the stream open while the leases come
 

@@ -146,7 +146,7 @@ async def json_echo(lease: Lease) -> dict[str, Any]:
 async def register_raw(channel: Any, pool: str) -> Any:
     """Opens a Work stream registering for ``pool`` and returns how it ended (it must fail)."""
 
-    async def messages() -> AsyncIterator[Any]:
+    async def messages() -> AsyncIterator[pb.WorkerMessage]:
         yield pb.WorkerMessage(
             register=pb.Register(pool=pool, slots=1, worker_name="raw", protocol_version=3)
         )

@@ -29,6 +29,7 @@ from typing import Any
 import grpc
 from aiohttp import web
 from aiohttp.typedefs import Middleware
+from google.protobuf.message import Message
 
 from cronoq.config.model import Limits
 from cronoq.errors import ApiError, DeadlineExceeded, ResourceExhausted
@@ -221,14 +222,16 @@ class _Context:
         return message
 
 
-async def _checked(requests: AsyncIterator[Any], limits: RequestLimits) -> AsyncIterator[Any]:
+async def _checked(
+    requests: AsyncIterator[Message | _Oversized], limits: RequestLimits
+) -> AsyncIterator[Message]:
     async for message in requests:
         if isinstance(message, _Oversized):
             raise limits.oversized(message.size)
         yield message
 
 
-def _waits(method: str, request: Any) -> bool:
+def _waits(method: str, request: Message) -> bool:
     """Whether a unary call waits for a task (so may take up to ``max_wait_s`` more)."""
     return method.endswith("/Wait") or (method.endswith("/Submit") and bool(getattr(request, "wait", False)))
 

@@ -10,6 +10,7 @@ from typing import Any, Unpack
 
 import grpc
 
+from cronoq import transport
 from cronoq.client._connect import CHANNEL_DEFAULTS, auth_metadata, with_defaults
 from cronoq.client._models import (
     Event,
@@ -29,6 +30,9 @@ from cronoq.transport import (
     UNAVAILABLE_SHARDS_KEY,
     ChannelOptions,
     Endpoint,
+    Req,
+    Resp,
+    Rpc,
     api_error,
     metadata_value,
     open_channel,
@@ -102,19 +106,23 @@ class Client:
 
     async def _call(
         self,
-        rpc: Any,
-        request: Any,
+        rpc: Rpc[Req, Resp],
+        request: Req,
         *,
         deadline: float | None = None,
         waits: bool = False,
         pool: str | None = None,
-    ) -> Any:
+    ) -> Resp:
         """One unary call; ``pool`` names the pool of the task a lookup names (``POOL_KEY``). For calls
         that wait for a task (``waits``), DEADLINE_EXCEEDED, from the server's wait limit or the call's
         own deadline, means the wait ran out: TimeoutError."""
+        stubs = self._stubs()
         metadata = self._metadata if not pool else (*self._metadata, (POOL_KEY, pool))
         try:
-            return await rpc(request, metadata=metadata, timeout=deadline)
+            response: Resp = await rpc.on(stubs.tasks, stubs.admin)(
+                request, metadata=metadata, timeout=deadline
+            )
+            return response
         except grpc.aio.AioRpcError as err:
             if waits and err.code() == grpc.StatusCode.DEADLINE_EXCEEDED:
                 raise TimeoutError(err.details() or "timed out waiting for the task") from err
@@ -144,13 +152,13 @@ class Client:
             call_timeout = wait_s + WAIT_MARGIN
         request = pb.SubmitRequest(task=_spec(payload, task_opts), wait=wait, wait_timeout_s=wait_s)
         deadline = duration("call_timeout", call_timeout)
-        response = await self._call(self._stubs().tasks.Submit, request, deadline=deadline, waits=True)
+        response = await self._call(transport.SUBMIT, request, deadline=deadline, waits=True)
         return Submitted.from_proto(response)
 
-    async def submit_batch(self, specs: Iterable[Any]) -> list[Submitted]:
+    async def submit_batch(self, specs: Iterable[pb.TaskSpec]) -> list[Submitted]:
         """Submits specs built with :func:`task` atomically: all are accepted or none. Results are in
         input order; specs may depend on keys defined in the same batch."""
-        response = await self._call(self._stubs().tasks.SubmitBatch, pb.SubmitBatchRequest(tasks=list(specs)))
+        response = await self._call(transport.SUBMIT_BATCH, pb.SubmitBatchRequest(tasks=list(specs)))
         return [Submitted.from_proto(item) for item in response.tasks]
 
     # ``pool`` on a lookup names the task's pool: in a sharded cluster a key two shards hold (two
@@ -160,12 +168,12 @@ class Client:
         """The task with this id or key (of ``pool``, if given); ``NotFound`` if the server does not
         know (or no longer keeps) it."""
         request = pb.GetRequest(task=task_ref(ref))
-        return TaskInfo.from_proto(await self._call(self._stubs().tasks.Get, request, pool=pool))
+        return TaskInfo.from_proto(await self._call(transport.GET, request, pool=pool))
 
     async def cancel(self, ref: Ref, *, pool: str | None = None) -> bool:
         """Cancels a live task (of ``pool``, if given); False when it had already finished."""
         request = pb.CancelRequest(task=task_ref(ref))
-        response = await self._call(self._stubs().tasks.Cancel, request, pool=pool)
+        response = await self._call(transport.CANCEL, request, pool=pool)
         return bool(response.cancelled)
 
     async def wait(self, ref: Ref, timeout: float | None = None, *, pool: str | None = None) -> Result:
@@ -176,7 +184,7 @@ class Client:
         request = pb.WaitRequest(task=task_ref(ref), timeout_s=timeout_s)
         deadline = None if timeout_s is None else timeout_s + WAIT_MARGIN
         return Result.from_proto(
-            await self._call(self._stubs().tasks.Wait, request, deadline=deadline, waits=True, pool=pool)
+            await self._call(transport.WAIT, request, deadline=deadline, waits=True, pool=pool)
         )
 
     async def list_tasks(
@@ -195,7 +203,7 @@ class Client:
             after=after,
             limit=limit,
         )
-        return TaskPage.from_proto(await self._call(self._stubs().tasks.ListTasks, request))
+        return TaskPage.from_proto(await self._call(transport.LIST_TASKS, request))
 
     async def iter_tasks(
         self, *, pools: Iterable[str] = (), statuses: Iterable[str] = (), page_size: int = 0
@@ -237,11 +245,11 @@ class Client:
 
     async def snapshot(self) -> Snapshot:
         """Pools, capacity and counters (needs a metrics or admin token)."""
-        return Snapshot.from_proto(await self._call(self._stubs().admin.Snapshot, pb.Empty()))
+        return Snapshot.from_proto(await self._call(transport.SNAPSHOT, pb.Empty()))
 
     async def list_workers(self) -> list[WorkerInfo]:
         """Connected workers (needs a metrics or admin token)."""
-        response = await self._call(self._stubs().admin.ListWorkers, pb.Empty())
+        response = await self._call(transport.LIST_WORKERS, pb.Empty())
         return [WorkerInfo.from_proto(w) for w in response.workers]
 
     async def add_recurring(
@@ -260,26 +268,26 @@ class Client:
         request = pb.RecurringRequest(
             name=name, cron=cron, tz=tz or "", template=_spec(payload, opts), overlap=overlap_value(overlap)
         )
-        await self._call(self._stubs().admin.AddRecurring, request)
+        await self._call(transport.ADD_RECURRING, request)
 
     async def remove_recurring(self, name: str) -> bool:
         """Removes a schedule; False if there was none by that name (needs an admin token)."""
-        response = await self._call(self._stubs().admin.RemoveRecurring, pb.RemoveRecurringRequest(name=name))
+        response = await self._call(transport.REMOVE_RECURRING, pb.RemoveRecurringRequest(name=name))
         return bool(response.removed)
 
     async def list_recurring(self) -> list[RecurringInfo]:
         """Recurring schedules (needs a metrics or admin token)."""
-        response = await self._call(self._stubs().admin.ListRecurring, pb.Empty())
+        response = await self._call(transport.LIST_RECURRING, pb.Empty())
         return [RecurringInfo.from_proto(s) for s in response.schedules]
 
 
 @dataclass(frozen=True, slots=True)
 class _Stubs:
-    tasks: Any
-    admin: Any
+    tasks: pb_grpc.TasksStub
+    admin: pb_grpc.AdminStub
 
 
-def _spec(payload: object, options: TaskOptions) -> Any:
+def _spec(payload: object, options: TaskOptions) -> pb.TaskSpec:
     """A prebuilt ``TaskSpec`` as is, otherwise one built by :func:`task`."""
     if isinstance(payload, pb.TaskSpec):
         if options:
@@ -302,11 +310,12 @@ class EventStream:
     ``RuntimeError``.
     """
 
-    def __init__(self, call: Any) -> None:
+    def __init__(self, call: Any) -> None:  # a grpc.aio UnaryStreamCall (grpc ships no type information)
         self._call = call
-        self._messages: AsyncIterator[Any] = call.__aiter__()
+        self._messages: AsyncIterator[pb.StatusEvent] = call.__aiter__()
         self._closed = False
-        self._read: asyncio.Task[Any] | None = None  # the read from grpc, kept across cancelled reads
+        # The read from grpc, kept across cancelled reads.
+        self._read: asyncio.Task[pb.StatusEvent | None] | None = None
         self._reading = False  # a caller is waiting in __anext__
 
     def __aiter__(self) -> EventStream:
@@ -367,7 +376,7 @@ class EventStream:
             self._call.cancel()
 
 
-def _retrieved(read: asyncio.Task[Any]) -> None:
+def _retrieved(read: asyncio.Task[object]) -> None:
     """Marks the outcome of a read as seen, so that a read nobody awaits any more (its reader was
     cancelled, then dropped the stream) is not logged as "exception was never retrieved"."""
     if not read.cancelled():

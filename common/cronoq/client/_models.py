@@ -19,6 +19,7 @@ from cronoq.client._wire import (
     seconds,
     status_name,
 )
+from cronoq.v1 import cronoq_pb2 as pb
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,7 +45,7 @@ class Result:
         return decode_text(self.output)
 
     @classmethod
-    def from_proto(cls, msg: Any) -> Result:
+    def from_proto(cls, msg: pb.TaskResult) -> Result:
         return cls(
             id=msg.id,
             status=status_name(msg.status),
@@ -66,7 +67,7 @@ class Submitted:
     result: Result | None = None
 
     @classmethod
-    def from_proto(cls, msg: Any) -> Submitted:
+    def from_proto(cls, msg: pb.SubmitResponse) -> Submitted:
         result = Result.from_proto(msg.result) if msg.HasField("result") else None
         return cls(id=msg.id, duplicate=msg.duplicate, result=result)
 
@@ -97,7 +98,7 @@ class TaskInfo:
         return self.status in TERMINAL_STATUSES
 
     @classmethod
-    def from_proto(cls, msg: Any) -> TaskInfo:
+    def from_proto(cls, msg: pb.TaskInfo) -> TaskInfo:
         return cls(
             id=msg.id,
             status=status_name(msg.status),
@@ -128,7 +129,7 @@ class TaskPage:
     unavailable_shards: list[str]
 
     @classmethod
-    def from_proto(cls, msg: Any) -> TaskPage:
+    def from_proto(cls, msg: pb.ListTasksResponse) -> TaskPage:
         return cls(
             tasks=[TaskInfo.from_proto(t) for t in msg.tasks],
             next_after=msg.next_after,
@@ -149,7 +150,7 @@ class Event:
     message: str
 
     @classmethod
-    def from_proto(cls, msg: Any) -> Event:
+    def from_proto(cls, msg: pb.StatusEvent) -> Event:
         return cls(
             id=msg.id,
             pool=msg.pool,
@@ -170,7 +171,7 @@ class WorkerGroup:
     busy: int
 
     @classmethod
-    def from_proto(cls, msg: Any) -> WorkerGroup:
+    def from_proto(cls, msg: pb.WorkerGroup) -> WorkerGroup:
         return cls(labels=dict(msg.labels), capacity=msg.capacity, busy=msg.busy)
 
 
@@ -208,7 +209,7 @@ class PoolSnapshot:
         return sum(self.pending_by_class.values())
 
     @classmethod
-    def from_proto(cls, msg: Any) -> PoolSnapshot:
+    def from_proto(cls, msg: pb.PoolSnapshot) -> PoolSnapshot:
         return cls(
             name=msg.name,
             capacity=msg.capacity,
@@ -252,7 +253,7 @@ class Totals:
     stale_completions: int
 
     @classmethod
-    def from_proto(cls, msg: Any) -> Totals:
+    def from_proto(cls, msg: pb.Totals) -> Totals:
         return cls(**{name: getattr(msg, name) for name in cls.__dataclass_fields__})
 
 
@@ -276,7 +277,7 @@ class Snapshot:
         raise KeyError(f"no pool {name!r} in this snapshot")
 
     @classmethod
-    def from_proto(cls, msg: Any) -> Snapshot:
+    def from_proto(cls, msg: pb.SnapshotResponse) -> Snapshot:
         return cls(
             pools=[PoolSnapshot.from_proto(p) for p in msg.pools],
             live_tasks=msg.live_tasks,
@@ -301,7 +302,7 @@ class WorkerInfo:
     connected_at: float
 
     @classmethod
-    def from_proto(cls, msg: Any) -> WorkerInfo:
+    def from_proto(cls, msg: pb.WorkerInfo) -> WorkerInfo:
         return cls(
             id=msg.id,
             name=msg.name,
@@ -327,7 +328,7 @@ class RecurringInfo:
     last_task_id: int | None
 
     @classmethod
-    def from_proto(cls, msg: Any) -> RecurringInfo:
+    def from_proto(cls, msg: pb.RecurringInfo) -> RecurringInfo:
         return cls(
             name=msg.name,
             cron=msg.cron,

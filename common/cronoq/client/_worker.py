@@ -120,7 +120,7 @@ class Lease:
         return decode_text(self.payload)
 
     @classmethod
-    def from_proto(cls, msg: Any, registered_ttl: float | None) -> Lease:
+    def from_proto(cls, msg: pb.Lease, registered_ttl: float | None) -> Lease:
         """A TTL on the lease itself takes precedence over the one from registration."""
         return cls(
             id=msg.lease,
@@ -396,14 +396,14 @@ class _Session:
         self._worker = worker
         self._signals = signals
         self._attempts: dict[int, _Attempt] = {}
-        self._outbox: deque[Any] = deque()  # WorkerMessages not yet handed to grpc
+        self._outbox: deque[pb.WorkerMessage] = deque()  # not yet handed to grpc
         self._outbox_filled = asyncio.Event()
         self._half_close = False  # set by drain(): end the requests once the outbox is empty
         self._closed = asyncio.Event()
         self.registered = False
         self.error: ApiError | None = None
         self.redirect: Redirect | None = None
-        self.shutdown: Any = None
+        self.shutdown: pb.Shutdown | None = None
         self._send(
             pb.WorkerMessage(
                 register=pb.Register(
@@ -478,7 +478,7 @@ class _Session:
 
     # ----------------------------------------------------------------------------- server messages
 
-    def _on_registered(self, msg: Any) -> None:
+    def _on_registered(self, msg: pb.Registered) -> None:
         worker = self._worker
         worker.worker_id = msg.worker_id
         worker.lease_ttl = msg.lease_ttl_s if msg.HasField("lease_ttl_s") else None
@@ -490,7 +490,7 @@ class _Session:
         self.registered = True
         self._signals.registered.set()
 
-    def _on_lease(self, msg: Any) -> None:
+    def _on_lease(self, msg: pb.Lease) -> None:
         worker = self._worker
         if worker._stopping:
             self._send(self._give_back(msg.lease, "the worker is stopping"))
@@ -505,7 +505,7 @@ class _Session:
         if ttl:
             self._beat_later(attempt, max(ttl / 3, MIN_HEARTBEAT_INTERVAL))
 
-    def _on_abort(self, msg: Any) -> None:
+    def _on_abort(self, msg: pb.Abort) -> None:
         # The server already freed the slot and expects nothing more for this lease.
         attempt = self._attempts.pop(msg.lease, None)
         if attempt is not None:
@@ -529,7 +529,7 @@ class _Session:
             attempt.stop_heartbeat()
             self._send(outcome)
 
-    async def _outcome(self, lease: Lease) -> Any:
+    async def _outcome(self, lease: Lease) -> pb.WorkerMessage:
         """The message reporting how the handler ended; raises when the message cannot be built."""
         try:
             value = await self._invoke(lease)
@@ -558,7 +558,7 @@ class _Session:
         # A plain function may still hand back a coroutine (a lambda around an async function).
         return await result if inspect.isawaitable(result) else result
 
-    def _complete(self, lease_id: int, value: object) -> Any:
+    def _complete(self, lease_id: int, value: object) -> pb.WorkerMessage:
         try:
             output, content_type = encode(value)
         except (TypeError, ValueError, RecursionError) as err:  # RecursionError: nested too deeply
@@ -576,7 +576,7 @@ class _Session:
 
     def _fail(
         self, lease_id: int, message: str, *, permanent: bool = False, retry_after: object = None
-    ) -> Any:
+    ) -> pb.WorkerMessage:
         """A ``fail`` the server accepts whatever ``retry_after`` holds. An invalid one (NaN, negative,
         not a number: it can be set on a ``Retryable`` after construction) is left out and named in the
         message: the server would answer it by ending the stream, failing every other lease on it."""
@@ -603,7 +603,7 @@ class _Session:
         kept = text[: MAX_REPORT_CHARS - len(cut)].encode()[: max_bytes - len(cut)]
         return kept.decode(errors="ignore") + cut
 
-    def _give_back(self, lease_id: int, reason: str) -> Any:
+    def _give_back(self, lease_id: int, reason: str) -> pb.WorkerMessage:
         """Nack; servers older than protocol 2 have none, a retryable failure is the closest."""
         if self._worker.server_protocol >= 2:
             return pb.WorkerMessage(nack=pb.Nack(lease=lease_id, reason=self._wire_text(reason)))
@@ -620,7 +620,7 @@ class _Session:
 
     # --------------------------------------------------------------------------------- outbound
 
-    def _send(self, message: Any) -> None:
+    def _send(self, message: pb.WorkerMessage) -> None:
         self._outbox.append(message)
         self._outbox_filled.set()
 
@@ -632,7 +632,7 @@ class _Session:
         self._half_close = True
         self._outbox_filled.set()
 
-    async def _requests(self) -> AsyncIterator[Any]:
+    async def _requests(self) -> AsyncIterator[pb.WorkerMessage]:
         """The messages to the server, in order. The stream is half-closed only once :meth:`drain` asked
         for it and nothing is left to send, so that a nack for a lease that arrived in the meantime (sent
         before the server read SetSlots 0) still reaches the server, which would otherwise fail it."""

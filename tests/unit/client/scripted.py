@@ -45,7 +45,7 @@ class WorkStream:
 
     def __init__(self, context: Any) -> None:
         self.context = context
-        self.log: list[Any] = []  # every WorkerMessage received, in order
+        self.log: list[pb.WorkerMessage] = []  # every message received, in order
         self.half_closed = asyncio.Event()
         self._taken: set[int] = set()
         self._arrived = asyncio.Condition()
@@ -65,14 +65,14 @@ class WorkStream:
                         return getattr(message, kind)
                 await self._arrived.wait()
 
-    def kinds(self) -> list[str]:
+    def kinds(self) -> list[str | None]:
         return [message.WhichOneof("msg") for message in self.log]
 
     async def handshake(
         self, *, slots: int | None = None, ttl: float | None = None, protocol: int = 3, max_bytes: int = 0
-    ) -> Any:
+    ) -> pb.Register:
         """Reads Register and answers Registered (granting what was asked unless ``slots``)."""
-        register = await self.next("register")
+        register: pb.Register = await self.next("register")
         registered = pb.Registered(
             worker_id=42,
             lease_ttl_s=ttl,
@@ -165,10 +165,10 @@ class ApiServer:
 
     responses: dict[str, Any] = field(default_factory=dict)
     calls: list[Call] = field(default_factory=list)
-    events: list[Any] = field(default_factory=list)
+    events: list[pb.StatusEvent] = field(default_factory=list)
     watch_end: Refusal | None = None
     watch_metadata: tuple[tuple[str, str], ...] = ()
-    watch_feed: asyncio.Queue[Any] | None = None
+    watch_feed: asyncio.Queue[pb.StatusEvent | None] | None = None
     watch_ended: asyncio.Event = field(default_factory=asyncio.Event)
     target: str = ""
 
@@ -197,14 +197,14 @@ class ApiServer:
 
         return unary
 
-    async def Watch(self, request: Any, context: Any) -> AsyncIterator[Any]:
+    async def Watch(self, request: pb.WatchRequest, context: Any) -> AsyncIterator[pb.StatusEvent]:
         self.calls.append(Call("Watch", request, dict(context.invocation_metadata()), None))
         try:
             await context.send_initial_metadata(self.watch_metadata)
             for event in self.events:
                 yield event
-            while self.watch_feed is not None and (event := await self.watch_feed.get()) is not None:
-                yield event
+            while self.watch_feed is not None and (fed := await self.watch_feed.get()) is not None:
+                yield fed
             if self.watch_end is not None:
                 await context.abort(self.watch_end.code, self.watch_end.details)
         finally:
