@@ -21,7 +21,7 @@ from cronoq.client import MAX_REDIRECTS, ClientError, Lease, Worker
 from cronoq.client._connect import CHANNEL_DEFAULTS
 from cronoq.client._worker import LEADER_HUNT_DELAY_S
 from cronoq.config.model import Limits
-from cronoq.transport import ChannelOptions, Endpoint, open_channel
+from cronoq.transport import ChannelOptions, Endpoint, open_channel, take_first_message
 from cronoq.v1 import cronoq_pb2 as pb
 
 from .scripted import TIMEOUT, Refusal, WorkersServer, redirect_to, running, serve
@@ -295,6 +295,7 @@ async def test_redirect_in_initial_metadata_is_followed(shards: list[WorkersServ
         async def Work(self, request_iterator: object, context: grpc.aio.ServicerContext) -> None:
             self.connects += 1
             await context.send_initial_metadata((("cronoq-shard-endpoint", shards[1].url),))
+            await take_first_message(context)  # as a cronoq server refuses a Work call
             await context.abort(grpc.StatusCode.FAILED_PRECONDITION, "pool is served by shard b")
 
     redirecting = InitialMetadataRedirect()
