@@ -1,6 +1,5 @@
 """Small helpers shared by integration tests: the TOML of the servers they start (tables, tokens,
-stores), SDK workers in the test's loop, subprocess workers, ``/metrics`` scrapes, hypothesis settings
-for fuzzing a real process."""
+stores), SDK workers in the test's loop, subprocess workers, ``/metrics`` scrapes."""
 
 from __future__ import annotations
 
@@ -19,7 +18,6 @@ from typing import Any
 
 import aiohttp
 import grpc
-from hypothesis import HealthCheck, settings
 
 from cronoq.client import Client, Lease, Worker
 from cronoq.v1 import cronoq_pb2 as pb
@@ -193,20 +191,6 @@ async def watch_while(
     finally:
         watching.cancel()
     return seen
-
-
-def server_examples(max_examples: int) -> settings:
-    """Hypothesis settings for examples played against real processes: no deadline (a round trip takes
-    what the machine gives it), the same examples on every run and no example database (a test that
-    fails on one run and passes on the next would be flaky), and no health checks (slow examples are
-    the nature of the thing)."""
-    return settings(
-        max_examples=max_examples,
-        deadline=None,
-        derandomize=True,
-        database=None,
-        suppress_health_check=list(HealthCheck),
-    )
 
 
 SAMPLE = re.compile(r"^(?P<name>[a-z_]+)(?:\{(?P<labels>.*)\})? (?P<value>\S+)$")

@@ -14,7 +14,7 @@ from typing import Any
 
 import grpc
 import pytest
-from hypothesis import given
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from cronoq.client import Client
@@ -22,7 +22,7 @@ from cronoq.errors import InvalidArgument
 from cronoq.v1 import cronoq_pb2 as pb
 from cronoq.v1 import cronoq_pb2_grpc as pbg
 
-from .helpers import postgres_store, server_examples, sqlite_store
+from .helpers import postgres_store, sqlite_store
 from .serverproc import assert_clean_log, new_server
 
 POOL = '[limits]\nmax_tasks_per_batch = 1000\n\n[[pools]]\nname = "default"\nmax = 100000\n'
@@ -110,7 +110,13 @@ def test_every_field_of_every_accepted_task_survives_a_crash(
     unique = itertools.count()
     try:
 
-        @server_examples(80)
+        @settings(
+            max_examples=80,
+            deadline=None,
+            derandomize=True,
+            database=None,
+            suppress_health_check=list(HealthCheck),
+        )
         @given(batch=st.lists(specs, min_size=1, max_size=8))
         def accept(batch: list[pb.TaskSpec]) -> None:
             for spec in batch:

@@ -20,13 +20,12 @@ import grpc
 import pytest
 from google.protobuf import message_factory
 from google.protobuf.descriptor import Descriptor, FieldDescriptor
-from hypothesis import given
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from cronoq.v1 import cronoq_pb2 as pb
 from cronoq.v1 import cronoq_pb2_grpc as pbg
 
-from .helpers import server_examples
 from .serverproc import ServerProcess, assert_clean_log
 from .shardproc import ShardSpec, server_or_router
 
@@ -149,7 +148,13 @@ async def _call(target: str, service: str, method: str, request: Any) -> tuple[g
 
 
 def test_random_requests_get_an_answer_a_caller_can_act_on(target: ServerProcess) -> None:
-    @server_examples(300)
+    @settings(
+        max_examples=300,
+        deadline=None,
+        derandomize=True,
+        database=None,
+        suppress_health_check=list(HealthCheck),
+    )
     @given(call=calls)
     def run(call: tuple[tuple[str, str], Any]) -> None:
         (service, method), request = call

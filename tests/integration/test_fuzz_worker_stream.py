@@ -53,7 +53,7 @@ from cronoq.client import Client, Lease, TaskInfo
 from cronoq.v1 import cronoq_pb2 as pb
 from cronoq.v1 import cronoq_pb2_grpc as pbg
 
-from .helpers import SubprocessWorker, server_examples, worker
+from .helpers import SubprocessWorker, worker
 from .serverproc import ServerProcess, assert_clean_log, running_server
 
 MAX_MESSAGE = 65536
@@ -436,7 +436,13 @@ async def play(target: str, script: list[tuple[int, tuple[Any, ...]]]) -> None:
 def test_random_worker_streams_leave_the_server_consistent(fuzz_server: ServerProcess) -> None:
     target = fuzz_server.target
 
-    @server_examples(50)
+    @settings(
+        max_examples=50,
+        deadline=None,
+        derandomize=True,
+        database=None,
+        suppress_health_check=list(HealthCheck),
+    )
     @given(script=scripts)
     def run(script: list[tuple[int, tuple[Any, ...]]]) -> None:
         asyncio.run(play(target, script))
