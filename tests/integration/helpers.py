@@ -1,17 +1,19 @@
-"""Small helpers shared by integration tests (SDK workers in the test's loop, subprocess workers,
-``/metrics`` scrapes)."""
+"""Small helpers shared by integration tests: the TOML of the servers they start (tables, tokens,
+stores), SDK workers in the test's loop, subprocess workers, ``/metrics`` scrapes."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import queue
 import re
 import subprocess
 import sys
 import threading
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -25,10 +27,77 @@ from .serverproc import ServerProcess
 Handler = Callable[[Lease], Awaitable[Any]]
 
 
-def token(value: str, role: str, pools: tuple[str, ...] | None = None) -> str:
-    """One ``[[auth.tokens]]`` entry of a configuration (``pools`` None: every pool)."""
-    allowed = "" if pools is None else "pools = [" + ", ".join(f'"{p}"' for p in pools) + "]\n"
-    return f'[[auth.tokens]]\ntoken = "{value}"\nrole = "{role}"\n{allowed}\n'
+# ------------------------------------------------------------------------- configuration tables
+
+Scalar = str | int | float | bool | Path
+TomlValue = Scalar | Sequence[str] | Mapping[str, Scalar]
+# Failed and lost attempts come back after 50 ms, always (no jitter), so retries finish within a test.
+FAST_RETRY: dict[str, Scalar] = {
+    "initial_backoff_s": 0.05,
+    "multiplier": 1.0,
+    "max_backoff_s": 0.05,
+    "jitter": False,
+}
+
+
+def toml_value(value: TomlValue) -> str:
+    """``value`` in TOML: strings and paths quoted as JSON quotes them (TOML reads that the same),
+    sequences as arrays, mappings as inline tables."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int | float):
+        return repr(value)
+    if isinstance(value, str | Path):
+        return json.dumps(str(value))
+    if isinstance(value, Mapping):
+        return "{ " + ", ".join(f"{key} = {toml_value(v)}" for key, v in value.items()) + " }"
+    return "[" + ", ".join(toml_value(v) for v in value) + "]"
+
+
+def toml_table(table: str, /, **keys: TomlValue | None) -> str:
+    """The TOML table ``[table]`` (``table`` in brackets, ``"[pools]"``, for an entry of an array of
+    tables) with a line a key (None: left out) and a blank line after it, so that tables concatenate
+    into a configuration."""
+    lines = [f"[{table}]", *(f"{key} = {toml_value(v)}" for key, v in keys.items() if v is not None)]
+    return "\n".join(lines) + "\n\n"
+
+
+def token(
+    value: str,
+    role: str,
+    pools: Sequence[str] | None = None,
+    *,
+    env: bool = False,
+    labels: Sequence[str] | None = None,
+    tenant: str | None = None,
+) -> str:
+    """One ``[[auth.tokens]]`` entry (``pools`` None: every pool). With ``env``, ``value`` names the
+    environment variable that holds the token (``token_env``), as a deployment would keep it."""
+    source = {"token_env" if env else "token": value}
+    return toml_table("[auth.tokens]", **source, role=role, pools=pools, labels=labels, tenant=tenant)
+
+
+def sqlite_store(path: Path, **options: TomlValue) -> str:
+    """The ``[store]`` table of a SQLite store in the file ``path`` (``options``: more of its keys)."""
+    return toml_table("store", kind="sqlite", path=path, **options)
+
+
+def postgres_store(schema: str, **options: TomlValue) -> str:
+    """The ``[store]`` table of a Postgres store in ``schema`` (the server reads its URL from
+    ``DATABASE_URL``)."""
+    return toml_table("store", kind="postgres", schema=schema, **options)
+
+
+def durable_config(store: str, *, max_attempts: int = 3) -> str:
+    """A server on a durable ``store`` (:func:`sqlite_store`, :func:`postgres_store`) made for crashes,
+    restarts and failovers within a test: a clean stop waits at most 2 s for running attempts, and pool
+    ``default`` (64 slots) runs a lost or failed attempt again after 50 ms, up to ``max_attempts``."""
+    retry = {"max_attempts": max_attempts, **FAST_RETRY}
+    return (
+        toml_table("server", shutdown_grace_s=2)
+        + store
+        + toml_table("[pools]", name="default", max=64, retry=retry)
+    )
 
 
 @contextlib.asynccontextmanager

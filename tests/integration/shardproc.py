@@ -10,13 +10,13 @@ an endpoint that points elsewhere).
 from __future__ import annotations
 
 import contextlib
-import json
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from tests.ports import free_ports
 
+from .helpers import toml_table
 from .serverproc import ServerProcess, assert_clean_log, running_server, write_config
 
 
@@ -42,17 +42,17 @@ def cluster_tables(
         for pool in spec.pools:
             lines += ["[[pools]]", f'name = "{pool}"', spec.pool_options, ""]
     for spec in shards:
-        pools = ", ".join(f'"{pool}"' for pool in spec.pools)
-        lines += [
-            "[[shards]]",
-            f'name = "{spec.name}"',
-            f"number = {spec.number}",
-            f'endpoint = "{endpoints[spec.name]}"',
-            f"pools = [{pools}]",
-        ]
-        if members is not None and spec.name in members:
-            lines.append(f"members = {json.dumps(list(members[spec.name]))}")  # a JSON list is TOML too
-        lines.append("")
+        listed = None if members is None else members.get(spec.name)
+        lines.append(
+            toml_table(
+                "[shards]",
+                name=spec.name,
+                number=spec.number,
+                endpoint=endpoints[spec.name],
+                pools=spec.pools,
+                members=listed,
+            )
+        )
     return "\n".join(lines)
 
 

@@ -8,29 +8,19 @@ import pytest
 
 from cronoq.client import Client, ClientError, Lease
 
-from .helpers import worker
+from .helpers import token, toml_table, worker
 from .serverproc import running_server
 
 CLIENT = "client-token-0123456789abcdef"
 WORKER = "worker-token-0123456789abcdef"
 METRICS = "metrics-token-0123456789abcdef"
 
-CONFIG = """
-[[auth.tokens]]
-token_env = "T_CLIENT"
-role = "client"
-
-[[auth.tokens]]
-token_env = "T_WORKER"
-role = "worker"
-
-[[auth.tokens]]
-token_env = "T_METRICS"
-role = "metrics"
-
-[[pools]]
-name = "default"
-"""
+CONFIG = (
+    token("T_CLIENT", "client", env=True)
+    + token("T_WORKER", "worker", env=True)
+    + token("T_METRICS", "metrics", env=True)
+    + toml_table("[pools]", name="default")
+)
 
 pytestmark = pytest.mark.asyncio
 

@@ -41,6 +41,7 @@ from cronoq.transport import UNAVAILABLE_SHARDS_KEY
 from cronoq.v1 import cronoq_pb2 as pb
 from cronoq.v1 import cronoq_pb2_grpc as pbg
 
+from .helpers import token, toml_table
 from .serverproc import ServerProcess, running_server
 
 CALL_TIMEOUT_S = 10.0  # a Watch is subscribed or refused well within this
@@ -82,22 +83,22 @@ CALLERS = ["none", "wrong", *CREDS]
 
 
 def config() -> str:
-    lines = ["[server]", "shutdown_grace_s = 1", ""]
+    tables = [toml_table("server", shutdown_grace_s=1)]
     for name, cred in CREDS.items():
-        lines.append("[[auth.tokens]]")
-        lines.append(f'token = "{cred.token}"' if cred.literal else f'token_env = "T_{name.upper()}"')
-        lines.append(f'role = "{cred.role.value}"')
-        if cred.pools is not None:
-            lines.append(f"pools = {json.dumps(sorted(cred.pools))}")
-        if cred.labels is not None:
-            lines.append(f"labels = {json.dumps([f'{k}={v}' for k, v in cred.labels.items()])}")
-        if cred.tenant is not None:
-            lines.append(f'tenant = "{cred.tenant}"')
-        lines.append("")
+        tables.append(
+            token(
+                cred.token if cred.literal else f"T_{name.upper()}",
+                cred.role.value,
+                None if cred.pools is None else sorted(cred.pools),
+                env=not cred.literal,
+                labels=None if cred.labels is None else [f"{k}={v}" for k, v in cred.labels.items()],
+                tenant=cred.tenant,
+            )
+        )
     # Room for the fixed-start reservations of many schedules' first occurrences (all on 1 January).
     for pool in ("a", "b"):
-        lines += ["[[pools]]", f'name = "{pool}"', "max = 1000", "reservable_fraction = 1.0", ""]
-    return "\n".join(lines)
+        tables.append(toml_table("[pools]", name=pool, max=1000, reservable_fraction=1.0))
+    return "".join(tables)
 
 
 ENV = {f"T_{name.upper()}": cred.token for name, cred in CREDS.items() if not cred.literal}

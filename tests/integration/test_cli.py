@@ -25,7 +25,7 @@ from cronoq.serving import SQLITE_FAILOVER_NOTE
 from tests.ports import free_port
 
 from . import test_tls
-from .helpers import worker
+from .helpers import sqlite_store, worker
 from .serverproc import ServerProcess, running_server
 from .test_auth import CLIENT, METRICS, WORKER
 from .test_auth import CONFIG as AUTH_CONFIG
@@ -329,15 +329,13 @@ def test_check_reads_the_files_the_config_names(tmp_path: Path, tls_pki: Pki) ->
     cfg = tmp_path / "files.toml"
     cfg.write_text(
         f'[server.tls]\ncert_path = "{missing / "server.pem"}"\nkey_path = "{tls_pki.server_key}"\n'
-        f'[store]\nkind = "sqlite"\npath = "{missing / "state.db"}"\n'
+        + sqlite_store(missing / "state.db")
     )
     out = run_server_cli("--config", str(cfg), "--check")
     assert out.returncode == 1
     assert f"  - server.tls.cert_path: cannot read {missing / 'server.pem'}" in out.stderr
     assert f"  - store.path: directory {missing} does not exist" in out.stderr
-    cfg.write_text(
-        _tls_config(tls_pki, mtls=True) + f'[store]\nkind = "sqlite"\npath = "{tmp_path / "state.db"}"\n'
-    )
+    cfg.write_text(_tls_config(tls_pki, mtls=True) + sqlite_store(tmp_path / "state.db"))
     out = run_server_cli("--config", str(cfg), "--check")
     assert out.returncode == 0, out.stderr
 
@@ -346,7 +344,7 @@ def test_check_notes_how_far_a_sqlite_standby_can_take_over(tmp_path: Path) -> N
     """Whether a SQLite standby can end a paused leader depends on where the two run, which no check can
     see: ``--check`` says so, as a note that does not fail the check."""
     cfg = tmp_path / "sqlite.toml"
-    cfg.write_text(f'[store]\nkind = "sqlite"\npath = "{tmp_path / "state.db"}"\n')
+    cfg.write_text(sqlite_store(tmp_path / "state.db"))
     out = run_server_cli("--config", str(cfg), "--check")
     assert out.returncode == 0, out.stderr
     assert out.stdout.splitlines()[1:] == [f"note: {SQLITE_FAILOVER_NOTE}"]

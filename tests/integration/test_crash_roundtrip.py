@@ -23,6 +23,7 @@ from cronoq.errors import InvalidArgument
 from cronoq.v1 import cronoq_pb2 as pb
 from cronoq.v1 import cronoq_pb2_grpc as pbg
 
+from .helpers import postgres_store, sqlite_store
 from .serverproc import assert_clean_log, new_server
 
 POOL = '[limits]\nmax_tasks_per_batch = 1000\n\n[[pools]]\nname = "default"\nmax = 100000\n'
@@ -94,11 +95,9 @@ def durable_store(kind: str, tmp_path: Path, request: pytest.FixtureRequest) -> 
     """The ``[store]`` table of a ``kind`` store (sqlite in ``tmp_path``, postgres in a fresh schema) and
     the environment the server needs for it."""
     if kind == "sqlite":
-        return f'[store]\nkind = "sqlite"\npath = "{tmp_path / "cronoq.db"}"\n', {}
+        return sqlite_store(tmp_path / "cronoq.db"), {}
     url = request.getfixturevalue("postgres_url")
-    return f'[store]\nkind = "postgres"\nschema = "{request.getfixturevalue("pg_schema")}"\n', {
-        "DATABASE_URL": url
-    }
+    return postgres_store(request.getfixturevalue("pg_schema")), {"DATABASE_URL": url}
 
 
 @pytest.mark.parametrize("kind", ["sqlite", "postgres"])

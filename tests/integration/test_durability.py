@@ -17,28 +17,12 @@ import pytest
 from cronoq.client import Client, Lease, task
 from cronoq.errors import NotFound, Unavailable
 
-from .helpers import worker
+from .helpers import durable_config, sqlite_store, worker
 from .serverproc import ServerProcess, leader_and_standby, new_server
 
 pytestmark = pytest.mark.asyncio
 
 EPOCH_SHIFT = 48
-
-
-def sqlite_config(db: Path) -> str:
-    return f"""
-[server]
-shutdown_grace_s = 2
-
-[store]
-kind = "sqlite"
-path = "{db}"
-
-[[pools]]
-name = "default"
-max = 64
-retry = {{ max_attempts = 3, initial_backoff_s = 0.05, multiplier = 1.0, max_backoff_s = 0.05, jitter = false }}
-"""
 
 
 def refusal_headers(url: str) -> dict[str, str]:
@@ -69,7 +53,7 @@ async def wait_all_done(client: Client, ids: list[int], timeout: float = 30.0) -
 
 async def test_kill_9_with_300_queued_tasks_loses_none(tmp_path: Path) -> None:
     db = tmp_path / "cronoq.db"
-    server = new_server(tmp_path / "a", sqlite_config(db))
+    server = new_server(tmp_path / "a", durable_config(sqlite_store(db)))
     server.start()
     try:
         async with Client(server.target) as client:
@@ -107,7 +91,7 @@ async def test_kill_9_with_300_queued_tasks_loses_none(tmp_path: Path) -> None:
 
 
 async def test_running_attempt_is_retried_after_a_crash_and_results_survive(tmp_path: Path) -> None:
-    server = new_server(tmp_path / "a", sqlite_config(tmp_path / "cronoq.db"))
+    server = new_server(tmp_path / "a", durable_config(sqlite_store(tmp_path / "cronoq.db")))
     server.start()
     started = asyncio.Event()
 
@@ -147,7 +131,10 @@ async def test_running_attempt_is_retried_after_a_crash_and_results_survive(tmp_
 
 
 async def test_a_second_server_on_the_file_stands_by_and_takes_over_on_sigterm(tmp_path: Path) -> None:
-    with leader_and_standby(tmp_path, sqlite_config(tmp_path / "cronoq.db")) as (leader, standby):
+    with leader_and_standby(tmp_path, durable_config(sqlite_store(tmp_path / "cronoq.db"))) as (
+        leader,
+        standby,
+    ):
         assert (standby.probe("/healthz"), standby.probe("/readyz")) == (200, 503)
         async with Client(leader.target) as client:
             submitted = await client.submit(b"x", key="before")
@@ -176,7 +163,7 @@ async def test_a_standby_takes_over_from_a_killed_leader_before_its_lease_runs_o
     """The standby sees that the process the lease names is gone: it leads while that lease (10 s,
     renewed every 2 s) still had seconds to run."""
     db = tmp_path / "cronoq.db"
-    with leader_and_standby(tmp_path, sqlite_config(db)) as (leader, standby):
+    with leader_and_standby(tmp_path, durable_config(sqlite_store(db))) as (leader, standby):
         async with Client(leader.target) as client:
             submitted = await client.submit(b"x", key="k")
         expires = lease_expiry(db)
@@ -189,7 +176,7 @@ async def test_a_standby_takes_over_from_a_killed_leader_before_its_lease_runs_o
 
 
 async def test_finished_tasks_are_pruned_after_keep_finished_s(tmp_path: Path) -> None:
-    body = sqlite_config(tmp_path / "cronoq.db").replace('path = "', 'keep_finished_s = 1\npath = "', 1)
+    body = durable_config(sqlite_store(tmp_path / "cronoq.db", keep_finished_s=1))
     server = new_server(tmp_path / "a", body)
     server.start()
     try:
@@ -220,7 +207,7 @@ async def test_a_store_that_breaks_under_the_servers_ends_both_with_a_failure_st
     """Leadership that fails for good (here the lease table is gone) must end the process with a non-zero
     status naming the failure, not leave it up, unready for ever, with ``/healthz`` still 200."""
     db = tmp_path / "cronoq.db"
-    with leader_and_standby(tmp_path, sqlite_config(db)) as (leader, standby):
+    with leader_and_standby(tmp_path, durable_config(sqlite_store(db))) as (leader, standby):
         with sqlite3.connect(db) as conn:
             conn.execute("DROP TABLE cronoq_leader")
         for server in (leader, standby):  # the leader's renewal and the standby's poll both hit it

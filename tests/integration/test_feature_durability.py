@@ -12,30 +12,12 @@ import pytest
 
 from cronoq.client import Client, Lease
 
-from .helpers import worker
+from .helpers import durable_config, sqlite_store, toml_table, worker
 from .serverproc import new_server
 
 pytestmark = pytest.mark.asyncio
 
-
-def sqlite_config(db: Path) -> str:
-    return f"""
-[server]
-shutdown_grace_s = 2
-
-[store]
-kind = "sqlite"
-path = "{db}"
-
-[[pools]]
-name = "default"
-max = 8
-
-[[resources]]
-kind = "semaphore"
-name = "gpu"
-permits = 1
-"""
+GPU = toml_table("[resources]", kind="semaphore", name="gpu", permits=1)
 
 
 def occurrence_start(key: str) -> float:
@@ -44,7 +26,7 @@ def occurrence_start(key: str) -> float:
 
 
 async def test_schedules_and_blocked_dependents_survive_a_crash(tmp_path: Path) -> None:
-    server = new_server(tmp_path / "a", sqlite_config(tmp_path / "cronoq.db"))
+    server = new_server(tmp_path / "a", durable_config(sqlite_store(tmp_path / "cronoq.db")) + GPU)
     await asyncio.to_thread(server.start)
     try:
         async with Client(server.target) as client:

@@ -30,6 +30,7 @@ from schemathesis.engine import Status, events
 
 from cronoq.api.openapi import OPENAPI
 
+from .helpers import token, toml_table
 from .serverproc import ServerProcess, assert_clean_log
 from .shardproc import ShardSpec, server_or_router
 
@@ -37,20 +38,14 @@ CLIENT = "client-fuzz-token-0123456789abcdef"
 ADMIN = "admin-fuzz-token-0123456789abcdef"
 MAX_BODY = 65536
 
-CONFIG = f"""
-[limits]
-max_wait_s = 0.2
-max_http_body_bytes = {MAX_BODY}
-max_list = 50
-
-[[auth.tokens]]
-token_env = "FUZZ_CLIENT_TOKEN"
-role = "client"
-
-[[auth.tokens]]
-token_env = "FUZZ_ADMIN_TOKEN"
-role = "admin"
-
+LIMITS_AND_TOKENS = (
+    toml_table("limits", max_wait_s=0.2, max_http_body_bytes=MAX_BODY, max_list=50)
+    + token("FUZZ_CLIENT_TOKEN", "client", env=True)
+    + token("FUZZ_ADMIN_TOKEN", "admin", env=True)
+)
+CONFIG = (
+    LIMITS_AND_TOKENS
+    + """
 [[pools]]
 name = "default"
 max = 4
@@ -66,6 +61,7 @@ kind = "semaphore"
 name = "gpu"
 permits = 2
 """
+)
 ENV = {"FUZZ_CLIENT_TOKEN": CLIENT, "FUZZ_ADMIN_TOKEN": ADMIN}
 
 # Answers schemathesis may not hold against the server:
@@ -90,7 +86,7 @@ SHARDS = [
     ShardSpec("b", 2, ("reject",), pool_options='max = 1\nmax_pending = 2\noverflow = "reject"'),
 ]
 GPU_ON_A = '[[resources]]\nkind = "semaphore"\nname = "gpu"\npermits = 2\nshard = "a"\n'
-SHARED = CONFIG[: CONFIG.index("[[pools]]")] + GPU_ON_A  # the limits and the tokens
+SHARED = LIMITS_AND_TOKENS + GPU_ON_A
 
 
 @pytest.fixture(scope="module", params=["server", "router"])

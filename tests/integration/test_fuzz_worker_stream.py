@@ -1,7 +1,8 @@
-"""Random message sequences on ``Workers.Work`` against a real server, with a model of the protocol.
+"""Random message sequences on ``Workers.Work`` against one real server, checked two ways.
 
-Each example opens up to three raw streams (``cronoq.v1`` stubs, not the SDK worker, so anything can be
-sent) and interleaves on them: registers (valid or not, twice), heartbeats and outcomes for the stream's
+**With a model of the protocol** (``test_random_worker_streams_leave_the_server_consistent``, pool
+``fuzz``). Each example opens up to three raw streams (``cronoq.v1`` stubs, not the SDK worker, so
+anything can be sent) and interleaves on them: registers (valid or not, twice), heartbeats and outcomes for the stream's
 own leases, for leases another stream holds and for leases nobody holds, odd ``set_slots`` values, empty
 messages, outputs close to and over ``limits.max_message_bytes``, half-closes and cancellations with
 leases outstanding. A small model predicts, from what was sent and what each stream received:
@@ -18,14 +19,26 @@ leases outstanding. A small model predicts, from what was sent and what each str
 Once every stream of an example has ended, the server must have forgotten its workers (ListWorkers,
 the pool's capacity and busy slots, Snapshot ``running`` all back to zero: no leaked lease), and it
 still serves other clients: a Get works, and at the end a well-behaved SDK worker runs fresh tasks.
+
+**Without a model, with any values** (``test_fuzzed_worker_streams_are_answered_and_fenced``, pool
+``raw``): each example sends on one stream whatever messages hypothesis builds (any text, any float
+as ``retry_after_s``, any lease id, small ones included). Whatever a (possibly hostile) worker sends, the
+server answers with a protocol status or keeps the stream open, stays healthy, and never lets a report
+touch a lease the sender does not hold: a well-behaved worker in its own process holds a real lease in
+pool ``sentinel`` throughout, and the fuzzed reports use small lease ids that include it, so fencing by
+worker is exercised, not assumed.
+
+Each example runs on a fresh event loop (``asyncio.run``), so the tests themselves are synchronous.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import math
 import time
+import urllib.request
 from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -36,16 +49,18 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from cronoq.client import Client, Lease
+from cronoq.client import Client, Lease, TaskInfo
 from cronoq.v1 import cronoq_pb2 as pb
 from cronoq.v1 import cronoq_pb2_grpc as pbg
 
-from .helpers import worker
+from .helpers import SubprocessWorker, worker
 from .serverproc import ServerProcess, assert_clean_log, running_server
 
 MAX_MESSAGE = 65536
 POOL = "fuzz"
 POOL_MAX = 4
+RAW_POOL = "raw"
+SENTINEL_POOL = "sentinel"
 CONFIG = f"""
 [limits]
 max_message_bytes = {MAX_MESSAGE}
@@ -58,6 +73,15 @@ max = {POOL_MAX}
 max_slots_per_worker = 3
 lease_ttl_s = 300
 retry = {{ max_attempts = 100, initial_backoff_s = 0.01, multiplier = 1.0, max_backoff_s = 0.01, jitter = false }}
+
+[[pools]]
+name = "{RAW_POOL}"
+max = 4
+lease_ttl_s = 30
+
+[[pools]]
+name = "{SENTINEL_POOL}"
+lease_ttl_s = 300
 """
 Code = grpc.StatusCode
 NEVER_ISSUED = 2**40  # lease ids are one server-wide counter; ids this high are never handed out
@@ -352,6 +376,16 @@ class Example:
             await asyncio.wait_for(stream.reader, WAIT_S)
 
 
+@pytest.fixture(scope="module")
+def fuzz_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    """One server for both properties: each keeps to its own pools."""
+    with running_server(Path(tmp_path_factory.mktemp("fuzz-work")), CONFIG) as proc:
+        yield proc
+
+
+# ------------------------------------------------------------------------- with a model (pool fuzz)
+
+
 async def until(check: Callable[[], Awaitable[str | None]], what: str) -> None:
     """Poll ``check`` (None means satisfied) until it holds, failing with its last complaint."""
     deadline = time.monotonic() + WAIT_S
@@ -399,12 +433,6 @@ async def play(target: str, script: list[tuple[int, tuple[Any, ...]]]) -> None:
             await tasks.Cancel(pb.CancelRequest(task=pb.TaskRef(id=task_id)))
 
 
-@pytest.fixture(scope="module")
-def fuzz_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
-    with running_server(Path(tmp_path_factory.mktemp("fuzz-work")), CONFIG) as proc:
-        yield proc
-
-
 def test_random_worker_streams_leave_the_server_consistent(fuzz_server: ServerProcess) -> None:
     target = fuzz_server.target
 
@@ -436,3 +464,113 @@ def test_random_worker_streams_leave_the_server_consistent(fuzz_server: ServerPr
     asyncio.run(served())
     assert_clean_log(fuzz_server)
     assert fuzz_server.metric("cronoq_workers_connected") == 0.0
+
+
+# ----------------------------------------------------------------- any values, no model (pool raw)
+
+# What a stream may end with, whatever it sent: OK, or a refusal the protocol names.
+REFUSALS = {Code.INVALID_ARGUMENT, Code.FAILED_PRECONDITION, Code.NOT_FOUND, Code.RESOURCE_EXHAUSTED}
+texts = st.text(max_size=40)
+lease_ids = st.integers(min_value=0, max_value=40) | st.integers(min_value=0, max_value=2**64 - 1)
+raw_messages = st.one_of(
+    st.builds(
+        lambda pool, slots, name, version, labels: pb.WorkerMessage(
+            register=pb.Register(
+                pool=pool, slots=slots, worker_name=name, protocol_version=version, labels=labels
+            )
+        ),
+        st.sampled_from([RAW_POOL, RAW_POOL, "nope", "", f"{SENTINEL_POOL}\x00"]),
+        st.integers(min_value=0, max_value=2**32 - 1),
+        texts,
+        st.integers(min_value=0, max_value=5),
+        st.dictionaries(texts, texts, max_size=3),
+    ),
+    st.builds(lambda lease: pb.WorkerMessage(heartbeat=pb.Heartbeat(lease=lease)), lease_ids),
+    st.builds(
+        lambda lease, out, ct: pb.WorkerMessage(
+            complete=pb.Complete(lease=lease, output=out, content_type=ct)
+        ),
+        lease_ids,
+        st.binary(max_size=64),
+        texts,
+    ),
+    st.builds(
+        lambda lease, msg, perm, after: pb.WorkerMessage(
+            fail=pb.Fail(lease=lease, message=msg, permanent=perm, retry_after_s=after)
+        ),
+        lease_ids,
+        texts,
+        st.booleans(),
+        st.none() | st.floats(allow_nan=True, allow_infinity=True),
+    ),
+    st.builds(lambda n: pb.WorkerMessage(set_slots=pb.SetSlots(slots=n)), st.integers(0, 2**32 - 1)),
+    st.builds(lambda lease, why: pb.WorkerMessage(nack=pb.Nack(lease=lease, reason=why)), lease_ids, texts),
+    st.builds(lambda lease: pb.WorkerMessage(cancelled=pb.Cancelled(lease=lease)), lease_ids),
+    st.just(pb.WorkerMessage()),
+    st.just(pb.WorkerMessage(register=pb.Register(pool=RAW_POOL, slots=1, protocol_version=3))),
+)
+
+
+async def play_raw(target: str, script: list[pb.WorkerMessage]) -> tuple[grpc.StatusCode, str]:
+    """Send the script (stopping once the server ended the call), then read to the end: the status is
+    the server's, not an artefact of writing into a finished call."""
+    async with grpc.aio.insecure_channel(target) as channel:
+        call = pbg.WorkersStub(channel).Work()
+        for msg in script:
+            if call.done():
+                break
+            try:
+                await call.write(msg)
+            except (grpc.aio.AioRpcError, grpc.aio.UsageError):
+                break
+        with contextlib.suppress(grpc.aio.AioRpcError, grpc.aio.UsageError):
+            await call.done_writing()
+        with contextlib.suppress(grpc.aio.AioRpcError):
+            async for _ in call:
+                pass  # leases may arrive for the raw pool's backlog; never answered properly
+        return await asyncio.wait_for(call.code(), WAIT_S), await call.details()
+
+
+def test_fuzzed_worker_streams_are_answered_and_fenced(fuzz_server: ServerProcess) -> None:
+    target = fuzz_server.target
+    logged_before = fuzz_server.logs().rfind("\n") + 1  # the refusals this test provokes are after it
+    # A well-behaved worker (its own process) takes a real lease in the sentinel pool and keeps it.
+    honest = SubprocessWorker(target, pool=SENTINEL_POOL)
+    try:
+        sentinel = asyncio.run(_submit(target, b"600", pool=SENTINEL_POOL))
+        assert asyncio.run(honest.expect_start()) == (sentinel, 1)
+        for i in range(3):
+            asyncio.run(_submit(target, f"backlog {i}".encode(), pool=RAW_POOL))
+
+        @settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck))
+        @given(script=st.lists(raw_messages, min_size=1, max_size=8))
+        def run_one(script: list[pb.WorkerMessage]) -> None:
+            code, details = asyncio.run(play_raw(target, script))
+            # grpc's client reports this when it was still writing as the server ended the call; the
+            # server's own status for such calls is checked in its log below.
+            client_write_race = code is Code.INTERNAL and details == "Internal error from Core"
+            assert code in REFUSALS | {Code.OK} or client_write_race, (code, details)
+
+        run_one()
+
+        # The server is healthy and the sentinel lease was never touched by anyone else's reports.
+        with urllib.request.urlopen(f"{fuzz_server.http}/healthz", timeout=5) as r:
+            assert r.status == 200
+        info = asyncio.run(_get(target, sentinel))
+        assert (info.status, info.attempt) == ("running", 1)
+        assert_clean_log(fuzz_server)
+        logs = fuzz_server.logs()[logged_before:]
+        refused = {json.loads(line)["code"] for line in logs.splitlines() if "worker_stream_refused" in line}
+        assert refused and refused <= {code.name.lower() for code in REFUSALS}
+    finally:
+        honest.close()
+
+
+async def _submit(target: str, payload: bytes, pool: str) -> int:
+    async with Client(target) as client:
+        return (await client.submit(payload, pool=pool)).id
+
+
+async def _get(target: str, task_id: int) -> TaskInfo:
+    async with Client(target) as client:
+        return await client.get(task_id)

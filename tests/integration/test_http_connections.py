@@ -26,7 +26,7 @@ import pytest
 from cronoq.v1 import cronoq_pb2 as pb
 from cronoq.v1 import cronoq_pb2_grpc as pbg
 
-from .helpers import Metrics, scrape_metrics
+from .helpers import Metrics, scrape_metrics, token
 from .serverproc import ServerProcess, assert_clean_log, new_server
 from .shardproc import ShardSpec, server_or_router
 
@@ -35,15 +35,7 @@ pytestmark = pytest.mark.asyncio
 CLIENT = "client-conn-token-0123456789abcdef"
 METRICS = "metrics-conn-token-0123456789abcdef"
 ENV = {"CONN_CLIENT_TOKEN": CLIENT, "CONN_METRICS_TOKEN": METRICS}
-TOKENS = """
-[[auth.tokens]]
-token_env = "CONN_CLIENT_TOKEN"
-role = "client"
-
-[[auth.tokens]]
-token_env = "CONN_METRICS_TOKEN"
-role = "metrics"
-"""
+TOKENS = token("CONN_CLIENT_TOKEN", "client", env=True) + token("CONN_METRICS_TOKEN", "metrics", env=True)
 SHARDS = [ShardSpec("a", 1, ("default",))]
 
 HEADER_S = 0.5

@@ -16,7 +16,7 @@ import pytest
 
 from cronoq.client import Lease
 
-from .helpers import worker
+from .helpers import token, toml_table, worker
 from .serverproc import ServerProcess, new_server, running_server
 
 pytestmark = pytest.mark.asyncio
@@ -124,14 +124,7 @@ async def test_an_announced_oversized_body_is_refused_unread(server: ServerProce
 
 
 CLIENT = "gateway-client-token-0123456789"
-SECURED = """
-[limits]
-max_http_body_bytes = 4096
-
-[[auth.tokens]]
-token_env = "GATEWAY_CLIENT_TOKEN"
-role = "client"
-"""
+SECURED = toml_table("limits", max_http_body_bytes=4096) + token("GATEWAY_CLIENT_TOKEN", "client", env=True)
 
 
 @pytest.fixture

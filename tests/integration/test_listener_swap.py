@@ -25,8 +25,8 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from cronoq.client import Client, ClientError
 from cronoq.transport import NOT_RECEIVED_KEY
 
+from .helpers import durable_config, sqlite_store
 from .serverproc import ServerProcess, leader_and_standby, running_server
-from .test_durability import sqlite_config
 
 pytestmark = pytest.mark.asyncio
 
@@ -109,7 +109,7 @@ async def hammer_takeover(leader: ServerProcess, standby: ServerProcess) -> Prod
 async def test_calls_on_a_standby_as_it_takes_over_end_unavailable_and_unrun_ones_say_so(
     tmp_path: Path,
 ) -> None:
-    body = sqlite_config(tmp_path / "cronoq.db") + HAMMER_POOL
+    body = durable_config(sqlite_store(tmp_path / "cronoq.db")) + HAMMER_POOL
     with leader_and_standby(tmp_path, body) as (first, second):
         succeeded = (await hammer_takeover(first, second)).succeeded
         first.start(ready=False)  # and back: the first server stands by, then takes over again
@@ -147,7 +147,9 @@ async def test_a_deposed_leader_listens_again_at_once_while_its_calls_finish(tmp
     """A call still running on the leader's gRPC server when it steps down keeps its grace, and the
     standby's server answers on the port meanwhile: the port is not closed while the old calls finish."""
     db = tmp_path / "cronoq.db"
-    with running_server(tmp_path / "a", sqlite_config(db), env={"CRONOQ_LOG": "debug"}) as server:
+    with running_server(
+        tmp_path / "a", durable_config(sqlite_store(db)), env={"CRONOQ_LOG": "debug"}
+    ) as server:
         async with grpc.aio.insecure_channel(server.target) as channel:
             watch = health_pb2_grpc.HealthStub(channel).Watch(health_pb2.HealthCheckRequest(service=""))
             assert (await watch.read()).status == SERVING

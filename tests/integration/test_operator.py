@@ -20,6 +20,7 @@ from cronoq.client import Client, task
 from tests.kube_fake import FakeKube
 from tests.pki import issue, new_ca
 
+from .helpers import token, toml_table
 from .operator_proc import OperatorProcess, until
 from .serverproc import ServerProcess, new_server
 
@@ -33,26 +34,12 @@ OPERATOR_DNS_NAME = "cronoq-operator.cronoq.svc"
 # Desired capacity reacts within a second or two: no worker ever connects, so 20 queued tasks are a
 # backlog of 20 one-second tasks to drain in one second (well above max = 8), and the autoscaler steps up
 # by 4 per one-second evaluation. min = 0: with nothing queued the pool wants no slots at all.
-SERVER_CONFIG = """
-[server]
-shutdown_grace_s = 1
-
-[[auth.tokens]]
-token_env = "CLIENT_TOKEN"
-role = "client"
-
-[[auth.tokens]]
-token_env = "METRICS_TOKEN"
-role = "metrics"
-
-[[pools]]
-name = "jobs"
-min = 0
-max = 8
-autoscale = true
-drain_time_s = 1
-default_duration_s = 1
-"""
+SERVER_CONFIG = (
+    toml_table("server", shutdown_grace_s=1)
+    + token("CLIENT_TOKEN", "client", env=True)
+    + token("METRICS_TOKEN", "metrics", env=True)
+    + toml_table("[pools]", name="jobs", min=0, max=8, autoscale=True, drain_time_s=1, default_duration_s=1)
+)
 SERVER_ENV = {"CLIENT_TOKEN": CLIENT_TOKEN, "METRICS_TOKEN": METRICS_TOKEN}
 
 

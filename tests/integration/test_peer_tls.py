@@ -20,6 +20,7 @@ from cronoq.errors import FailedPrecondition, Unavailable
 from tests.pki import issue, new_ca
 from tests.ports import free_ports
 
+from .helpers import token
 from .serverproc import ServerProcess, write_config
 from .shardproc import ShardSpec, cluster_tables
 from .test_tls import Pki, _https, _tls_config
@@ -29,10 +30,7 @@ pytestmark = pytest.mark.asyncio
 SPECS = [ShardSpec("a", 1, ("a1",)), ShardSpec("b", 2, ("b1",))]
 CLIENT_TOKEN = "client-token-0123456789abcdef"
 METRICS_TOKEN = "metrics-token-0123456789abcdef"
-TOKENS = (
-    f'[[auth.tokens]]\ntoken = "{CLIENT_TOKEN}"\nrole = "client"\n'
-    f'[[auth.tokens]]\ntoken = "{METRICS_TOKEN}"\nrole = "metrics"\n'
-)
+TOKENS = token(CLIENT_TOKEN, "client") + token(METRICS_TOKEN, "metrics")
 CERTS = '[[auth.certs]]\ndns_name = "worker-1.internal"\nrole = "client"\n'  # shards only (mTLS)
 
 

@@ -24,7 +24,7 @@ from psycopg import sql
 from cronoq.client import Client, Lease
 from cronoq.errors import ApiError, Unavailable
 
-from .helpers import worker
+from .helpers import durable_config, postgres_store, worker
 from .serverproc import ServerProcess, leader_and_standby, new_server
 
 pytestmark = pytest.mark.asyncio
@@ -33,19 +33,7 @@ ROUND_ROBIN = [("grpc.lb_policy_name", "round_robin")]
 
 
 def pg_config(schema: str) -> str:
-    return f"""
-[server]
-shutdown_grace_s = 2
-
-[store]
-kind = "postgres"
-schema = "{schema}"
-
-[[pools]]
-name = "default"
-max = 64
-retry = {{ max_attempts = 5, initial_backoff_s = 0.05, multiplier = 1.0, max_backoff_s = 0.05, jitter = false }}
-"""
+    return durable_config(postgres_store(schema), max_attempts=5)
 
 
 def pair(

@@ -20,7 +20,7 @@ from cronoq.cluster.shards import SHARD_SHIFT
 from cronoq.errors import NotFound, Unavailable
 from tests.ports import free_ports
 
-from .helpers import scrape_metrics, watch_while, worker
+from .helpers import postgres_store, scrape_metrics, watch_while, worker
 from .serverproc import ServerProcess, write_config
 from .shardproc import ShardSpec, cluster_tables, router_process
 
@@ -42,7 +42,7 @@ def cluster(
     ports = {name: [(next(picked), next(picked)) for _ in range(2)] for name in SHARDS}
     urls = {name: [f"http://127.0.0.1:{grpc}" for grpc, _ in pairs] for name, pairs in ports.items()}
     tables = cluster_tables(SPECS, {name: members[0] for name, members in urls.items()}, urls)
-    body = f'[store]\nkind = "postgres"\nschema = "{schema}_{{shard}}"\n\n{tables}'
+    body = postgres_store(f"{schema}_{{shard}}") + tables
     shards: dict[str, list[ServerProcess]] = {}
     for name, pairs in ports.items():
         shards[name] = []

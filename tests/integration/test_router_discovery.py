@@ -17,6 +17,7 @@ from cronoq.cluster.discovery import LeaderFinder
 from cronoq.cluster.shards import Shard, ShardMap
 from tests.ports import free_port
 
+from .helpers import durable_config, sqlite_store
 from .serverproc import ServerProcess, leader_and_standby, new_server
 
 pytestmark = pytest.mark.asyncio
@@ -24,10 +25,6 @@ pytestmark = pytest.mark.asyncio
 # The shard's load-balanced address: what the finder answers while it knows no serving member.
 SERVICE = "http://cronoq-shard.invalid:50051"
 TAKEOVER_BUDGET_S = 2.0  # forwarded calls must work again within this of the new leader being ready
-
-
-def sqlite_config(db: Path) -> str:
-    return f'[server]\nshutdown_grace_s = 1\n\n[store]\nkind = "sqlite"\npath = "{db}"\n\n[[pools]]\nname = "default"\nmax = 4\n'
 
 
 def url(server: ServerProcess) -> str:
@@ -70,7 +67,10 @@ async def measure_takeover(finder: LeaderFinder, shard: Shard, new_leader: Serve
 
 async def test_follows_a_handover_within_2_s_and_skips_a_member_that_is_down(tmp_path: Path) -> None:
     nobody = f"http://127.0.0.1:{free_port()}"
-    with leader_and_standby(tmp_path, sqlite_config(tmp_path / "cronoq.db")) as (leader, standby):
+    with leader_and_standby(tmp_path, durable_config(sqlite_store(tmp_path / "cronoq.db"))) as (
+        leader,
+        standby,
+    ):
         shard = shard_of(nobody, url(leader), url(standby))
         async with finder_for(shard) as finder:
             assert await finder.wait_leader(shard, 5.0) == url(leader)
@@ -86,7 +86,10 @@ async def test_follows_a_handover_within_2_s_and_skips_a_member_that_is_down(tmp
 
 
 async def test_a_member_that_was_down_is_found_when_it_takes_over(tmp_path: Path) -> None:
-    with leader_and_standby(tmp_path, sqlite_config(tmp_path / "cronoq.db")) as (leader, standby):
+    with leader_and_standby(tmp_path, durable_config(sqlite_store(tmp_path / "cronoq.db"))) as (
+        leader,
+        standby,
+    ):
         shard = shard_of(url(leader), url(standby))
         async with finder_for(shard) as finder:
             assert await finder.wait_leader(shard, 5.0) == url(leader)
@@ -102,7 +105,10 @@ async def test_a_member_that_was_down_is_found_when_it_takes_over(tmp_path: Path
 
 
 async def test_suspect_stops_using_the_member_at_once_and_checks_again_now(tmp_path: Path) -> None:
-    with leader_and_standby(tmp_path, sqlite_config(tmp_path / "cronoq.db")) as (leader, standby):
+    with leader_and_standby(tmp_path, durable_config(sqlite_store(tmp_path / "cronoq.db"))) as (
+        leader,
+        standby,
+    ):
         shard = shard_of(url(leader), url(standby))
         async with finder_for(shard, interval=30.0) as finder:  # only a wake-up can re-check in time
             assert await finder.wait_leader(shard, 5.0) == url(leader)

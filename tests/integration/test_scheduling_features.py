@@ -19,7 +19,7 @@ from cronoq.client import Client, Lease, task
 from cronoq.errors import ApiError, FailedPrecondition, InvalidArgument, NotFound, PermissionDenied
 from cronoq.v1 import cronoq_pb2 as pb
 
-from .helpers import scrape_metrics, worker
+from .helpers import scrape_metrics, token, toml_table, worker
 from .serverproc import ServerProcess, running_server
 
 pytestmark = pytest.mark.asyncio
@@ -29,33 +29,18 @@ CLIENT = "client-token-0123456789abcdef"
 METRICS = "metrics-token-0123456789abcdef"
 WORKER = "worker-token-0123456789abcdef"
 
-FEATURES_CONFIG = f"""
-[server]
-shutdown_grace_s = 2
-
-[[auth.tokens]]
-token = "{ADMIN}"
-role = "admin"
-
-[[auth.tokens]]
-token = "{CLIENT}"
-role = "client"
-
-[[auth.tokens]]
-token = "{METRICS}"
-role = "metrics"
-
-[[auth.tokens]]
-token = "{WORKER}"
-role = "worker"
-
+TOKENS = (ADMIN, "admin"), (CLIENT, "client"), (METRICS, "metrics"), (WORKER, "worker")
+FEATURES_CONFIG = (
+    toml_table("server", shutdown_grace_s=2)
+    + "".join(token(*t) for t in TOKENS)
+    + """
 [[pools]]
 name = "default"
 max = 8
 lease_ttl_s = 5
-retry = {{ max_attempts = 1 }}
+retry = { max_attempts = 1 }
 fair_share = true
-tenant_weights = {{ gold = 1.0, silver = 1.0 }}
+tenant_weights = { gold = 1.0, silver = 1.0 }
 
 [[pools]]
 name = "fixed"
@@ -72,6 +57,7 @@ name = "api"
 rate = 100
 burst = 2
 """
+)
 KEY_AT = re.compile(r"^tick@\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ$")
 
 

@@ -31,7 +31,7 @@ from cronoq.v1 import cronoq_pb2 as pb
 from cronoq.v1 import cronoq_pb2_grpc as pbg
 from tests.ports import free_port
 
-from .helpers import worker
+from .helpers import token, worker
 from .serverproc import new_server
 
 pytestmark = pytest.mark.asyncio
@@ -64,8 +64,7 @@ ENV = {
 
 def config(port: int) -> str:
     tokens = "".join(
-        f'[[auth.tokens]]\ntoken_env = "S_{role.upper()}"\nrole = "{role}"\n\n'
-        for role in ("client", "worker", "metrics", "admin")
+        token(f"S_{role.upper()}", role, env=True) for role in ("client", "worker", "metrics", "admin")
     )
     return f"""{tokens}
 [[pools]]

@@ -38,7 +38,15 @@ from cronoq.v1 import cronoq_pb2 as pb
 from cronoq.v1 import cronoq_pb2_grpc as pbg
 from tests.ports import free_ports
 
-from .helpers import Metrics, eager_worker_refusals, scrape_metrics, token, watch_while, worker
+from .helpers import (
+    Metrics,
+    eager_worker_refusals,
+    scrape_metrics,
+    sqlite_store,
+    token,
+    watch_while,
+    worker,
+)
 from .serverproc import ServerProcess, write_config
 from .shardproc import ShardSpec, cluster_tables, routed_cluster, router_process, running_cluster
 
@@ -624,7 +632,7 @@ async def test_a_forwarded_call_reaches_the_other_shards_leader_past_its_standby
     leader_url, standby_url, a_url = (f"http://127.0.0.1:{grpc}" for grpc, _ in (b_leader, b_standby, a))
     # Everyone reaches shard b at its standby, as a balancer in front of both may.
     tables = cluster_tables(SHARDS, {"a": a_url, "b": standby_url}, {"b": [standby_url, leader_url]})
-    b_body = f'[server]\nshard = "b"\n\n[store]\nkind = "sqlite"\npath = "{tmp_path / "b.db"}"\n\n{tables}'
+    b_body = f'[server]\nshard = "b"\n\n{sqlite_store(tmp_path / "b.db")}{tables}'
     procs: dict[str, ServerProcess] = {}
     for name, body, (grpc_port, http_port) in (
         ("b-leader", b_body, b_leader),

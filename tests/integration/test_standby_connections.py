@@ -14,8 +14,8 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from .helpers import durable_config, sqlite_store
 from .serverproc import ServerProcess, leader_and_standby
-from .test_durability import sqlite_config
 
 pytestmark = pytest.mark.asyncio
 
@@ -71,7 +71,10 @@ def _assert_keeps_http(server: ServerProcess) -> None:
 
 
 async def test_a_standby_closes_connections_about_a_second_after_accepting_them(tmp_path: Path) -> None:
-    with leader_and_standby(tmp_path, sqlite_config(tmp_path / "cronoq.db")) as (leader, standby):
+    with leader_and_standby(tmp_path, durable_config(sqlite_store(tmp_path / "cronoq.db"))) as (
+        leader,
+        standby,
+    ):
         # HTTP: a connection that never sends a request, and one whose request was answered.
         began = time.monotonic()
         with _http_connection(standby) as idle:

@@ -48,11 +48,11 @@ from shard.store.memory import MemoryDatabase, MemoryStore
 from shard.store.postgres import PostgresStore, lock_key
 from shard.store.rows import COLUMNS
 from shard.store.sqlite import SqliteStore
+from tests.fulltask import NOW, full_spec, full_task
 
 POLL = 0.02  # lock_poll of every store made here, so standbys notice a free lead quickly
 STANDBY_WINDOW = 0.3  # how long a standby is watched to prove it keeps waiting (15 polls)
 HANDOVER_TIMEOUT = 5.0  # upper bound for a standby to notice a free lead; met in well under a second
-NOW = 1_700_000_000.0  # times are NOW + k/2 so that they survive the trip through nanoseconds exactly
 
 
 class Backend(abc.ABC):
@@ -296,71 +296,12 @@ async def test_close_is_idempotent_and_safe_before_open(backend: Backend) -> Non
 # ----------------------------------------------------------------------------------------- tasks
 
 
-def full_task() -> tuple[Task, Task]:
-    """A task with every field set, NUL in every string that may hold one, and what comes back."""
-    sent = Task(
-        id=ShardMap([]).first_id(1, 0),
-        spec=TaskSpec(
-            pool="default",
-            payload=b"\x00\x01binary\xff",
-            content_type="application/x\x00y",
-            kind="report\x00",
-            priority=Priority.HIGH,
-            key="key\x00one",
-            deadline=NOW + 60.5,
-            duration_hint=1.25,
-            timeout=30.0,
-            retry=RetryPolicy(5, 0.5, 3.0, 120.0, False),
-            tags={"t\x00": "v\x00", "env": "prod"},
-            labels={"team": "core\x00"},
-            tenant="acme\x00",
-            start=NOW + 120.5,
-            tolerance=2.5,
-            on_miss=MissPolicy.SKIP,
-            # Ids and keys with every outcome; "7" is a key that looks like an id, and stays a key.
-            deps=(
-                Dep(7, DepOn.SUCCESS),
-                Dep(8, DepOn.FAILURE),
-                Dep(9, DepOn.COMPLETE),
-                Dep("up\x00stream", DepOn.SUCCESS),
-                Dep("7", DepOn.FAILURE),
-                Dep("cleanup", DepOn.COMPLETE),
-            ),
-            resources={"gpu\x00": 2, "db": 1},
-        ),
-        seq=42,
-        status=Status.RETRYING,
-        created=NOW + 0.5,
-        attempt=2,
-        max_attempts=5,
-        ready_at=NOW + 1.5,
-        started=NOW + 2.5,
-        finished=None,
-        message="retrying\x00after timeout",
-    )
-    back = replace(
-        sent,
-        spec=replace(
-            sent.spec,
-            content_type="application/x\ufffdy",
-            kind="report\ufffd",
-            key="key\ufffdone",
-            tags={"t\ufffd": "v\ufffd", "env": "prod"},
-            labels={"team": "core\ufffd"},
-            tenant="acme\ufffd",
-            deps=(*sent.spec.deps[:3], Dep("up\ufffdstream"), *sent.spec.deps[4:]),
-            resources={"gpu\ufffd": 2, "db": 1},
-        ),
-        message="retrying\ufffdafter timeout",
-    )
-    return sent, back
-
-
 async def test_every_field_survives_a_handover(backend: Backend) -> None:
     """What one leader commits, the next one recovers and fetches field for field (NUL as U+FFFD); a
     task that sets nothing optional comes back with the defaults (no fixed start, tolerance 1 s,
     run_late, no dependencies, no resources)."""
-    sent, back = full_task()
+    first_id = ShardMap([]).first_id(1, 0)
+    sent, back = full_task(first_id, nul="\x00"), full_task(first_id, nul="\ufffd")
     bare = Task(
         id=sent.id + 1,
         spec=TaskSpec(pool="other", payload=None, priority=Priority.LOW),
@@ -590,42 +531,30 @@ async def test_an_undecodable_dependency_target_is_quarantined_and_recovery_goes
 # ------------------------------------------------------------------------------------- schedules
 
 
+def template(nul: str) -> TaskSpec:
+    """A recurring template with every field a template may have (no fixed start, no absolute deadline,
+    no dependencies), ``nul`` in every string that may hold one; its priority, retry policy and miss
+    policy are other values than the task's."""
+    return replace(
+        full_spec(nul=nul),
+        deadline=None,
+        start=None,
+        deps=(),
+        priority=Priority.CRITICAL,
+        retry=RetryPolicy(2, 0.25, 2.0, 10.0, True),
+        on_miss=MissPolicy.FAIL,
+    )
+
+
 def schedule(name: str, *, next_start: float | None = NOW + 60, last_task_id: int = 0) -> Recurring:
     """A schedule whose template sets every field, NUL in every string that may hold one."""
-    template = TaskSpec(
-        pool="default",
-        payload=b"\x00template\xff",
-        content_type="application/x\x00y",
-        kind="report\x00",
-        priority=Priority.CRITICAL,
-        key="nightly\x00",
-        duration_hint=2.5,
-        timeout=60.0,
-        retry=RetryPolicy(2, 0.25, 2.0, 10.0, True),
-        tags={"t\x00": "v"},
-        labels={"team": "core\x00"},
-        tenant="acme\x00",
-        tolerance=5.0,
-        on_miss=MissPolicy.FAIL,
-        resources={"gpu\x00": 1},
-    )
-    spec = RecurringSpec(name, "0 3 * * *", template, "Europe/Paris", Overlap.QUEUE_ON_SUCCESS, 900.0)
+    spec = RecurringSpec(name, "0 3 * * *", template("\x00"), "Europe/Paris", Overlap.QUEUE_ON_SUCCESS, 900.0)
     return Recurring(spec, next_start, last_task_id)
 
 
 def stored(recurring: Recurring) -> Recurring:
     """``recurring`` as the store gives it back: NUL as U+FFFD."""
-    template = replace(
-        recurring.spec.template,
-        content_type="application/x\ufffdy",
-        kind="report\ufffd",
-        key="nightly\ufffd",
-        tags={"t\ufffd": "v"},
-        labels={"team": "core\ufffd"},
-        tenant="acme\ufffd",
-        resources={"gpu\ufffd": 1},
-    )
-    return replace(recurring, spec=replace(recurring.spec, template=template))
+    return replace(recurring, spec=replace(recurring.spec, template=template("\ufffd")))
 
 
 async def test_schedules_are_upserted_replaced_and_deleted_and_survive_a_handover(backend: Backend) -> None:

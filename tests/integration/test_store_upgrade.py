@@ -12,86 +12,56 @@ from __future__ import annotations
 import contextlib
 import sqlite3
 from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import psycopg
 import pytest
 from psycopg import sql
 
-from cronoq.engine.model import (
-    Dep,
-    DepOn,
-    MissPolicy,
-    Priority,
-    Recurring,
-    RecurringSpec,
-    RetryPolicy,
-    Status,
-    Task,
-    TaskSpec,
-)
+from cronoq.engine.model import MissPolicy, Recurring, RecurringSpec, Status, Task, TaskSpec
 from shard.store import Batch, Store
 from shard.store import postgres as postgres_store
 from shard.store import sqlite as sqlite_store
+from tests.fulltask import NOW, full_spec, full_task
 
-NOW = 1_700_000_000.0
-
-# A live task as version 1 stored it: every column it had, in its encoding.
+# The full task as version 1 stored it: every column it had, in its encoding.
 V1_ROW: dict[str, object] = {
     "id": 7,
-    "seq": 3,
-    "pool": "default",
-    "kind": "resize",
+    "seq": 42,
+    "pool": "gpu",
+    "kind": "report",
     "priority": 1,
-    "key": "v1-key",
-    "payload": b"\x00v1",
-    "content_type": "image/png",
+    "key": "keyone",
+    "payload": b"\x00\x01binary\xff",
+    "content_type": "application/xy",
     "deadline_ns": 1_700_000_060_500_000_000,
-    "duration_hint_s": 1.5,
+    "duration_hint_s": 1.25,
     "timeout_s": 30.0,
-    "retry": "[4,0.5,2.0,60.0,false]",
-    "tags": '{"env":"prod"}',
-    "labels": "{}",
+    "retry": "[5,0.5,3.0,120.0,false]",
+    "tags": '{"t":"v","env":"prod"}',
+    "labels": '{"team":"core"}',
     "tenant": "acme",
-    "created_ns": 1_700_000_000_000_000_000,
-    "status": 3,
+    "created_ns": 1_700_000_000_500_000_000,
+    "status": 5,
     "terminal": False,
-    "attempt": 0,
-    "max_attempts": 4,
-    "ready_ns": 1_700_000_000_500_000_000,
-    "started_ns": None,
+    "attempt": 2,
+    "max_attempts": 5,
+    "ready_ns": 1_700_000_001_500_000_000,
+    "started_ns": 1_700_000_002_500_000_000,
     "finished_ns": None,
-    "message": "",
+    "message": "retryingafter timeout",
 }
-# What it reads back as: the fields version 2 added are at their defaults.
-V1_TASK = Task(
-    id=7,
-    spec=TaskSpec(
-        pool="default",
-        payload=b"\x00v1",
-        content_type="image/png",
-        kind="resize",
-        priority=Priority.HIGH,
-        key="v1-key",
-        deadline=NOW + 60.5,
-        duration_hint=1.5,
-        timeout=30.0,
-        retry=RetryPolicy(4, 0.5, 2.0, 60.0, False),
-        tags={"env": "prod"},
-        tenant="acme",
-        start=None,
-        tolerance=1.0,
-        on_miss=MissPolicy.RUN_LATE,
-        deps=(),
-        resources={},
-    ),
-    seq=3,
-    status=Status.READY,
-    created=NOW,
-    max_attempts=4,
-    ready_at=NOW + 0.5,
+# What it reads back as: the full task, with the fields version 2 added at their defaults.
+V1_TASK = replace(
+    full_task(7),
+    spec=replace(full_spec(), start=None, tolerance=1.0, on_miss=MissPolicy.RUN_LATE, deps=(), resources={}),
 )
+
+
+def new_task(nul: str) -> Task:
+    """The full task as the upgraded tables take it, the fields version 1 could not hold included."""
+    return replace(full_task(8, nul), seq=43, status=Status.BLOCKED)
 
 
 @dataclass
@@ -184,27 +154,13 @@ async def test_a_v1_database_is_upgraded_in_place_and_its_rows_read_with_the_new
     await store.acquire()
     recovered = await store.recover(NOW)
     assert (recovered.tasks, recovered.max_id, recovered.schedules) == ([V1_TASK], 7, [])
-    fetched = await store.fetch("v1-key")
+    fetched = await store.fetch(V1_TASK.spec.key)
     assert fetched is not None and fetched.task == V1_TASK
 
     # The upgraded tables take what version 1 could not hold, next to the old row.
-    new = Task(
-        id=8,
-        spec=TaskSpec(
-            pool="default",
-            start=NOW + 30.0,
-            tolerance=0.5,
-            on_miss=MissPolicy.FAIL,
-            deps=(Dep(7, DepOn.COMPLETE), Dep("v1-key")),
-            resources={"gpu": 1},
-        ),
-        seq=4,
-        status=Status.BLOCKED,
-        created=NOW,
-    )
     template = TaskSpec(pool="default", payload=b"tick")
     recurring = Recurring(RecurringSpec("tick", "* * * * *", template), NOW + 60.0, 8)
-    await store.commit(Batch([new], max_id=8, schedules=[("tick", recurring)]))
+    await store.commit(Batch([new_task("\x00")], max_id=8, schedules=[("tick", recurring)]))
     await store.close()
 
     reopened = database.open()
@@ -212,5 +168,5 @@ async def test_a_v1_database_is_upgraded_in_place_and_its_rows_read_with_the_new
     await reopened.open()  # already current: nothing to migrate
     await reopened.acquire()
     recovered = await reopened.recover(NOW)
-    assert (recovered.tasks, recovered.schedules) == ([V1_TASK, new], [recurring])
+    assert (recovered.tasks, recovered.schedules) == ([V1_TASK, new_task("\ufffd")], [recurring])
     assert await database.version() == current

@@ -13,7 +13,7 @@ from cronoq.client import Lease
 from cronoq.v1 import cronoq_pb2 as pb
 from cronoq.v1 import cronoq_pb2_grpc as pbg
 
-from .helpers import worker
+from .helpers import sqlite_store, toml_table, worker
 from .serverproc import ServerProcess, running_server
 
 pytestmark = pytest.mark.asyncio
@@ -41,10 +41,8 @@ async def test_a_submit_with_an_unusable_wait_timeout_is_refused_and_stores_noth
 
 
 async def test_a_json_output_read_back_from_the_store_keeps_its_content_type(tmp_path: Path) -> None:
-    body = (
-        f'[store]\nkind = "sqlite"\npath = "{tmp_path / "cronoq.db"}"\n\n'
-        "[outputs]\ncache_entries = 0\n"  # nothing cached: every output is read from the store
-    )
+    # Nothing cached: every output is read from the store.
+    body = sqlite_store(tmp_path / "cronoq.db") + toml_table("outputs", cache_entries=0)
 
     async def answer(lease: Lease) -> dict[str, int]:
         return {"answer": 42}

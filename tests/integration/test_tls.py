@@ -16,6 +16,7 @@ from cronoq.errors import PermissionDenied, Unauthenticated
 from tests.pki import issue, new_ca
 from tests.ports import free_ports
 
+from .helpers import token
 from .serverproc import ServerProcess, running_server, write_config
 
 pytestmark = pytest.mark.asyncio
@@ -109,8 +110,8 @@ async def test_a_client_certificate_is_an_identity_from_auth_certs(tmp_path: Pat
     (role and pools); a bearer token, when sent, decides instead."""
     body = _tls_config(pki, mtls=True) + (
         '[[auth.certs]]\ndns_name = "worker-1.internal"\nrole = "client"\npools = ["default"]\n'
-        f'[[auth.tokens]]\ntoken = "{ADMIN_TOKEN}"\nrole = "admin"\n'
-        '[[pools]]\nname = "default"\n[[pools]]\nname = "other"\n'
+        + token(ADMIN_TOKEN, "admin")
+        + '[[pools]]\nname = "default"\n[[pools]]\nname = "other"\n'
     )
     with running_server(tmp_path, body, ssl_context=_https(pki, True)) as server:
         target = f"https://{server.target}"

@@ -18,7 +18,7 @@ from cronoq.errors import FailedPrecondition
 from tests.ports import free_ports
 from tests.unit.client.scripted import TIMEOUT, Refusal, WorkersServer, running, serve
 
-from .helpers import worker
+from .helpers import token, worker
 from .serverproc import ServerProcess
 from .shardproc import ShardSpec, cluster_tables, running_cluster, running_router
 
@@ -27,15 +27,7 @@ pytestmark = pytest.mark.asyncio
 SHARDS = (ShardSpec("a", 1, ("a1",)), ShardSpec("b", 2, ("b1",)))
 WORKER_TOKEN = "worker-token-0123456789abcdef"
 CLIENT_TOKEN = "client-token-0123456789abcdef"
-TOKENS = f"""
-[[auth.tokens]]
-token = "{WORKER_TOKEN}"
-role = "worker"
-
-[[auth.tokens]]
-token = "{CLIENT_TOKEN}"
-role = "client"
-"""
+TOKENS = token(WORKER_TOKEN, "worker") + token(CLIENT_TOKEN, "client")
 
 
 async def echo(lease: Lease) -> str:

@@ -4,6 +4,7 @@ schedules (``shard.convert``), and the gRPC status each engine refusal maps to (
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import pytest
 
@@ -31,15 +32,16 @@ from shard.convert import (
     spec_from_wire,
 )
 from shard.service import submit_error
+from tests.fulltask import full_spec
 
 NOW = 1_900_000_000.0
 LIMITS = SpecLimits(max_key_len=32, max_kind_len=16, max_tags=4, max_tag_len=16, max_deps=3, max_resources=2)
 POOLS = {"default": RetryPolicy(), "gpu": RetryPolicy(max_attempts=5)}
 
 
-def convert(msg: pb.TaskSpec, *, template: bool = False) -> TaskSpec:
+def convert(msg: pb.TaskSpec, *, template: bool = False, limits: SpecLimits = LIMITS) -> TaskSpec:
     return spec_from_wire(
-        "task", msg, default_pool="default", pools=POOLS, limits=LIMITS, now=NOW, template=template
+        "task", msg, default_pool="default", pools=POOLS, limits=limits, now=NOW, template=template
     )
 
 
@@ -61,50 +63,46 @@ def test_a_plain_spec_keeps_the_defaults() -> None:
 
 
 def test_every_field_lands_on_its_engine_field() -> None:
-    """The spec is built positionally for speed: a field given to the wrong position shows here."""
+    """The spec is built positionally for speed: a field given to the wrong position shows here (each
+    field of the full spec has a value no other field has). The pool is not the default one."""
+    spec = full_spec(NOW)
+    assert spec.deadline is not None and spec.start is not None and spec.retry is not None
     msg = pb.TaskSpec(
-        payload=b"body",
-        content_type="text/plain",
-        kind="resize",
-        pool="gpu",
-        priority=pb.PRIORITY_HIGH,
-        key="k1",
-        deadline_in_s=30,
-        start_in_s=60,
-        tolerance_s=2,
-        on_miss=pb.MISS_POLICY_SKIP,
-        duration_hint_s=4,
-        timeout_s=5,
+        payload=spec.payload,
+        content_type=spec.content_type,
+        kind=spec.kind,
+        pool=spec.pool,
+        priority=pb.Priority.Value(f"PRIORITY_{spec.priority.name}"),
+        key=spec.key,
+        deadline_in_s=spec.deadline - NOW,
+        start_in_s=spec.start - NOW,
+        tolerance_s=spec.tolerance,
+        on_miss=pb.MissPolicy.Value(f"MISS_POLICY_{spec.on_miss.name}"),
+        duration_hint_s=spec.duration_hint,
+        timeout_s=spec.timeout,
         retry=pb.RetryPolicy(
-            max_attempts=7, initial_backoff_s=0.5, multiplier=3.0, max_backoff_s=9.0, jitter=False
+            max_attempts=spec.retry.max_attempts,
+            initial_backoff_s=spec.retry.initial_backoff,
+            multiplier=spec.retry.multiplier,
+            max_backoff_s=spec.retry.max_backoff,
+            jitter=spec.retry.jitter,
         ),
-        deps=[pb.Dep(target=pb.TaskRef(key="k0"), cond=pb.EDGE_COND_ON_COMPLETE)],
-        resources={"gpu": 1},
-        tags={"a": "1"},
-        labels={"zone": "eu"},
-        tenant="acme",
+        deps=[
+            pb.Dep(
+                target=pb.TaskRef(id=dep.target)
+                if isinstance(dep.target, int)
+                else pb.TaskRef(key=dep.target),
+                cond=pb.EdgeCond.Value(f"EDGE_COND_ON_{dep.on.name}"),
+            )
+            for dep in spec.deps
+        ],
+        resources=spec.resources,
+        tags=spec.tags,
+        labels=spec.labels,
+        tenant=spec.tenant,
     )
-    spec = convert(msg)
-    assert spec == TaskSpec(
-        pool="gpu",
-        payload=b"body",
-        content_type="text/plain",
-        kind="resize",
-        priority=Priority.HIGH,
-        key="k1",
-        deadline=NOW + 30,
-        duration_hint=4.0,
-        timeout=5.0,
-        retry=RetryPolicy(7, 0.5, 3.0, 9.0, False),
-        tags={"a": "1"},
-        labels={"zone": "eu"},
-        tenant="acme",
-        start=NOW + 60,
-        tolerance=2.0,
-        on_miss=MissPolicy.SKIP,
-        deps=(Dep("k0", DepOn.COMPLETE),),
-        resources={"gpu": 1},
-    )
+    assert spec.pool != "default"
+    assert convert(msg, limits=replace(LIMITS, max_deps=len(spec.deps))) == spec
 
 
 def test_retry_fields_left_at_zero_take_the_pools_values() -> None:
