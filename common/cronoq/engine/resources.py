@@ -280,10 +280,12 @@ class ResourceParking:
     timers. A woken task goes back to its queue at its original place and its pool is marked for
     dispatch once the input is whole; units a woken task left unused are passed on by ``settle``, which
     the engine's dispatch runs at the end of an input. ``parked`` and ``rewoken`` are public because the
-    engine tests them on its hot path, where nothing parked must cost no call.
+    engine tests them on its hot path, where nothing parked must cost no call. ``woken`` counts the
+    tasks wake-ups put back in a queue, which the tests read to prove that a release or a refill wakes
+    what it can serve, not the whole backlog behind a resource.
     """
 
-    __slots__ = ("_engine", "_on", "_pools", "_refill_wake", "_resources", "parked", "rewoken")
+    __slots__ = ("_engine", "_on", "_pools", "_refill_wake", "_resources", "parked", "rewoken", "woken")
 
     def __init__(self, engine: EngineCore, pools: Mapping[str, PoolState], resources: Resources) -> None:
         self._engine = engine
@@ -302,6 +304,7 @@ class ResourceParking:
         # the room it was woken for goes to the next waiters (maybe of another pool) once the input's
         # dispatch is done.
         self.rewoken: set[str] = set()
+        self.woken = 0
 
     def park(self, task: Task, short: str, ready_at: float, now: float) -> None:
         """A READY task whose resources are taken leaves the queue (so it blocks nobody) until a release
@@ -418,6 +421,7 @@ class ResourceParking:
             pool.queue.push(task, ready_at, requeue=True)
             engine._mark_dirty(pool)
             self.rewoken.add(name)
+            self.woken += 1
         for amount in [a for a, waiting in by_amount.items() if not waiting]:
             del by_amount[amount]
         if not by_amount:
