@@ -4,6 +4,13 @@ Inputs (submit, cancel, worker capacity, attempt outcomes, heartbeats, ``tick(no
 (dispatch a lease, abort a lease, status events) come out of ``take_actions()``. Nothing here does I/O
 or reads a clock, so every rule is tested in microseconds with injected time.
 
+The modules: ``engine`` (``Engine``, the public inputs and views) over ``core`` (``EngineCore``: the
+state, admission, dispatch, the lease life cycle and timers); a collaborator per optional feature, owning
+its state and rules (``deps``, ``fixed``, ``recurring``, ``resources`` with the parked tasks,
+``autoscale``); and the structures they use (``admission``, ``lanes``, ``pool``, ``workers``, ``table``,
+``timers``, ``stats``, ``overflow``, ``retry``, ``cron``), with the vocabulary in ``model`` and the views
+in ``snapshot``.
+
 Installed from source on CPython, the modules of this package (all but this one and ``readonly``) are
 compiled to C with mypyc (``setup.py``); ``compiled()`` says whether this process runs that build.
 """

@@ -15,15 +15,20 @@ The target then moves towards ``raw`` asymmetrically, because starting workers l
 stopping them early costs a restart: up at once, at most max(capacity * max_step_up_ratio,
 max_step_up_abs) per evaluation; down only to the highest ``raw`` of the last ``stabilization_window``
 seconds, by at most ``max_step_down``, and no sooner than ``cooldown`` after the previous step down.
+
+``Autoscaling`` is the engine's side: an autoscaler per autoscaled pool, and what it counts for them
+between evaluations.
 """
 
 from __future__ import annotations
 
 import math
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
-from .model import AutoscaleConfig
+from .fixed import FixedStarts
+from .model import AutoscaleConfig, PoolConfig, Scale
+from .pool import PoolState
 
 _NEGLIGIBLE = 0.01  # below this many workers' worth of demand, slots() asks for none
 
@@ -153,3 +158,75 @@ class Autoscaler:
         for cls, seconds in config.slo.items():
             needed = max(needed, slots(backlog[cls] * s / seconds))
         return min(max(needed + reserved, self._min), self._max)
+
+
+class Autoscaling:
+    """The autoscaling feature of one engine: an ``Autoscaler`` per pool that has one, fed from the
+    engine's state at each evaluation and from what this counts between them.
+
+    The engine counts into ``arrivals`` each task of an autoscaled engine that becomes eligible (READY
+    at submission, or when its edges are met or its fixed start comes), tells ``ran`` how long each
+    attempt of an autoscaled pool ran, calls ``evaluate`` from its tick and asks ``next_due`` when to
+    tick. ``scalers`` and ``arrivals`` are public because the engine tests and counts them on its hot
+    path, where a pool without autoscaling must cost nothing.
+    """
+
+    __slots__ = ("_fixed", "_pools", "_runs", "_waiting", "arrivals", "scalers")
+
+    def __init__(
+        self,
+        pools: Mapping[str, PoolState],
+        waiting: Mapping[str, list[int]],
+        fixed: FixedStarts,
+        configs: Sequence[PoolConfig],
+    ) -> None:
+        self._pools = pools
+        self._waiting = waiting  # the engine's BLOCKED + SCHEDULED per pool and class: not backlog
+        self._fixed = fixed
+        self.scalers = {
+            c.name: Autoscaler(c.autoscale, c.min, c.max, c.default_duration, c.initial)
+            for c in configs
+            if c.autoscale is not None
+        }
+        self.arrivals = {c.name: 0 for c in configs}  # tasks that became eligible since the last evaluation
+        self._runs = {c.name: [0.0, 0] for c in configs}  # attempt run seconds and count, for service time
+
+    def ran(self, pool: str, seconds: float) -> None:
+        """An attempt of autoscaled ``pool`` ended after ``seconds``: it counts in the service time."""
+        runs = self._runs[pool]
+        runs[0] += seconds
+        runs[1] += 1
+
+    def evaluate(self, now: float) -> list[Scale]:
+        """Evaluate every autoscaled pool whose interval is up; the targets that changed."""
+        changed: list[Scale] = []
+        for name, scaler in self.scalers.items():
+            if now < scaler.due_at:
+                continue
+            pool = self._pools[name]
+            run_total, runs = self._runs[name]
+            waiting = self._waiting[name]
+            backlog = [pending - waiting[c] for c, pending in enumerate(pool.pending)]
+            reserved = self._fixed.reserved_ahead(name, now, scaler.config.reservation_horizon)
+            target = scaler.evaluate(
+                now,
+                arrivals=self.arrivals[name],
+                service_time=run_total / runs if runs else None,
+                backlog=backlog,
+                capacity=pool.workers.capacity,
+                reserved=reserved,
+            )
+            self.arrivals[name] = 0
+            if target is not None:
+                changed.append(Scale(name, target))
+        return changed
+
+    def next_due(self) -> float | None:
+        """The earliest evaluation due; None without autoscaled pools. Before its first evaluation an
+        autoscaler is due at once (-inf): 0.0 says so to any caller."""
+        return min((max(scaler.due_at, 0.0) for scaler in self.scalers.values()), default=None)
+
+    def desired(self, pool: str, capacity: int) -> int:
+        """The target of ``pool``'s autoscaler, or its ``capacity`` when it has none."""
+        scaler = self.scalers.get(pool)
+        return capacity if scaler is None else scaler.desired

@@ -338,11 +338,9 @@ class FairLane(Lane):
 
 class PoolQueue:
     """The lanes of one pool. ``active`` lists the lanes that may hold READY tasks, Critical first, so
-    a dispatch looks only at lanes with something in them; ``ready`` counts the READY tasks, and
-    ``pushes`` every time a task was queued (requeues included): the tests read it to prove that a
-    release wakes one waiting task, not the whole backlog behind a resource."""
+    a dispatch looks only at lanes with something in them; ``ready`` counts the READY tasks."""
 
-    __slots__ = ("_edf_entries", "_labelled", "_plain", "active", "durations", "pushes", "ready")
+    __slots__ = ("_edf_entries", "_labelled", "_plain", "active", "durations", "ready")
 
     def __init__(self, default_duration: float) -> None:
         self.durations = Durations(default_duration)
@@ -352,7 +350,6 @@ class PoolQueue:
         # EDF entries per class, stale ones included: an upper bound on whether a class can have urgency.
         self._edf_entries = [0 for _ in _CLASSES]
         self.ready = 0
-        self.pushes = 0
 
     def push(self, task: Task, ready_at: float, *, requeue: bool = False) -> None:
         """Queue a task that became READY at ``ready_at``: at the back of its lane when it is new, at its
@@ -373,7 +370,6 @@ class PoolQueue:
         else:
             lane.fresh.append(task)  # its ready_at is ``ready_at``
         self.ready += 1
-        self.pushes += 1
         if not lane.active:
             self._activate(lane)
 
@@ -547,7 +543,6 @@ class FairPoolQueue(PoolQueue):
         assert type(lane) is FairLane
         lane.add(task, ready_at, requeue)
         self.ready += 1
-        self.pushes += 1
         if not lane.active:
             self._activate(lane)
 

@@ -11,22 +11,34 @@ of precision), and a bucket refilled to ``burst`` could yield one dispatch fewer
 bucket that is certainly full, which floats can tell with a margin far above their rounding, is taken
 from without any rational arithmetic (a bucket that rarely limits, taken from by every dispatch, would
 otherwise cost more than the rest of the engine); semaphores are plain ints.
+
+A READY task whose resources are taken is parked (``ResourceParking``): out of its pool's queue, so it
+blocks nobody, until a release or a refill of the resource it waits for may let it go.
 """
 
 from __future__ import annotations
 
 import math
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from fractions import Fraction
-from typing import Final
+from heapq import heapify, heappop, heappush
+from typing import TYPE_CHECKING, Final
 
-from .model import ResourceConfig, Semaphore
+from .model import ResourceConfig, Semaphore, Task
+from .pool import PoolState
 from .snapshot import ResourceStats
+from .timers import TimerKind
+
+if TYPE_CHECKING:
+    from .core import EngineCore
 
 # The slack of the float bounds below: a float operation is off by at most 1.1e-16 of its magnitude,
 # so a few of them on values up to M are off by far less than _RELATIVE * M (+ _ABSOLUTE near 0).
 _RELATIVE: Final = 1e-12
 _ABSOLUTE: Final = 1e-9
+# Entries of a resource's parked heap tolerated before dead ones are worth dropping.
+_PARKED_SLACK: Final = 256
 
 
 class _Semaphore:
@@ -258,3 +270,159 @@ class Resources:
             resource = self._by_name[name]
             if isinstance(resource, _Semaphore):
                 resource.held -= amount
+
+
+class ResourceParking:
+    """The READY tasks of one engine waiting for resources, and the rules that park and wake them.
+
+    The engine parks a task whose ``Resources.take`` named a short resource, tells this when an attempt
+    released units (``released``) and when a parked task ends (``unpark``), and forwards RESOURCE_WAKE
+    timers. A woken task goes back to its queue at its original place and its pool is marked for
+    dispatch once the input is whole; units a woken task left unused are passed on by ``settle``, which
+    the engine's dispatch runs at the end of an input. ``parked`` and ``rewoken`` are public because the
+    engine tests them on its hot path, where nothing parked must cost no call. ``woken`` counts the
+    tasks wake-ups put back in a queue, which the tests read to prove that a release or a refill wakes
+    what it can serve, not the whole backlog behind a resource.
+    """
+
+    __slots__ = ("_engine", "_on", "_pools", "_refill_wake", "_resources", "parked", "rewoken", "woken")
+
+    def __init__(self, engine: EngineCore, pools: Mapping[str, PoolState], resources: Resources) -> None:
+        self._engine = engine
+        self._pools = pools
+        self._resources = resources
+        self.parked: dict[int, tuple[Task, float]] = {}  # READY tasks waiting for resources, ready_at
+        # Per resource and amount, the parked tasks waiting for it as (priority, seq, id), best first;
+        # entries of tasks no longer parked are dropped when they surface.
+        # (A heap per amount asked, so a wake never walks past requests bigger than the room left.)
+        self._on: dict[str, dict[int, list[tuple[int, int, int]]]] = {}
+        # The one RESOURCE_WAKE timer that counts: the earliest refill a task parked on a bucket waits
+        # for (None: none armed). One timer serves every waiter of every bucket; a backlog behind a rate
+        # limit would otherwise hold a timer per task and wake them all at each refill.
+        self._refill_wake: float | None = None
+        # Resources whose last wake-up woke someone: a woken task that finds no worker takes nothing, so
+        # the room it was woken for goes to the next waiters (maybe of another pool) once the input's
+        # dispatch is done.
+        self.rewoken: set[str] = set()
+        self.woken = 0
+
+    def park(self, task: Task, short: str, ready_at: float, now: float) -> None:
+        """A READY task whose resources are taken leaves the queue (so it blocks nobody) until a release
+        or a token refill of ``short``, the resource it waits for, may let it go; it keeps its sequence
+        number for when it comes back."""
+        amounts = task.spec.resources
+        self.parked[task.id] = (task, ready_at)
+        by_amount = self._on.setdefault(short, {})
+        waiting = by_amount.get(amounts[short])
+        if waiting is None:
+            waiting = by_amount[amounts[short]] = []
+        elif len(waiting) > _PARKED_SLACK and len(waiting) > 2 * len(self.parked):
+            # Mostly entries of tasks that finished while parked (cancelled, shed): drop them.
+            waiting[:] = [entry for entry in waiting if entry[2] in self.parked]
+            heapify(waiting)
+        heappush(waiting, (task.spec.priority, task.seq, task.id))
+        if self._resources.refills(short):
+            self._arm_refill(self._resources.refill_at(short, amounts[short], now))
+
+    def unpark(self, task: Task) -> bool:
+        """``task`` ended while READY: True if it was parked (so not in its queue). Its heap entry is
+        dropped when it surfaces."""
+        return self.parked.pop(task.id, None) is not None
+
+    def released(self, amounts: Mapping[str, int], now: float) -> None:
+        """An attempt gave back ``amounts``: wake what the permits of each semaphore can serve (tokens
+        stay spent; a refill wakes their waiters)."""
+        resources = self._resources
+        for name in amounts:
+            if name in self._on and not resources.refills(name):
+                self._wake(name, now)
+
+    def settle(self, now: float) -> None:
+        """After an input's dispatch: units that woken tasks left unused (they found no free worker,
+        or another resource short) go to the next waiters, until a wake-up wakes nobody. Each round
+        takes at least one task out of the waiting heaps, so this ends."""
+        while self.rewoken:
+            names, self.rewoken = self.rewoken, set()
+            for name in names:
+                self._wake(name, now)
+            self._engine._dispatch_dirty(None, now)
+
+    def due(self, due: float) -> float | None:
+        """When a RESOURCE_WAKE timer fires: None unless it is the one that counts."""
+        return due if due == self._refill_wake else None
+
+    def refilled(self, now: float) -> None:
+        """The RESOURCE_WAKE timer fired: buckets refilled. The engine's tick dispatches, then calls
+        ``rearm_refills``."""
+        self._refill_wake = None
+        for name in list(self._on):
+            if self._resources.refills(name):
+                self._wake(name, now)
+
+    def rearm_refills(self, now: float) -> None:
+        """At the end of a tick (after a refill wake-up, its dispatch and settling): arm the wake-up for
+        the next refill any parked task waits for. Settling has woken every waiter the tokens there
+        could serve, so that refill is in the future: a timer armed in the past would spin."""
+        resources = self._resources
+        due: float | None = None
+        for name, by_amount in self._on.items():
+            if resources.refills(name):
+                at = resources.refill_at(name, min(by_amount), now)
+                if due is None or at < due:
+                    due = at
+        if due is not None and due > now:
+            self._arm_refill(due)
+
+    def per_pool(self) -> Counter[str]:
+        """How many parked tasks each pool has (they are out of its queue's ``ready`` count)."""
+        return Counter(task.spec.pool for task, _ in self.parked.values())
+
+    def waiting(self) -> dict[str, int]:
+        """How many parked tasks wait for each resource."""
+        parked = self.parked
+        return {
+            name: sum(1 for heap in by_amount.values() for entry in heap if entry[2] in parked)
+            for name, by_amount in self._on.items()
+        }
+
+    def _arm_refill(self, due: float) -> None:
+        """Make sure a RESOURCE_WAKE fires by ``due`` (an earlier one serves: it arms the next)."""
+        if self._refill_wake is None or due < self._refill_wake:
+            self._refill_wake = due
+            self._engine._arm(due, TimerKind.RESOURCE_WAKE, 0)
+
+    def _wake(self, name: str, now: float) -> None:
+        """Put the parked tasks waiting for resource ``name`` back in their queues at their original
+        places, best first among those asking no more than the free units left, until none fits (a big
+        request lets smaller ones behind it go). Each step looks at one head per distinct amount, so a
+        release costs O(woken · amounts · log n), never a pass over the backlog: one behind a one-permit
+        semaphore would otherwise be re-queued and parked again, whole, at every release. A woken task
+        that still cannot run parks again. Their pools are marked dirty, dispatched once the input is
+        whole: this runs while an attempt is being released, between two consistent states."""
+        by_amount = self._on.get(name)
+        if not by_amount:
+            return
+        room = self._resources.room(name, now)
+        parked = self.parked
+        engine = self._engine
+        while room > 0:
+            best: list[tuple[int, int, int]] | None = None
+            best_amount = 0
+            for amount, waiting in by_amount.items():
+                while waiting and waiting[0][2] not in parked:
+                    heappop(waiting)  # finished while parked
+                if waiting and amount <= room and (best is None or waiting[0] < best[0]):
+                    best, best_amount = waiting, amount
+            if best is None:
+                break
+            room -= best_amount
+            task, ready_at = parked.pop(heappop(best)[2])
+            pool = self._pools[task.spec.pool]
+            pool.queue.push(task, ready_at, requeue=True)
+            engine._mark_dirty(pool)
+            self.rewoken.add(name)
+            self.woken += 1
+        for amount in [a for a, waiting in by_amount.items() if not waiting]:
+            del by_amount[amount]
+        if not by_amount:
+            del self._on[name]

@@ -26,10 +26,10 @@ def needs(base: TaskSpec, **amounts: int) -> TaskSpec:
     return dataclasses.replace(base, resources=amounts)
 
 
-def pushes(engine: Engine, pool: str = "p") -> int:
-    """How many times a task was put in the pool's queue so far, requeues included. (Counted by the
-    queue itself: patching ``PoolQueue.push`` would not see the compiled engine's calls.)"""
-    return engine._pools[pool].queue.pushes
+def requeues(engine: Engine) -> int:
+    """How many times a task waiting for a resource was put back in its pool's queue so far. (Counted
+    by the engine itself: patching its methods would not see the compiled engine's calls.)"""
+    return engine._parking.woken
 
 
 def make(*pools: str) -> Engine:
@@ -210,7 +210,7 @@ def test_a_backlog_behind_a_one_permit_semaphore_is_requeued_once_per_release() 
     engine.add_worker(1, "p", 100, {}, 0.0)
     n = 300
     engine.submit([needs(spec(), db=1) for _ in range(n)], 0.0)
-    queued = pushes(engine)
+    queued = requeues(engine)
     ran = 0
     leases = [d.lease for d in drain(engine).dispatches]
     now = 0.0
@@ -220,7 +220,7 @@ def test_a_backlog_behind_a_one_permit_semaphore_is_requeued_once_per_release() 
         ran += 1
         leases += [d.lease for d in drain(engine).dispatches]
     assert ran == n
-    assert pushes(engine) - queued <= n
+    assert requeues(engine) - queued <= n
 
 
 def test_a_task_short_of_a_permit_and_of_tokens_runs_once_the_permit_is_back() -> None:
@@ -245,7 +245,7 @@ def test_a_backlog_behind_a_token_bucket_is_woken_one_refill_at_a_time() -> None
     engine.add_worker(1, "p", 100, {}, 0.0)
     n = 300
     engine.submit([needs(spec(), api=1) for _ in range(n)], 0.0)
-    queued = pushes(engine)
+    queued = requeues(engine)
     times: list[float] = []
 
     def run_dispatched(now: float) -> None:
@@ -263,7 +263,7 @@ def test_a_backlog_behind_a_token_bucket_is_woken_one_refill_at_a_time() -> None
         run_dispatched(wake)
     assert times == pytest.approx([i / 10 for i in range(n)])
     assert ticks == n - 1
-    assert pushes(engine) - queued <= n
+    assert requeues(engine) - queued <= n
 
 
 def test_tokens_a_woken_task_cannot_use_go_to_a_waiting_task_of_another_pool() -> None:
