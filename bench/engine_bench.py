@@ -21,7 +21,7 @@ import time
 from collections import deque
 
 from cronoq.engine import (
-    AutoscaleConfig,
+    AutoscaleRule,
     Dispatch,
     Engine,
     Overflow,
@@ -134,7 +134,7 @@ def _featured(n: int, now: float) -> tuple[Engine, list[TaskSpec]]:
         overflow=Overflow.SHED_LOWEST,
         fair_share=True,
         tenant_weights={"t0": 2.0},
-        autoscale=AutoscaleConfig(),
+        autoscale=AutoscaleRule(),
     )
     resources: list[ResourceConfig] = [Semaphore("db", SLOTS), TokenBucket("api", rate=1e9, burst=1e9)]
     classes = list(Priority)

@@ -16,14 +16,14 @@ from typing import Literal, TypeVar, overload
 from cronoq.checks import MAX_POOL_LEN, check_key, check_text
 from cronoq.config.model import MAX_KEY_BYTES
 from cronoq.engine.model import (
-    Dep,
+    DepEdge,
     DepOn,
     MissPolicy,
     Overlap,
     Priority,
     Recurring,
     RecurringSpec,
-    RetryPolicy,
+    RetryRule,
     Status,
     Task,
     TaskSpec,
@@ -143,7 +143,7 @@ def spec_from_wire(
     msg: pb.TaskSpec,
     *,
     default_pool: str,
-    pools: Mapping[str, RetryPolicy],
+    pools: Mapping[str, RetryRule],
     limits: SpecLimits,
     now: float,
     template: bool = False,
@@ -320,7 +320,7 @@ def _start(field: str, msg: pb.TaskSpec, now: float) -> float | None:
     return None
 
 
-def deps_from_wire(field: str, deps: Sequence[pb.Dep], limits: SpecLimits) -> tuple[Dep, ...]:
+def deps_from_wire(field: str, deps: Sequence[pb.Dep], limits: SpecLimits) -> tuple[DepEdge, ...]:
     """Dependency edges, each naming its target by id or key (``deps[0].key``, as in the HTTP API)."""
     if len(deps) > limits.max_deps:
         raise exceeded(
@@ -329,7 +329,7 @@ def deps_from_wire(field: str, deps: Sequence[pb.Dep], limits: SpecLimits) -> tu
                 f"{field}: more than limits.max_deps ({limits.max_deps}) dependencies ({len(deps)})"
             ),
         )
-    out: list[Dep] = []
+    out: list[DepEdge] = []
     for i, dep in enumerate(deps):
         where = f"{field}[{i}]"
         which = dep.target.WhichOneof("target")
@@ -337,11 +337,11 @@ def deps_from_wire(field: str, deps: Sequence[pb.Dep], limits: SpecLimits) -> tu
         if which == "id":
             if dep.target.id == 0:
                 raise InvalidArgument(f"{where}.id: task ids start at 1")
-            out.append(Dep(dep.target.id, on))
+            out.append(DepEdge(dep.target.id, on))
         elif which == "key":
             if not dep.target.key:
                 raise InvalidArgument(f"{where}.key: must not be empty")
-            out.append(Dep(check_key(f"{where}.key", dep.target.key, limits.max_key_len), on))
+            out.append(DepEdge(check_key(f"{where}.key", dep.target.key, limits.max_key_len), on))
         else:
             raise InvalidArgument(f"{where}: name the task it waits for by id or key")
     return tuple(out)
@@ -367,7 +367,7 @@ def resources_from_wire(field: str, resources: Mapping[str, int], limits: SpecLi
     return out
 
 
-def retry_from_wire(field: str, msg: pb.RetryPolicy, pool_default: RetryPolicy) -> RetryPolicy:
+def retry_from_wire(field: str, msg: pb.RetryPolicy, pool_default: RetryRule) -> RetryRule:
     """Zero means "the pool's value" for max_attempts, initial_backoff_s, multiplier and max_backoff_s:
     the fields have no presence and clients send unset ones as 0, and a policy that names only
     max_attempts must not turn into retries at once that hammer what just failed. (Retries at once are
@@ -379,7 +379,7 @@ def retry_from_wire(field: str, msg: pb.RetryPolicy, pool_default: RetryPolicy) 
     multiplier = msg.multiplier or pool_default.multiplier
     if not math.isfinite(multiplier) or multiplier < 1:
         raise InvalidArgument(f"{field}.multiplier: must be a finite number >= 1 (got {msg.multiplier!r})")
-    return RetryPolicy(
+    return RetryRule(
         max_attempts=msg.max_attempts or pool_default.max_attempts,
         initial_backoff=initial,
         multiplier=multiplier,
@@ -430,7 +430,7 @@ def recurring_from_wire(
     msg: pb.RecurringRequest,
     *,
     default_pool: str,
-    pools: Mapping[str, RetryPolicy],
+    pools: Mapping[str, RetryRule],
     limits: SpecLimits,
     now: float,
 ) -> RecurringSpec:

@@ -11,7 +11,7 @@ import math
 from collections.abc import Mapping
 
 from cronoq.engine.model import Priority, Status
-from cronoq.engine.snapshot import Snapshot
+from cronoq.engine.snapshot import EngineSnapshot
 from cronoq.prometheus import Writer as _Writer
 
 from .runtime import CommitStats
@@ -44,7 +44,7 @@ def _leader(w: _Writer, shard: str, leading: bool) -> None:
 
 
 def render(
-    snap: Snapshot,
+    snap: EngineSnapshot,
     outcomes: Mapping[tuple[str, Status], int],
     *,
     shard: str,

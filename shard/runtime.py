@@ -34,7 +34,7 @@ from cronoq.engine.model import (
     Scale,
     ScheduleChanged,
     Status,
-    StatusEvent,
+    StatusChange,
     Task,
 )
 from cronoq.errors import DataLoss, Unavailable
@@ -65,11 +65,11 @@ class Watcher:
     keys: frozenset[str]
     all_transitions: bool
     capacity: int
-    buffer: deque[StatusEvent] = field(default_factory=deque)
+    buffer: deque[StatusChange] = field(default_factory=deque)
     wakeup: asyncio.Event = field(default_factory=asyncio.Event)
     error: Exception | None = None
 
-    def wants(self, event: StatusEvent) -> bool:
+    def wants(self, event: StatusChange) -> bool:
         status, _, _, _, task = event
         if not self.all_transitions and not status.terminal:
             return False
@@ -80,7 +80,7 @@ class Watcher:
             return task.id in self.ids or (bool(key) and key in self.keys)
         return True
 
-    def push(self, event: StatusEvent) -> None:
+    def push(self, event: StatusChange) -> None:
         if self.error is not None:
             return
         if len(self.buffer) >= self.capacity:
@@ -176,7 +176,7 @@ class Runtime:
             changed = self._changed
             held = self._held
             for action in actions:
-                if type(action) is tuple:  # a StatusEvent
+                if type(action) is tuple:  # a StatusChange
                     task = action[-1]  # (status, attempt, at, message, task)
                     changed[task.id] = task
                     held.append(action)
@@ -194,7 +194,7 @@ class Runtime:
     def _deliver(self, actions: list[Action]) -> None:
         sessions = self.sessions
         for action in actions:
-            if type(action) is tuple:  # a StatusEvent
+            if type(action) is tuple:  # a StatusChange
                 self._on_event(action)
             elif isinstance(action, Dispatch):
                 sink = sessions.get(action.worker_id)
@@ -348,7 +348,7 @@ class Runtime:
                 log.warning("commit_retry", error=str(err), attempt=attempt, retry_in_s=delay)
                 await asyncio.sleep(delay)
 
-    def _on_event(self, event: StatusEvent) -> None:
+    def _on_event(self, event: StatusChange) -> None:
         status, _, _, _, task = event
         pool = task.spec.pool
         if status.terminal:

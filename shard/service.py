@@ -19,8 +19,8 @@ from cronoq.cluster.forward import Peers
 from cronoq.cluster.routing import Routing, check_batch, named_pool
 from cronoq.cluster.shards import Shard, ShardMap
 from cronoq.engine.fixed import reservation_limit
-from cronoq.engine.model import PoolConfig, RecurringError, RetryPolicy, Status, SubmitError, Task, TaskSpec
-from cronoq.engine.snapshot import Snapshot, Totals
+from cronoq.engine.model import AdmissionError, PoolConfig, RecurringError, RetryRule, Status, Task, TaskSpec
+from cronoq.engine.snapshot import EngineSnapshot, Totals
 from cronoq.errors import (
     AlreadyExists,
     ApiError,
@@ -67,7 +67,7 @@ def _pool_of(found: Task | StoredTask) -> str:
     return (found.task if isinstance(found, StoredTask) else found).spec.pool
 
 
-def submit_error(prefix: str, err: SubmitError) -> ApiError:
+def submit_error(prefix: str, err: AdmissionError) -> ApiError:
     """The API error for an engine refusal, naming the offending task (docs/http-api.md, Errors): unknown pool, resource
     or dependency NOT_FOUND; a full pool or the global bound RESOURCE_EXHAUSTED; a fixed-start
     reservation conflict FAILED_PRECONDITION; everything else (cycle, a resource amount above its
@@ -113,7 +113,7 @@ class ShardService:
         self.max_list = max_list
         names = [p.name for p in pools]
         self.default_pool = "default" if "default" in names else names[0]
-        self.retry_defaults: dict[str, RetryPolicy] = {p.name: p.retry for p in pools}
+        self.retry_defaults: dict[str, RetryRule] = {p.name: p.retry for p in pools}
         # With [[shards]], ``pools`` are the whole cluster's and calls for other shards are routed.
         self.routing = (
             Routing(
@@ -305,7 +305,7 @@ class ShardService:
                 raise unadmitted(SHUTTING_DOWN)
             try:
                 submitted = runtime.engine.submit(specs, runtime.clock())
-            except SubmitError as err:
+            except AdmissionError as err:
                 index = err.index if positions is None or err.index is None else positions[err.index]
                 where = prefix if index is None or prefix == "task" else f"{prefix}[{index}]"
                 if err.code == "overloaded":
@@ -329,7 +329,7 @@ class ShardService:
             await runtime.sync()
             return [(s.id, s.duplicate) for s in submitted]
 
-    def _overloaded(self, where: str, err: SubmitError) -> ApiError:
+    def _overloaded(self, where: str, err: AdmissionError) -> ApiError:
         """A refusal for want of room, counted: the pool's bound (``overflow = reject``, or nothing to
         shed), or ``limits.max_pending_total``."""
         if err.limit == "max_pending_total":
@@ -337,7 +337,7 @@ class ShardService:
         message = err.message.replace("(max_pending)", POOL_BOUND)
         return self.limit_hits.refuse("max_pending_per_pool", ResourceExhausted(f"{where}: {message}"))
 
-    def _refusal(self, where: str, err: SubmitError, specs: Sequence[TaskSpec]) -> ApiError:
+    def _refusal(self, where: str, err: AdmissionError, specs: Sequence[TaskSpec]) -> ApiError:
         """The engine's refusal as an API error naming the field (``tasks[2].deps[0].key``)."""
         if err.index is None:
             return submit_error(where, err)
@@ -347,7 +347,7 @@ class ShardService:
         if err.code == "reservation_conflict":
             config = engine.pool_config(spec.pool)
             limit = reservation_limit(config.max, config.reservable_fraction)
-            err = SubmitError(
+            err = AdmissionError(
                 err.code,
                 f"{err.message}: pool '{spec.pool}' allows {limit} overlapping fixed-start "
                 "reservation(s) (max x reservable_fraction, at least 1), and this start's window "
@@ -707,7 +707,7 @@ class ShardService:
         )
 
 
-def scoped_snapshot(snap: Snapshot, pools: Collection[str]) -> Snapshot:
+def scoped_snapshot(snap: EngineSnapshot, pools: Collection[str]) -> EngineSnapshot:
     """What a pool-scoped credential sees: its pools only, with the counts that add up over pools
     (running, pending, workers) summed over them; the process-wide ``live_tasks`` and ``totals``, kept
     for no single pool, are zero."""
@@ -723,7 +723,7 @@ def scoped_snapshot(snap: Snapshot, pools: Collection[str]) -> Snapshot:
     )
 
 
-def snapshot_to_wire(snap: Snapshot) -> pb.SnapshotResponse:
+def snapshot_to_wire(snap: EngineSnapshot) -> pb.SnapshotResponse:
     t = snap.totals
     return pb.SnapshotResponse(
         pools=[

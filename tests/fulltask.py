@@ -8,7 +8,7 @@ shows; times are ``now`` plus halves, which survive the trip through nanoseconds
 
 from __future__ import annotations
 
-from cronoq.engine.model import Dep, DepOn, MissPolicy, Priority, RetryPolicy, Status, Task, TaskSpec
+from cronoq.engine.model import DepEdge, DepOn, MissPolicy, Priority, RetryRule, Status, Task, TaskSpec
 
 NOW = 1_700_000_000.0
 
@@ -26,7 +26,7 @@ def full_spec(now: float = NOW, nul: str = "") -> TaskSpec:
         deadline=now + 60.5,
         duration_hint=1.25,
         timeout=30.0,
-        retry=RetryPolicy(5, 0.5, 3.0, 120.0, False),
+        retry=RetryRule(5, 0.5, 3.0, 120.0, False),
         tags={f"t{nul}": f"v{nul}", "env": "prod"},
         labels={"team": f"core{nul}"},
         tenant=f"acme{nul}",
@@ -35,12 +35,12 @@ def full_spec(now: float = NOW, nul: str = "") -> TaskSpec:
         on_miss=MissPolicy.SKIP,
         # Ids and keys with every outcome; "7" is a key that looks like an id, and stays a key.
         deps=(
-            Dep(7, DepOn.SUCCESS),
-            Dep(8, DepOn.FAILURE),
-            Dep(9, DepOn.COMPLETE),
-            Dep(f"up{nul}stream", DepOn.SUCCESS),
-            Dep("7", DepOn.FAILURE),
-            Dep("cleanup", DepOn.COMPLETE),
+            DepEdge(7, DepOn.SUCCESS),
+            DepEdge(8, DepOn.FAILURE),
+            DepEdge(9, DepOn.COMPLETE),
+            DepEdge(f"up{nul}stream", DepOn.SUCCESS),
+            DepEdge("7", DepOn.FAILURE),
+            DepEdge("cleanup", DepOn.COMPLETE),
         ),
         resources={f"gpu{nul}": 2, "db": 1},
     )

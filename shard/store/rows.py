@@ -17,14 +17,14 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Final, TypeVar
 
 from cronoq.engine.model import (
-    Dep,
+    DepEdge,
     DepOn,
     MissPolicy,
     Overlap,
     Priority,
     Recurring,
     RecurringSpec,
-    RetryPolicy,
+    RetryRule,
     Status,
     Task,
     TaskSpec,
@@ -167,7 +167,7 @@ def _spec_from_fields(fields: Mapping[str, Any], payload: Any) -> TaskSpec:
     retry_policy = None
     if retry is not None:
         attempts, initial, multiplier, max_backoff, jitter = retry
-        retry_policy = RetryPolicy(
+        retry_policy = RetryRule(
             int(attempts), float(initial), float(multiplier), float(max_backoff), bool(jitter)
         )
     key = fields["key"]
@@ -395,8 +395,8 @@ def _strings(value: object) -> dict[str, str]:
     return mapping
 
 
-def _dep(value: object) -> Dep:
+def _dep(value: object) -> DepEdge:
     target, on = _of(list, value)
     if not isinstance(target, str):
         target = _integer(target)
-    return Dep(target, DepOn(on))
+    return DepEdge(target, DepOn(on))

@@ -22,7 +22,7 @@ from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from psycopg.rows import TupleRow
 
-from cronoq.engine.model import Priority, RetryPolicy, Status, Task, TaskSpec
+from cronoq.engine.model import Priority, RetryRule, Status, Task, TaskSpec
 from shard.store.base import Batch, Fenced, SchemaTooNew, StoreError, StoreUnavailable
 from shard.store.postgres import COMMIT_BYTES_PER_S, SCHEMA_VERSION, PostgresStore, commit_timeout, lock_key
 from shard.store.rows import ADDED_IN_V2, COLUMNS
@@ -226,7 +226,7 @@ async def test_commit_recover_fetch_prune_roundtrip(open_store: OpenStore) -> No
         deadline=NOW + 60.5,
         duration_hint=3,  # an int where floats are expected: written as 3.0
         timeout=2.25,
-        retry=RetryPolicy(5, 0.5, 3.0, 30.0, False),
+        retry=RetryRule(5, 0.5, 3.0, 30.0, False),
         tags={"ünï": "cödé", "a": ""},
         labels={"team": "x"},
         tenant="acme",

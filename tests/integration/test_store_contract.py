@@ -29,14 +29,14 @@ from psycopg import sql
 
 from cronoq.cluster.shards import ShardMap
 from cronoq.engine.model import (
-    Dep,
+    DepEdge,
     DepOn,
     MissPolicy,
     Overlap,
     Priority,
     Recurring,
     RecurringSpec,
-    RetryPolicy,
+    RetryRule,
     Status,
     Task,
     TaskSpec,
@@ -249,7 +249,7 @@ def task(
     key: str = "",
     finished: float | None = None,
     payload: bytes | None = b"payload",
-    deps: tuple[Dep, ...] = (),
+    deps: tuple[DepEdge, ...] = (),
 ) -> Task:
     return Task(
         id=task_id,
@@ -458,8 +458,8 @@ async def test_prune_keeps_what_live_tasks_depend_on(backend: Backend) -> None:
         task(3, Status.SUCCEEDED, key="k", finished=old + 1),  # the newest holder of the key
         task(4, Status.CANCELLED, finished=old),  # nobody depends on it
         task(5, Status.SUCCEEDED, finished=old),
-        task(6, Status.SUCCEEDED, finished=old, deps=(Dep(5),)),  # finished: its deps keep nothing
-        task(7, Status.BLOCKED, deps=(Dep(1), Dep("k", DepOn.COMPLETE), Dep(404))),
+        task(6, Status.SUCCEEDED, finished=old, deps=(DepEdge(5),)),  # finished: its deps keep nothing
+        task(7, Status.BLOCKED, deps=(DepEdge(1), DepEdge("k", DepOn.COMPLETE), DepEdge(404))),
     ]
     await store.commit(Batch(batch, max_id=7))
     assert await store.prune(NOW) == 4
@@ -500,10 +500,18 @@ async def test_recovery_brings_back_what_live_tasks_depend_on_however_old(backen
         task(3, Status.SUCCEEDED, key="lo\x00ad", finished=old + 1),  # the newest holder of the key
         task(4, Status.CANCELLED, finished=old),  # nobody depends on it
         task(5, Status.SUCCEEDED, finished=old),
-        task(6, Status.SUCCEEDED, finished=old, deps=(Dep(5),)),  # finished: its deps do not count
+        task(6, Status.SUCCEEDED, finished=old, deps=(DepEdge(5),)),  # finished: its deps do not count
         task(7, Status.SUCCEEDED, key="recent", finished=NOW + 10),
-        task(8, deps=(Dep(1), Dep("lo\x00ad", DepOn.COMPLETE), Dep(404), Dep("nobody", DepOn.FAILURE))),
-        task(9, Status.BLOCKED, deps=(Dep(7), Dep("recent"), Dep(8, DepOn.COMPLETE))),
+        task(
+            8,
+            deps=(
+                DepEdge(1),
+                DepEdge("lo\x00ad", DepOn.COMPLETE),
+                DepEdge(404),
+                DepEdge("nobody", DepOn.FAILURE),
+            ),
+        ),
+        task(9, Status.BLOCKED, deps=(DepEdge(7), DepEdge("recent"), DepEdge(8, DepOn.COMPLETE))),
     ]
     await store.commit(Batch(batch, max_id=9))
     assert ids((await store.recover(NOW)).tasks) == [1, 3, 7, 8, 9]
@@ -514,9 +522,9 @@ async def test_recovery_brings_back_what_live_tasks_depend_on_however_old(backen
     assert ids((await store.recover(NOW + 11)).tasks) == [7, 8, 9]
 
 
-@pytest.mark.parametrize("dep", [Dep(1), Dep("first")], ids=["by id", "by key"])
+@pytest.mark.parametrize("dep", [DepEdge(1), DepEdge("first")], ids=["by id", "by key"])
 async def test_an_undecodable_dependency_target_is_quarantined_and_recovery_goes_on(
-    backend: Backend, dep: Dep
+    backend: Backend, dep: DepEdge
 ) -> None:
     store, _ = await leader(backend)
     first = task(1, Status.SUCCEEDED, key="first", finished=NOW - 1000)
@@ -541,7 +549,7 @@ def template(nul: str) -> TaskSpec:
         start=None,
         deps=(),
         priority=Priority.CRITICAL,
-        retry=RetryPolicy(2, 0.25, 2.0, 10.0, True),
+        retry=RetryRule(2, 0.25, 2.0, 10.0, True),
         on_miss=MissPolicy.FAIL,
     )
 

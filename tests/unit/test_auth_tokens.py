@@ -12,7 +12,7 @@ import pytest
 
 from cronoq.auth import ANONYMOUS_ADMIN, Authenticator, Principal, Role, TokenEntry
 from cronoq.config import ConfigError, parse_config
-from cronoq.engine.snapshot import PoolStats, Snapshot, Totals
+from cronoq.engine.snapshot import EngineSnapshot, PoolStats, Totals
 from cronoq.errors import PermissionDenied, Unauthenticated
 from shard.service import scoped_snapshot
 
@@ -146,7 +146,7 @@ def pool_stats(name: str, busy: int, pending: int, workers: int) -> PoolStats:
 
 
 def test_a_scoped_snapshot_shows_its_pools_and_no_process_wide_figures() -> None:
-    snap = Snapshot(
+    snap = EngineSnapshot(
         [pool_stats("a", 1, 2, 3), pool_stats("b", 10, 20, 30)],
         live_tasks=99,
         running=11,

@@ -52,11 +52,11 @@ from cronoq.config import (
 from cronoq.config.model import MAX_KEY_BYTES
 from cronoq.config.rules import RESOLVED_KEY
 from cronoq.engine.model import (
-    AutoscaleConfig,
+    AutoscaleRule,
     EngineLimits,
     PoolConfig,
     Priority,
-    RetryPolicy,
+    RetryRule,
     Semaphore,
     TokenBucket,
     UnknownDependency,
@@ -280,11 +280,11 @@ def test_default_pool_matches_the_reference_engine_defaults() -> None:
         lease_ttl=30.0,
         max_pending=Limits().max_pending_per_pool,
         overflow=Overflow.WAIT,
-        retry=RetryPolicy(max_attempts=3, initial_backoff=1.0, multiplier=2.0, max_backoff=60.0, jitter=True),
+        retry=RetryRule(max_attempts=3, initial_backoff=1.0, multiplier=2.0, max_backoff=60.0, jitter=True),
         default_duration=1.0,
         max_slots_per_worker=Limits().max_slots_per_worker,
         cost_per_worker_second=0.0,
-        autoscale=AutoscaleConfig(),  # autoscale = true: the engine's autoscaler defaults
+        autoscale=AutoscaleRule(),  # autoscale = true: the engine's autoscaler defaults
         unknown_dependency=UnknownDependency.REJECT,
         await_timeout=None,
         reservable_fraction=0.5,
@@ -304,7 +304,7 @@ def test_autoscale_settings_and_unsharded_resources_reach_the_engine() -> None:
         env={},
     )
     engine = config.engine_pools()[0]
-    assert engine.autoscale == AutoscaleConfig(target_utilization=0.5, drain_time=10, cooldown=5)
+    assert engine.autoscale == AutoscaleRule(target_utilization=0.5, drain_time=10, cooldown=5)
     assert engine.cost_per_worker_second == 0.25
     assert config.engine_resources(None) == [Semaphore("gpu", 2), TokenBucket("api", 4, 2)]
 
@@ -418,7 +418,7 @@ def test_full_file_reads_every_table() -> None:
         0,
     )
     engine = llm.to_engine(config.limits)
-    assert engine.retry == RetryPolicy(5, 0.5, 3.0, 90.0, False)
+    assert engine.retry == RetryRule(5, 0.5, 3.0, 90.0, False)
     assert (engine.max_pending, engine.max_slots_per_worker, engine.lease_ttl) == (500, 8, 120.0)
     assert (engine.min, engine.max, engine.default_duration, engine.cost_per_worker_second) == (
         0,

@@ -9,15 +9,15 @@ from dataclasses import replace
 import pytest
 
 from cronoq.engine.model import (
-    Dep,
+    AdmissionError,
+    DepEdge,
     DepOn,
     MissPolicy,
     Overlap,
     Priority,
     Recurring,
     RecurringSpec,
-    RetryPolicy,
-    SubmitError,
+    RetryRule,
     TaskSpec,
 )
 from cronoq.errors import ApiError, FailedPrecondition, InvalidArgument, NotFound, ResourceExhausted
@@ -36,7 +36,7 @@ from tests.fulltask import full_spec
 
 NOW = 1_900_000_000.0
 LIMITS = SpecLimits(max_key_len=32, max_kind_len=16, max_tags=4, max_tag_len=16, max_deps=3, max_resources=2)
-POOLS = {"default": RetryPolicy(), "gpu": RetryPolicy(max_attempts=5)}
+POOLS = {"default": RetryRule(), "gpu": RetryRule(max_attempts=5)}
 
 
 def convert(msg: pb.TaskSpec, *, template: bool = False, limits: SpecLimits = LIMITS) -> TaskSpec:
@@ -106,15 +106,15 @@ def test_every_field_lands_on_its_engine_field() -> None:
 
 
 def test_retry_fields_left_at_zero_take_the_pools_values() -> None:
-    """Clients send unset RetryPolicy fields as 0: each means the pool's value, initial_backoff_s too
+    """Clients send unset RetryRule fields as 0: each means the pool's value, initial_backoff_s too
     (else a policy naming only max_attempts would retry at once)."""
-    pool = RetryPolicy(max_attempts=5, initial_backoff=2.0, multiplier=3.0, max_backoff=30.0, jitter=True)
+    pool = RetryRule(max_attempts=5, initial_backoff=2.0, multiplier=3.0, max_backoff=30.0, jitter=True)
     pools = {"default": pool}
     only_attempts = pb.TaskSpec(retry=pb.RetryPolicy(max_attempts=9, jitter=True))
     spec = spec_from_wire(
         "task", only_attempts, default_pool="default", pools=pools, limits=LIMITS, now=NOW, template=False
     )
-    assert spec.retry == RetryPolicy(9, 2.0, 3.0, 30.0, True)
+    assert spec.retry == RetryRule(9, 2.0, 3.0, 30.0, True)
 
 
 @pytest.mark.parametrize(
@@ -227,10 +227,10 @@ def test_dependencies() -> None:
             ]
         )
     )
-    assert spec.deps == (Dep("a", DepOn.SUCCESS), Dep(7, DepOn.FAILURE), Dep("b", DepOn.COMPLETE))
+    assert spec.deps == (DepEdge("a", DepOn.SUCCESS), DepEdge(7, DepOn.FAILURE), DepEdge("b", DepOn.COMPLETE))
     assert convert(
         pb.TaskSpec(deps=[pb.Dep(target=pb.TaskRef(key="a"), cond=pb.EDGE_COND_ON_SUCCESS)])
-    ).deps == (Dep("a", DepOn.SUCCESS),)
+    ).deps == (DepEdge("a", DepOn.SUCCESS),)
 
 
 @pytest.mark.parametrize(
@@ -394,5 +394,5 @@ def test_recurring_info() -> None:
     ],
 )
 def test_engine_refusals_map_to_statuses(code: str, error: type[ApiError]) -> None:
-    mapped = submit_error("tasks[2].deps", SubmitError(code, "why", 2))
+    mapped = submit_error("tasks[2].deps", AdmissionError(code, "why", 2))
     assert type(mapped) is error and mapped.message == "tasks[2].deps: why"

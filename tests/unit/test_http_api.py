@@ -30,14 +30,14 @@ from cronoq.auth import Authenticator, Role, TokenEntry
 from cronoq.engine import Engine
 from cronoq.engine.model import (
     Abort,
-    Dep,
+    DepEdge,
     DepOn,
     Dispatch,
     MissPolicy,
     Overflow,
     Overlap,
     PoolConfig,
-    RetryPolicy,
+    RetryRule,
     Semaphore,
     Status,
     TokenBucket,
@@ -134,7 +134,7 @@ async def serve(
     *, auth: bool = True, metrics: Callable[[], str] | None = None, max_body: int = MAX_BODY
 ) -> AsyncIterator[Api]:
     pools = [
-        PoolConfig("default", max=8, retry=RetryPolicy(max_attempts=2, initial_backoff=0.01, jitter=False)),
+        PoolConfig("default", max=8, retry=RetryRule(max_attempts=2, initial_backoff=0.01, jitter=False)),
         PoolConfig("tight", max=1, max_pending=1, overflow=Overflow.REJECT),
         PoolConfig("other", max=2),
     ]
@@ -446,7 +446,7 @@ async def test_fixed_starts_dependencies_and_resources_reach_the_engine(api: Api
     assert task is not None and task.status is Status.BLOCKED
     spec = task.spec
     assert (spec.start, spec.tolerance, spec.on_miss) == (1_893_553_445.0, 2.5, MissPolicy.SKIP)
-    assert spec.deps == (Dep("first", DepOn.COMPLETE), Dep(int(first), DepOn.SUCCESS))
+    assert spec.deps == (DepEdge("first", DepOn.COMPLETE), DepEdge(int(first), DepOn.SUCCESS))
     assert spec.resources == {"gpu": 1, "api": 2}
     status, info = await api.call("GET", f"/v1/tasks/{second}")
     assert status == 200 and info["status"] == "blocked"

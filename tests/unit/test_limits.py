@@ -19,7 +19,7 @@ from cronoq.api.http_api import _middleware
 from cronoq.api.limits import LimitsInterceptor, RequestLimits, grpc_receive_limit, limits_middleware
 from cronoq.cluster.routing import check_batch
 from cronoq.config.model import Limits
-from cronoq.engine.model import RetryPolicy
+from cronoq.engine.model import RetryRule
 from cronoq.errors import DeadlineExceeded, InvalidArgument, ResourceExhausted
 from cronoq.limit_hits import COUNTED, NOT_COUNTED, LimitHits, exceeded
 from cronoq.v1 import cronoq_pb2 as pb
@@ -39,7 +39,7 @@ LIMITS = SpecLimits(
 
 def convert(msg: pb.TaskSpec, limits: SpecLimits = LIMITS) -> Any:
     return spec_from_wire(
-        "task", msg, default_pool="default", pools={"default": RetryPolicy()}, limits=limits, now=0.0
+        "task", msg, default_pool="default", pools={"default": RetryRule()}, limits=limits, now=0.0
     )
 
 

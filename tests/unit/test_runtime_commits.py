@@ -14,7 +14,7 @@ from cronoq.auth import Role
 from cronoq.engine import Engine
 from cronoq.engine.model import (
     Abort,
-    AutoscaleConfig,
+    AutoscaleRule,
     Dispatch,
     PoolConfig,
     Recurring,
@@ -142,7 +142,7 @@ async def test_a_schedule_is_written_as_it_was_when_it_changed() -> None:
 
 async def test_scale_actions_go_to_on_scale_and_cost_no_commit() -> None:
     store = RecordingStore()
-    pool = PoolConfig("default", min=1, max=50, autoscale=AutoscaleConfig(drain_time=1.0))
+    pool = PoolConfig("default", min=1, max=50, autoscale=AutoscaleRule(drain_time=1.0))
     engine = Engine([pool])
     scaled: list[tuple[str, int]] = []
     runtime = runtime_with(store, engine, scaled)
@@ -163,7 +163,7 @@ async def test_scale_actions_go_to_on_scale_and_cost_no_commit() -> None:
 
 
 async def test_without_a_durable_store_scale_goes_out_at_once_and_schedules_are_dropped() -> None:
-    pool = PoolConfig("default", min=1, max=50, autoscale=AutoscaleConfig(drain_time=1.0))
+    pool = PoolConfig("default", min=1, max=50, autoscale=AutoscaleRule(drain_time=1.0))
     engine = Engine([pool])
     scaled: list[tuple[str, int]] = []
     runtime = Runtime(

@@ -18,13 +18,13 @@ from typing import ClassVar
 
 from cronoq.auth import CertEntry, Role, TokenEntry
 from cronoq.engine.model import (
-    AutoscaleConfig,
+    AutoscaleRule,
     EngineLimits,
     Overflow,
     PoolConfig,
     Priority,
     ResourceConfig,
-    RetryPolicy,
+    RetryRule,
     Semaphore,
     TokenBucket,
     UnknownDependency,
@@ -318,8 +318,8 @@ class RetrySection:
     max_backoff_s: float = field(default=60.0, metadata=DURATION_OR_ZERO)
     jitter: bool = True
 
-    def to_engine(self) -> RetryPolicy:
-        return RetryPolicy(
+    def to_engine(self) -> RetryRule:
+        return RetryRule(
             max_attempts=self.max_attempts,
             initial_backoff=self.initial_backoff_s,
             multiplier=self.multiplier,
@@ -368,7 +368,7 @@ class PoolSection:
         if self.max_slots_per_worker is not None:
             slots = min(slots, self.max_slots_per_worker)
         autoscale = (
-            AutoscaleConfig(
+            AutoscaleRule(
                 target_utilization=self.target_utilization,
                 drain_time=self.drain_time_s,
                 cooldown=self.cooldown_s,

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Mapping, Sequence
 
-from .model import Overflow, Priority, SubmitError, Task, TaskSpec
+from .model import AdmissionError, Overflow, Priority, Task, TaskSpec
 from .overflow import ShedEntry, ShedIndex
 from .pool import PoolState
 from .table import TaskTable
@@ -64,11 +64,11 @@ def plan(
     pending_total: int,
     max_total: int,
 ) -> list[Decision]:
-    """Decide every spec of a batch, or raise SubmitError (with the spec's index) changing nothing."""
+    """Decide every spec of a batch, or raise AdmissionError (with the spec's index) changing nothing."""
     batch = _Batch()
     try:
         return _decide(specs, pools, table, pending_total, max_total, batch)
-    except SubmitError:
+    except AdmissionError:
         for index, entry in batch.taken:
             index.restore(entry)
         raise
@@ -87,11 +87,11 @@ def _decide(
     for i, spec in enumerate(specs):
         pool = pools.get(spec.pool)
         if pool is None:
-            raise SubmitError("unknown_pool", f"unknown pool '{spec.pool}'", i)
+            raise AdmissionError("unknown_pool", f"unknown pool '{spec.pool}'", i)
         key = spec.key
         if key:
             if key in keys:
-                raise SubmitError("duplicate_key_in_batch", f"key '{key}' appears twice in the batch", i)
+                raise AdmissionError("duplicate_key_in_batch", f"key '{key}' appears twice in the batch", i)
             keys.add(key)
             existing = table.by_key.get(key)
             if existing is not None:
@@ -106,7 +106,7 @@ def _decide(
                 decision = Shed(pool, _make_room(pool, limit, spec.priority, batch, i))
         if decision is pool:
             if pending_total >= max_total:
-                raise SubmitError(
+                raise AdmissionError(
                     "overloaded",
                     f"overloaded: {max_total} tasks pending (limits.max_pending_total)",
                     i,
@@ -122,16 +122,16 @@ def _decide(
 
 
 def _make_room(pool: PoolState, limit: int, incoming: Priority, batch: _Batch, i: int) -> Task | int:
-    """The victim that makes room in a full pool, or SubmitError as its overflow policy says."""
+    """The victim that makes room in a full pool, or AdmissionError as its overflow policy says."""
     overflow = pool.config.overflow
     if overflow is Overflow.WAIT:
-        raise SubmitError(
+        raise AdmissionError(
             "full", f"pool '{pool.name}' is full: {limit} tasks pending (max_pending)", i, limit="max_pending"
         )
     victim = None if pool.shed is None else batch.victim(pool, pool.shed, incoming)
     if victim is None:
         why = "" if overflow is Overflow.REJECT else " and no task it may shed"
-        raise SubmitError(
+        raise AdmissionError(
             "overloaded",
             f"pool '{pool.name}' is overloaded: {limit} tasks pending (max_pending){why}",
             i,

@@ -27,7 +27,7 @@ from collections import deque
 from collections.abc import Mapping, Sequence
 
 from .fixed import FixedStarts
-from .model import AutoscaleConfig, PoolConfig, Scale
+from .model import AutoscaleRule, PoolConfig, Scale
 from .pool import PoolState
 
 _NEGLIGIBLE = 0.01  # below this many workers' worth of demand, slots() asks for none
@@ -62,7 +62,7 @@ class Autoscaler:
 
     def __init__(
         self,
-        config: AutoscaleConfig,
+        config: AutoscaleRule,
         min_workers: int,
         max_workers: int,
         default_duration: float,

@@ -31,13 +31,13 @@ from .fixed import FixedStarts, Window
 from .model import (
     Abort,
     Action,
+    AdmissionError,
     Dispatch,
     EngineLimits,
     PoolConfig,
     Priority,
     ResourceConfig,
     Status,
-    SubmitError,
     Submitted,
     Task,
     TaskSpec,
@@ -200,7 +200,7 @@ class EngineCore:
 
     def _check_batch(self, specs: Sequence[TaskSpec], now: float) -> None:
         """The checks only dependencies, fixed starts and resources need (plan() does the rest): raise
-        SubmitError with the spec's index, changing nothing. Each spec is checked whole, in order, so
+        AdmissionError with the spec's index, changing nothing. Each spec is checked whole, in order, so
         the first bad spec is the one named, with its first problem."""
         by_key = self._table.by_key
         batch_keys = {spec.key: i for i, spec in enumerate(specs) if spec.key and spec.key not in by_key}
@@ -213,7 +213,7 @@ class EngineCore:
             if spec.resources:
                 problem = self._resources.check(spec.resources)
                 if problem is not None:
-                    raise SubmitError(problem[0], problem[1], i, ".resources")
+                    raise AdmissionError(problem[0], problem[1], i, ".resources")
             if spec.start is not None:
                 self._fixed.check(pool, spec, i, planned)
             if spec.deps:

@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Final
 
-from .model import DepOn, Status, SubmitError, Task, TaskSpec, UnknownDependency
+from .model import AdmissionError, DepOn, Status, Task, TaskSpec, UnknownDependency
 from .pool import PoolState
 from .table import TaskTable
 from .timers import TimerKind
@@ -67,7 +67,7 @@ class Dependencies:
     # ------------------------------------------------------------------------------- admission
 
     def check(self, pool: PoolState, spec: TaskSpec, index: int, batch_keys: Mapping[str, int]) -> None:
-        """Raise SubmitError (with ``index``, the spec's place in its batch) for an edge whose target is
+        """Raise AdmissionError (with ``index``, the spec's place in its batch) for an edge whose target is
         unknown: no task holds its key, none of the batch will, and the pool does not await keys; or no
         task has its id."""
         table = self._table
@@ -78,11 +78,11 @@ class Dependencies:
                     continue
                 if pool.config.unknown_dependency is UnknownDependency.AWAIT:
                     continue
-                raise SubmitError(
+                raise AdmissionError(
                     "unknown_dependency", f"unknown dependency '{target}'", index, f".deps[{j}].key"
                 )
             if target not in table.by_id:
-                raise SubmitError(
+                raise AdmissionError(
                     "unknown_dependency", f"unknown dependency {target}", index, f".deps[{j}].id"
                 )
 
@@ -132,7 +132,7 @@ class Dependencies:
                     path.discard(node)
                     done.add(node)
                 elif nxt in path:
-                    raise SubmitError("cycle", "dependency cycle", i, ".deps")
+                    raise AdmissionError("cycle", "dependency cycle", i, ".deps")
                 elif nxt not in done:
                     path.add(nxt)
                     stack.append((nxt, iter(successors(nxt))))

@@ -33,7 +33,7 @@ from .model import (
     Task,
     TaskSpec,
 )
-from .snapshot import GroupStats, PoolStats, Snapshot, WorkerView
+from .snapshot import EngineSnapshot, GroupStats, PoolStats, WorkerView
 from .timers import TimerKind
 from .workers import label_set
 
@@ -68,7 +68,7 @@ class Engine(EngineCore):
 
     def submit(self, specs: Sequence[TaskSpec], now: float) -> list[Submitted]:
         """Insert a batch atomically, in order; a spec whose key names a live or retained task gets that
-        task (``duplicate=True``) and is otherwise ignored. Raises SubmitError changing nothing.
+        task (``duplicate=True``) and is otherwise ignored. Raises AdmissionError changing nothing.
 
         Specs of one batch may depend on each other's keys, in any order: every task of the batch exists
         before any edge is resolved."""
@@ -384,7 +384,7 @@ class Engine(EngineCore):
 
     # ------------------------------------------------------------------------------------ views
 
-    def snapshot(self, now: float) -> Snapshot:
+    def snapshot(self, now: float) -> EngineSnapshot:
         """Pools, counts and totals as of ``now``."""
         pools: list[PoolStats] = []
         # READY tasks waiting for a resource are out of their pool's queue (and its count) until woken.
@@ -442,7 +442,7 @@ class Engine(EngineCore):
             missed=ended[Status.MISSED],
             shed=ended[Status.SHED],
         )
-        return Snapshot(
+        return EngineSnapshot(
             pools=pools,
             live_tasks=self._table.live,
             running=len(self._leases),

@@ -18,7 +18,7 @@ import math
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Final
 
-from .model import MissPolicy, PoolConfig, Status, SubmitError, Task, TaskSpec
+from .model import AdmissionError, MissPolicy, PoolConfig, Status, Task, TaskSpec
 from .pool import PoolState
 from .table import TaskTable
 from .timers import TimerKind
@@ -118,13 +118,13 @@ class FixedStarts:
     # ------------------------------------------------------------------------------- admission
 
     def check(self, pool: PoolState, spec: TaskSpec, index: int, planned: dict[str, list[Window]]) -> None:
-        """Raise SubmitError (with ``index``) if the fixed start of ``spec`` would overlap more
+        """Raise AdmissionError (with ``index``) if the fixed start of ``spec`` would overlap more
         reservations of its pool than the pool allows, counting the earlier fixed starts of the same
         batch (``planned``, per pool, which this extends)."""
         window = self._window(pool, spec)
         mine = planned.setdefault(pool.name, [])
         if not self._reservations[pool.name].fits(window, mine):
-            raise SubmitError("reservation_conflict", "fixed-start reservation conflict", index)
+            raise AdmissionError("reservation_conflict", "fixed-start reservation conflict", index)
         mine.append(window)
 
     def reserve(self, pool: PoolState, task: Task) -> None:

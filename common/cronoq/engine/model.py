@@ -67,12 +67,16 @@ PENDING = frozenset({Status.BLOCKED, Status.SCHEDULED, Status.READY, Status.RETR
 
 
 class Priority(enum.IntEnum):
-    """Priority classes; engine values are 0..3, the wire enum is this value + 1."""
+    """The four priority classes; a lower value is more important. The public ``cronoq.Priority``
+    (library mode) is this class; the wire enum is this value + 1."""
 
     CRITICAL = 0
     HIGH = 1
     NORMAL = 2
     LOW = 3
+
+    def __repr__(self) -> str:
+        return f"Priority.{self.name}"
 
     @property
     def label(self) -> str:
@@ -107,7 +111,7 @@ class DepOn(enum.Enum):
 class UnknownDependency(enum.Enum):
     """What a pool does with a dependency on a key no task has (yet)."""
 
-    REJECT = "reject"  # SubmitError('unknown_dependency')
+    REJECT = "reject"  # AdmissionError('unknown_dependency')
     AWAIT = "await"  # stay BLOCKED until a task with that key arrives (or ``await_timeout``)
 
 
@@ -121,7 +125,7 @@ class Overlap(enum.Enum):
 
 
 @dataclass(slots=True, frozen=True)
-class Dep(Rebuilt):
+class DepEdge(Rebuilt):
     """A dependency edge: the task waits until ``target`` (a task id, or a key) ends as ``on`` says."""
 
     target: int | str
@@ -149,7 +153,7 @@ ResourceConfig = Semaphore | TokenBucket
 
 
 @dataclass(slots=True, frozen=True)
-class AutoscaleConfig(Rebuilt):
+class AutoscaleRule(Rebuilt):
     """How a pool's desired capacity follows queue pressure (engine-behaviour §6); ``slo`` maps a class
     to the seconds within which its backlog should drain."""
 
@@ -167,7 +171,7 @@ class AutoscaleConfig(Rebuilt):
 
 
 @dataclass(slots=True, frozen=True)
-class RetryPolicy(Rebuilt):
+class RetryRule(Rebuilt):
     """Attempts and backoff; delay after attempt k is min(max, initial * multiplier**(k-1))."""
 
     max_attempts: int = 3
@@ -187,11 +191,11 @@ class PoolConfig:
     lease_ttl: float | None = None
     max_pending: int | None = None
     overflow: Overflow = Overflow.WAIT
-    retry: RetryPolicy = field(default_factory=RetryPolicy)
+    retry: RetryRule = field(default_factory=RetryRule)
     default_duration: float = 1.0
     max_slots_per_worker: int | None = None
     cost_per_worker_second: float = 0.0
-    autoscale: AutoscaleConfig | None = None  # None: desired = capacity
+    autoscale: AutoscaleRule | None = None  # None: desired = capacity
     unknown_dependency: UnknownDependency = UnknownDependency.REJECT
     await_timeout: float | None = None  # with AWAIT: skip after this long; None: wait for ever
     reservable_fraction: float = 0.5  # overlapping fixed-start reservations <= max(1, max x this)
@@ -236,14 +240,14 @@ class TaskSpec(Rebuilt):
     deadline: float | None = None  # absolute, Unix seconds; soft
     duration_hint: float | None = None
     timeout: float | None = None  # per attempt, seconds
-    retry: RetryPolicy | None = None  # None: the pool's policy
+    retry: RetryRule | None = None  # None: the pool's policy
     tags: dict[str, str] = field(default_factory=dict)
     labels: dict[str, str] = field(default_factory=dict)
     tenant: str = ""
     start: float | None = None  # fixed start, absolute Unix seconds
     tolerance: float = 1.0  # allowed lateness of the fixed start
     on_miss: MissPolicy = MissPolicy.RUN_LATE
-    deps: tuple[Dep, ...] = ()
+    deps: tuple[DepEdge, ...] = ()
     resources: dict[str, int] = NO_RESOURCES  # resource name -> amount (> 0)
 
     def __init__(
@@ -257,14 +261,14 @@ class TaskSpec(Rebuilt):
         deadline: float | None = None,
         duration_hint: float | None = None,
         timeout: float | None = None,
-        retry: RetryPolicy | None = None,
+        retry: RetryRule | None = None,
         tags: dict[str, str] | None = None,  # None: a new empty dict
         labels: dict[str, str] | None = None,  # None: a new empty dict
         tenant: str = "",
         start: float | None = None,
         tolerance: float = 1.0,
         on_miss: MissPolicy = MissPolicy.RUN_LATE,
-        deps: tuple[Dep, ...] = (),
+        deps: tuple[DepEdge, ...] = (),
         resources: dict[str, int] = NO_RESOURCES,
     ) -> None:
         self.pool = pool
@@ -409,7 +413,7 @@ class Abort:
     reason: str
 
 
-StatusEvent: TypeAlias = tuple[Status, int, float, str, Task]
+StatusChange: TypeAlias = tuple[Status, int, float, str, Task]
 """A status change, for Watch and for waiters: ``(status, attempt, at, message, task)``. ``task`` is
 the task itself (its state may have moved on by the time the event is handled; its ``id`` and
 ``spec.pool``/``spec.key`` never change), which is how a durable runtime learns what to commit.
@@ -437,13 +441,13 @@ class ScheduleChanged:
     recurring: Recurring | None
 
 
-Action = Dispatch | Abort | StatusEvent | Scale | ScheduleChanged
+Action = Dispatch | Abort | StatusChange | Scale | ScheduleChanged
 
 
 # -------------------------------------------------------------------------------------------- errors
 
 
-class SubmitError(Exception):
+class AdmissionError(Exception):
     """A submission the engine refuses; ``code`` is one of the reference engine's codes.
 
     unknown_pool, unknown_resource, resource_exceeds_capacity, reservation_conflict, cycle,
@@ -468,7 +472,7 @@ class SubmitError(Exception):
 class RecurringError(ValueError):
     """A schedule ``add_recurring`` refuses. The message names the field (``cron: ...``,
     ``template.resources: ...``); ``code`` is ``invalid``, ``unknown_pool`` or one of the resource codes
-    of SubmitError (``unknown_resource``, ``resource_exceeds_capacity``), for callers that map it to a
+    of AdmissionError (``unknown_resource``, ``resource_exceeds_capacity``), for callers that map it to a
     status."""
 
     def __init__(self, code: str, message: str) -> None:

@@ -17,7 +17,8 @@ from typing import TYPE_CHECKING, Final
 
 from .cron import CronSchedule, occurrence_key
 from .model import (
-    Dep,
+    AdmissionError,
+    DepEdge,
     DepOn,
     Overlap,
     Recurring,
@@ -25,7 +26,6 @@ from .model import (
     RecurringSpec,
     ScheduleChanged,
     Status,
-    SubmitError,
     Task,
     TaskSpec,
 )
@@ -299,10 +299,10 @@ class RecurringSchedules:
         spec = schedule.recurring.spec
         template = spec.template
         previous = schedule.recurring.last_task_id
-        deps: tuple[Dep, ...] = ()
+        deps: tuple[DepEdge, ...] = ()
         if spec.overlap in (Overlap.QUEUE, Overlap.QUEUE_ON_SUCCESS) and previous in self._table.by_id:
             on = DepOn.COMPLETE if spec.overlap is Overlap.QUEUE else DepOn.SUCCESS
-            deps = (Dep(previous, on),)
+            deps = (DepEdge(previous, on),)
         occurrence = dataclasses.replace(
             template,
             key=occurrence_key(template.key, start),
@@ -315,7 +315,7 @@ class RecurringSchedules:
         )
         try:
             (submitted,), touched = engine._insert([occurrence], now, link=False)
-        except SubmitError as err:
+        except AdmissionError as err:
             if err.code == "reservation_conflict":
                 self._totals.recurring_conflicts += 1
             else:

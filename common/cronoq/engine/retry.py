@@ -7,10 +7,10 @@ from __future__ import annotations
 
 import random
 
-from .model import RetryPolicy
+from .model import RetryRule
 
 
-def backoff_delay(policy: RetryPolicy, attempt: int, retry_after: float | None, rng: random.Random) -> float:
+def backoff_delay(policy: RetryRule, attempt: int, retry_after: float | None, rng: random.Random) -> float:
     """The delay after failed attempt ``attempt`` (1-based).
 
     b = min(max_backoff, initial_backoff * multiplier**(attempt-1)); with jitter the delay is uniform in

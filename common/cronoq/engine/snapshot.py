@@ -91,7 +91,7 @@ class ResourceStats(Rebuilt):
 
 
 @dataclass(slots=True)
-class Snapshot:
+class EngineSnapshot:
     """The engine as a whole; ``pools`` and ``resources`` in configuration order."""
 
     pools: list[PoolStats]

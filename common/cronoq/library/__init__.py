@@ -4,13 +4,14 @@ The scheduling rules are the engine's (:mod:`cronoq.engine`), the same ones the 
 workers; here each pool's capacity is in-process and its executor is called for every attempt.
 """
 
+from cronoq.engine import Priority  # the public cronoq.Priority is the engine's own class
 from cronoq.errors import CronoqError, Permanent, Retryable
 
 from .context import TaskContext
 from .errors import EventsLagged, SchedulerError, SubmitError, TaskFailed
 from .events import EventStream, StatusEvent
 from .handle import TaskHandle
-from .options import AutoscaleConfig, Dep, Priority, Resource, RetryPolicy
+from .options import AutoscaleConfig, Dep, Resource, RetryPolicy
 from .pool import Pool
 from .scheduler import Scheduler
 from .snapshot import PoolSnapshot, Snapshot

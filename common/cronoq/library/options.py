@@ -7,36 +7,27 @@ later affects what is built later, never a task already submitted.
 
 from __future__ import annotations
 
-import enum
 from collections.abc import Callable, Mapping
 from typing import ClassVar
 
-from cronoq.engine import AutoscaleConfig as EngineAutoscale
-from cronoq.engine import Dep as EngineDep
-from cronoq.engine import DepOn, ResourceConfig, Semaphore, TokenBucket
-from cronoq.engine import Priority as EnginePriority
-from cronoq.engine import RetryPolicy as EngineRetry
+from cronoq.engine import (
+    AutoscaleRule,
+    DepEdge,
+    DepOn,
+    Priority,
+    ResourceConfig,
+    RetryRule,
+    Semaphore,
+    TokenBucket,
+)
 
 from . import validate
 
-
-class Priority(enum.IntEnum):
-    """The four priority classes; a lower value is more important."""
-
-    CRITICAL = 0
-    HIGH = 1
-    NORMAL = 2
-    LOW = 3
-
-    def __repr__(self) -> str:
-        return f"Priority.{self.name}"
+_ENGINE_PRIORITIES = tuple(Priority)
+_PRIORITY_NAMES = {p.name.lower(): p for p in Priority}
 
 
-_ENGINE_PRIORITIES = tuple(EnginePriority)
-_PRIORITY_NAMES = {p.name.lower(): p for p in EnginePriority}
-
-
-def parse_priority(value: object) -> EnginePriority:
+def parse_priority(value: object) -> Priority:
     """A class given as a Priority, an int 0..3 or a case-insensitive name."""
     if isinstance(value, bool):
         raise TypeError("priority must be a Priority, an int 0..=3 or a class name, not a bool")
@@ -119,13 +110,13 @@ class RetryPolicy(_Validated):
         """A single attempt: any failure is final (FAILED or DEAD_LETTERED)."""
         return cls(max_attempts=1)
 
-    def to_engine(self) -> EngineRetry:
-        return EngineRetry(
+    def to_engine(self) -> RetryRule:
+        return RetryRule(
             self.max_attempts, self.initial_backoff, self.multiplier, self.max_backoff, self.jitter
         )
 
 
-def parse_retry(value: object) -> EngineRetry:
+def parse_retry(value: object) -> RetryRule:
     if not isinstance(value, RetryPolicy):
         raise TypeError(f"retry must be a RetryPolicy (got {type(value).__name__})")
     return value.to_engine()
@@ -211,8 +202,8 @@ class AutoscaleConfig(_Validated):
         self.max_step_down = max_step_down
         self.cost_per_worker_second = cost_per_worker_second
 
-    def to_engine(self) -> EngineAutoscale:
-        return EngineAutoscale(
+    def to_engine(self) -> AutoscaleRule:
+        return AutoscaleRule(
             interval=self.interval,
             target_utilization=self.target_utilization,
             drain_time=self.drain_time,
@@ -290,8 +281,8 @@ class Dep:
             raise ValueError(f"on must be one of success, failure, complete (got {on!r})")
         self.on = found.value
 
-    def to_engine(self) -> EngineDep:
-        return EngineDep(self.target, DepOn(self.on))
+    def to_engine(self) -> DepEdge:
+        return DepEdge(self.target, DepOn(self.on))
 
     def __repr__(self) -> str:
         return f"Dep({self.target!r}, on={self.on!r})"

@@ -6,8 +6,7 @@ import inspect
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from cronoq.engine import Overflow, PoolConfig, UnknownDependency
-from cronoq.engine import RetryPolicy as EngineRetry
+from cronoq.engine import Overflow, PoolConfig, RetryRule, UnknownDependency
 
 from . import validate
 from .options import AutoscaleConfig, RetryPolicy, parse_retry
@@ -92,7 +91,7 @@ class Pool:
             # 0 every submission would wait or be refused forever, even with idle capacity.
             max_pending=None if max_pending is None else validate.count("max_pending", max_pending, 1),
             overflow=validate.choice("overflow", overflow, Overflow),
-            retry=EngineRetry() if retry is None else parse_retry(retry),
+            retry=RetryRule() if retry is None else parse_retry(retry),
             default_duration=validate.positive("default_duration", default_duration),
             cost_per_worker_second=0.0 if scaling is None else scaling.cost_per_worker_second,
             autoscale=None if scaling is None else scaling.to_engine(),

@@ -34,6 +34,7 @@ from typing import Any, NoReturn, Unpack
 from cronoq.engine import (
     Abort,
     Action,
+    AdmissionError,
     Dispatch,
     Engine,
     EngineLimits,
@@ -41,11 +42,10 @@ from cronoq.engine import (
     RecurringSpec,
     Scale,
     Status,
+    StatusChange,
     Submitted,
     TaskSpec,
 )
-from cronoq.engine import StatusEvent as EngineEvent
-from cronoq.engine import SubmitError as EngineSubmitError
 from cronoq.errors import Permanent, Retryable
 from cronoq.timers import call_no_earlier
 
@@ -97,7 +97,7 @@ def _retry_after(value: object) -> float | None:
         return None
 
 
-def _submit_error(err: EngineSubmitError) -> SubmitError:
+def _submit_error(err: AdmissionError) -> SubmitError:
     return SubmitError(err.code, err.message, err.index)
 
 
@@ -395,12 +395,12 @@ class Scheduler:
     async def _submit(self, specs: list[TaskSpec], now: float) -> list[Submitted]:
         try:
             submitted = self._sync().submit(specs, now)
-        except EngineSubmitError as err:
+        except AdmissionError as err:
             submitted = await self._submit_when_room(specs, err)
         self._schedule_flush()
         return submitted
 
-    async def _submit_when_room(self, specs: list[TaskSpec], err: EngineSubmitError) -> list[Submitted]:
+    async def _submit_when_room(self, specs: list[TaskSpec], err: AdmissionError) -> list[Submitted]:
         """Overflow "wait": a full pool parks the submission until one of its tasks starts or ends,
         then tries again; any other refusal is raised."""
         while err.code == "full":
@@ -413,7 +413,7 @@ class Scheduler:
                 raise RuntimeError(NOT_STARTED)
             try:
                 return self._sync().submit(specs, _time())
-            except EngineSubmitError as again:
+            except AdmissionError as again:
                 err = again
         raise _submit_error(err) from None
 
@@ -622,7 +622,7 @@ class Scheduler:
             # Exact types: cheaper than isinstance, and actions are never subclassed. A status event is
             # a plain tuple (see cronoq.engine.StatusEvent).
             if type(action) is tuple:
-                event: EngineEvent = action
+                event: StatusChange = action
                 status, _, _, _, task = event
                 if status >= _SUCCEEDED:
                     if waiters:
@@ -653,7 +653,7 @@ class Scheduler:
                 self._sync().set_worker_slots(worker_id, action.desired, _time())
             # ScheduleChanged tells a durable runtime what to write; library mode keeps no store.
 
-    def _resolve(self, waiter: asyncio.Future[Outcome], event: EngineEvent) -> None:
+    def _resolve(self, waiter: asyncio.Future[Outcome], event: StatusChange) -> None:
         status, _, _, message, task = event
         value = None
         succeeded = status is _SUCCEEDED
@@ -668,7 +668,7 @@ class Scheduler:
         if space is not None and not space.done():
             space.set_result(None)
 
-    def _publish(self, event: EngineEvent) -> None:
+    def _publish(self, event: StatusChange) -> None:
         status, attempt, at, message, task = event
         spec = task.spec
         published = StatusEvent(task.id, spec.pool, spec.key or None, _LABELS[status], attempt, at, message)

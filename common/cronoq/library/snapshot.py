@@ -11,8 +11,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from cronoq.engine import PoolStats
-from cronoq.engine import Snapshot as EngineSnapshot
+from cronoq.engine import EngineSnapshot, PoolStats
 
 
 @dataclass(slots=True, repr=False)

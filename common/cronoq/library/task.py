@@ -13,14 +13,11 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, TypedDict, Unpack
 
-from cronoq.engine import Dep as EngineDep
-from cronoq.engine import DepOn, MissPolicy, TaskSpec
-from cronoq.engine import Priority as EnginePriority
-from cronoq.engine import RetryPolicy as EngineRetry
+from cronoq.engine import DepEdge, DepOn, MissPolicy, Priority, RetryRule, TaskSpec
 
 from . import validate
 from .errors import SubmitError
-from .options import Dep, Priority, RetryPolicy, parse_priority, parse_retry, task_ref
+from .options import Dep, RetryPolicy, parse_priority, parse_retry, task_ref
 
 
 class TaskOptions(TypedDict, total=False):
@@ -78,7 +75,7 @@ class TaskTemplate:
 
     pool: str | None = None  # None: the scheduler's default pool
     kind: str = "default"
-    priority: EnginePriority = EnginePriority.NORMAL
+    priority: Priority = Priority.NORMAL
     key: str = ""
     deadline_in: float | None = None
     deadline_at: float | None = None
@@ -88,8 +85,8 @@ class TaskTemplate:
     on_miss: MissPolicy = MissPolicy.RUN_LATE
     duration_hint: float | None = None
     timeout: float | None = None
-    retry: EngineRetry | None = None
-    deps: tuple[EngineDep, ...] = ()
+    retry: RetryRule | None = None
+    deps: tuple[DepEdge, ...] = ()
     resources: dict[str, int] = field(default_factory=dict)
     tags: dict[str, str] = field(default_factory=dict)
     labels: dict[str, str] = field(default_factory=dict)
@@ -171,12 +168,12 @@ def parse(options: Mapping[str, object], allowed: frozenset[str] = TASK_OPTIONS)
     return t
 
 
-def _deps(after: object, deps: object) -> tuple[EngineDep, ...]:
+def _deps(after: object, deps: object) -> tuple[DepEdge, ...]:
     """``after`` (an id, a key, or several: success edges) followed by the ``deps`` edges."""
-    edges: list[EngineDep] = []
+    edges: list[DepEdge] = []
     if after is not None:
         refs = [after] if isinstance(after, int | str) else _iterable("after", after)
-        edges.extend(EngineDep(task_ref("after", ref), DepOn.SUCCESS) for ref in refs)
+        edges.extend(DepEdge(task_ref("after", ref), DepOn.SUCCESS) for ref in refs)
     if deps is not None:
         for dep in _iterable("deps", deps):
             if not isinstance(dep, Dep):

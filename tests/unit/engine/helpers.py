@@ -15,9 +15,9 @@ from cronoq.engine import (
     Overflow,
     PoolConfig,
     Priority,
-    RetryPolicy,
+    RetryRule,
     Status,
-    StatusEvent,
+    StatusChange,
     Task,
     TaskSpec,
     UnknownDependency,
@@ -32,7 +32,7 @@ FEATURE_POOLS = [
         lease_ttl=3.0,
         max_pending=8,
         overflow=Overflow.SHED_LOWEST,
-        retry=RetryPolicy(max_attempts=3, initial_backoff=0.5, max_backoff=2.0),
+        retry=RetryRule(max_attempts=3, initial_backoff=0.5, max_backoff=2.0),
         unknown_dependency=UnknownDependency.AWAIT,
         await_timeout=6.0,
         fair_share=True,
@@ -43,12 +43,12 @@ FEATURE_POOLS = [
         max=3,
         max_pending=6,
         overflow=Overflow.REJECT,
-        retry=RetryPolicy(max_attempts=2, initial_backoff=0.0, jitter=False),
+        retry=RetryRule(max_attempts=2, initial_backoff=0.0, jitter=False),
     ),
 ]
 
-NO_RETRY = RetryPolicy(max_attempts=1)
-FIXED = RetryPolicy(max_attempts=3, initial_backoff=1.0, multiplier=2.0, max_backoff=60.0, jitter=False)
+NO_RETRY = RetryRule(max_attempts=1)
+FIXED = RetryRule(max_attempts=3, initial_backoff=1.0, multiplier=2.0, max_backoff=60.0, jitter=False)
 
 
 def make_engine(*pools: PoolConfig, limits: EngineLimits | None = None, seed: int = 0) -> Engine:
@@ -65,7 +65,7 @@ def spec(
     deadline: float | None = None,
     labels: dict[str, str] | None = None,
     timeout: float | None = None,
-    retry: RetryPolicy | None = None,
+    retry: RetryRule | None = None,
     payload: object = b"x",
 ) -> TaskSpec:
     return TaskSpec(
@@ -81,7 +81,7 @@ def spec(
 
 
 class Event(NamedTuple):
-    """A status event with its fields named; the engine emits plain ``StatusEvent`` tuples."""
+    """A status event with its fields named; the engine emits plain ``StatusChange`` tuples."""
 
     id: int
     pool: str
@@ -93,7 +93,7 @@ class Event(NamedTuple):
     task: Task
 
 
-def named(event: StatusEvent) -> Event:
+def named(event: StatusChange) -> Event:
     status, attempt, at, message, task = event
     return Event(task.id, task.spec.pool, task.spec.key, status, attempt, at, message, task)
 

@@ -7,11 +7,11 @@ from dataclasses import replace
 
 import pytest
 
-from cronoq.engine import AutoscaleConfig, Priority
+from cronoq.engine import AutoscaleRule, Priority
 from cronoq.engine.autoscale import Autoscaler, slots
 
 # Lifts the step-up limit so that one evaluation shows the formula's value on its own.
-UNLIMITED_UP = AutoscaleConfig(max_step_up_abs=10_000)
+UNLIMITED_UP = AutoscaleRule(max_step_up_abs=10_000)
 # No smoothing on the way down either: every evaluation's target is the formula's value.
 UNSMOOTHED = replace(UNLIMITED_UP, stabilization_window=0.0, cooldown=0.0, max_step_down=10_000)
 
@@ -23,7 +23,7 @@ def class_backlog(cls: Priority, count: int) -> list[int]:
 
 
 def burst(
-    config: AutoscaleConfig,
+    config: AutoscaleRule,
     tasks: int,
     *,
     cls: Priority = Priority.NORMAL,
@@ -91,7 +91,7 @@ def test_reservations_add_to_the_queue_demand() -> None:
 
 
 def test_reservations_alone_are_the_target_from_the_first_evaluation() -> None:
-    scaler = Autoscaler(AutoscaleConfig(), 1, 10, 1.0)
+    scaler = Autoscaler(AutoscaleRule(), 1, 10, 1.0)
     assert scaler.evaluate(0.0, arrivals=0, service_time=None, backlog=[0] * 4, capacity=1, reserved=5) == 5
 
 
@@ -112,7 +112,7 @@ def test_ewma_decay_after_a_burst() -> None:
 
 
 def test_scale_up_steps_are_the_larger_of_capacity_times_ratio_and_the_absolute_step() -> None:
-    scaler = Autoscaler(AutoscaleConfig(), 1, 100, 1.0)
+    scaler = Autoscaler(AutoscaleRule(), 1, 100, 1.0)
     assert idle(scaler, 0.0, 1) is None
     targets = []
     for t in range(1, 5):
@@ -131,7 +131,7 @@ def test_scale_up_steps_are_the_larger_of_capacity_times_ratio_and_the_absolute_
 
 
 def test_scale_up_ratio_counts_whole_workers() -> None:
-    scaler = Autoscaler(replace(AutoscaleConfig(), max_step_up_abs=1, max_step_up_ratio=0.5), 1, 100, 1.0)
+    scaler = Autoscaler(replace(AutoscaleRule(), max_step_up_abs=1, max_step_up_ratio=0.5), 1, 100, 1.0)
     assert (
         scaler.evaluate(0.0, arrivals=0, service_time=1.0, backlog=[0, 0, 90, 0], capacity=3, reserved=0) == 2
     )
@@ -148,7 +148,7 @@ def test_scale_down_waits_for_the_window_then_steps_once_per_cooldown() -> None:
 
 
 def test_scale_down_goes_no_lower_than_the_window_peak() -> None:
-    config = replace(AutoscaleConfig(), stabilization_window=0.0, cooldown=0.0, max_step_down=100)
+    config = replace(AutoscaleRule(), stabilization_window=0.0, cooldown=0.0, max_step_down=100)
     scaler = Autoscaler(config, 1, 100, 1.0)
     assert (
         scaler.evaluate(0.0, arrivals=0, service_time=1.0, backlog=[0, 0, 0, 0], capacity=1, reserved=4) == 4
@@ -159,7 +159,7 @@ def test_scale_down_goes_no_lower_than_the_window_peak() -> None:
 
 
 def test_default_config_steps_down_by_one_every_thirty_seconds_after_a_minute() -> None:
-    scaler = Autoscaler(AutoscaleConfig(), 1, 100, 1.0)
+    scaler = Autoscaler(AutoscaleRule(), 1, 100, 1.0)
     assert scaler.evaluate(0.0, arrivals=0, service_time=1.0, backlog=[0] * 4, capacity=1, reserved=4) == 4
     downs = {t: idle(scaler, float(t), scaler.desired) for t in range(1, 121)}
     assert {t: d for t, d in downs.items() if d is not None} == {60: 3, 90: 2, 120: 1}
@@ -213,7 +213,7 @@ def test_rate_is_per_second_of_elapsed_time() -> None:
 
 
 def test_first_evaluation_is_due_at_once_then_every_interval() -> None:
-    scaler = Autoscaler(replace(AutoscaleConfig(), interval=5.0), 1, 10, 1.0)
+    scaler = Autoscaler(replace(AutoscaleRule(), interval=5.0), 1, 10, 1.0)
     assert scaler.due_at == -math.inf
     idle(scaler, 100.0, 1)
     assert scaler.due_at == 105.0
@@ -223,7 +223,7 @@ def test_first_evaluation_is_due_at_once_then_every_interval() -> None:
 
 def test_min_above_max_is_refused() -> None:
     with pytest.raises(ValueError, match="min_workers"):
-        Autoscaler(AutoscaleConfig(), 5, 4, 1.0)
+        Autoscaler(AutoscaleRule(), 5, 4, 1.0)
 
 
 def test_service_time_scales_every_term() -> None:

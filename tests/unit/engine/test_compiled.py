@@ -18,14 +18,14 @@ import pytest
 import cronoq
 import cronoq.engine
 from cronoq.engine import (
-    AutoscaleConfig,
-    Dep,
+    AutoscaleRule,
+    DepEdge,
     DepOn,
     Dispatch,
     MissPolicy,
     Priority,
     ResourceStats,
-    RetryPolicy,
+    RetryRule,
     Semaphore,
     Status,
     Submitted,
@@ -99,13 +99,13 @@ def test_the_trace_runs_on_the_build_it_says() -> None:
     assert done.stdout.splitlines()[0] == f"compiled={cronoq.engine.compiled()}"
 
 
-RETRY = RetryPolicy(max_attempts=4, initial_backoff=0.5, multiplier=3.0, max_backoff=9.0, jitter=False)
+RETRY = RetryRule(max_attempts=4, initial_backoff=0.5, multiplier=3.0, max_backoff=9.0, jitter=False)
 FROZEN = [
     RETRY,
-    Dep("build", DepOn.FAILURE),
+    DepEdge("build", DepOn.FAILURE),
     Semaphore("gpu", 2),
     TokenBucket("api", rate=5.0, burst=2.0),
-    AutoscaleConfig(target_utilization=0.6, slo={Priority.HIGH: 5.0}),
+    AutoscaleRule(target_utilization=0.6, slo={Priority.HIGH: 5.0}),
     ResourceStats("gpu", "semaphore", 2, 1.0, 0),
     CronSchedule.parse("*/5 * * * *", "Europe/Paris"),
 ]
@@ -116,7 +116,7 @@ def _hot_objects() -> list[object]:
     default."""
     spec = TaskSpec(
         "p", {"x": 1}, "application/json", "render", Priority.HIGH, "k", 5.0, 2.0, 3.0, RETRY,
-        {"t": "1"}, {"gpu": "a100"}, "acme", 4.0, 0.5, MissPolicy.SKIP, (Dep("a"),), {"db": 1},
+        {"t": "1"}, {"gpu": "a100"}, "acme", 4.0, 0.5, MissPolicy.SKIP, (DepEdge("a"),), {"db": 1},
     )  # fmt: skip
     task = Task(7, spec, 3, Status.RUNNING, 1.0, 2, 5, 1.5, 2.5, 3.5, "boom", 11, 12)
     return [spec, task, Submitted(7, True), Dispatch(12, 11, task, 2, 30.0)]

@@ -8,14 +8,14 @@ import dataclasses
 import pytest
 
 from cronoq.engine import (
-    Dep,
+    AdmissionError,
+    DepEdge,
     DepOn,
     Engine,
     Overflow,
     PoolConfig,
     Priority,
     Status,
-    SubmitError,
     TaskSpec,
     UnknownDependency,
 )
@@ -23,7 +23,7 @@ from cronoq.engine import (
 from .helpers import FIXED, NO_RETRY, drain, make_engine, spec, task_of
 
 
-def with_deps(base: TaskSpec, *deps: Dep) -> TaskSpec:
+def with_deps(base: TaskSpec, *deps: DepEdge) -> TaskSpec:
     return dataclasses.replace(base, deps=tuple(deps))
 
 
@@ -64,7 +64,7 @@ def test_edge_table_for_a_live_target(target_end: Status, on: DepOn, expected: S
     engine = make_engine(PoolConfig("p", retry=NO_RETRY))
     engine.add_worker(1, "p", 1, {}, 0.0)
     [a] = engine.submit([spec(key="a")], 0.0)
-    [b] = engine.submit([with_deps(spec(), Dep("a", on))], 0.0)
+    [b] = engine.submit([with_deps(spec(), DepEdge("a", on))], 0.0)
     assert task_of(engine, b.id).status is Status.BLOCKED
     end_as(engine, a.id, target_end)
     dependent = task_of(engine, b.id)
@@ -84,7 +84,7 @@ def test_edge_table_for_a_target_already_ended_at_submit(
     [a] = engine.submit([spec(key="a")], 0.0)
     end_as(engine, a.id, target_end)
     drain(engine)
-    [b] = engine.submit([with_deps(spec(), Dep(a.id, on))], 2.0)
+    [b] = engine.submit([with_deps(spec(), DepEdge(a.id, on))], 2.0)
     dependent = task_of(engine, b.id)
     if expected is Status.READY:
         assert dependent.status is Status.RUNNING
@@ -97,7 +97,7 @@ def test_every_task_emits_blocked_first_and_waits_for_all_edges() -> None:
     engine = make_engine()
     engine.add_worker(1, "p", 2, {}, 0.0)
     [a, b] = engine.submit([spec(key="a"), spec(key="b")], 0.0)
-    [c] = engine.submit([with_deps(spec(key="c"), Dep("a"), Dep(b.id))], 0.0)
+    [c] = engine.submit([with_deps(spec(key="c"), DepEdge("a"), DepEdge(b.id))], 0.0)
     actions = drain(engine)
     assert actions.statuses(c.id) == [Status.BLOCKED]
     leases = {d.task.id: d.lease for d in actions.dispatches}
@@ -109,7 +109,7 @@ def test_every_task_emits_blocked_first_and_waits_for_all_edges() -> None:
 
 def test_skips_cascade_through_a_long_chain_without_recursion() -> None:
     engine = make_engine(PoolConfig("p", retry=NO_RETRY))
-    specs = [spec(key="k0")] + [with_deps(spec(key=f"k{i}"), Dep(f"k{i - 1}")) for i in range(1, 3000)]
+    specs = [spec(key="k0")] + [with_deps(spec(key=f"k{i}"), DepEdge(f"k{i - 1}")) for i in range(1, 3000)]
     submitted = engine.submit(specs, 0.0)
     assert engine.cancel("k0", 1.0)
     tasks = [task_of(engine, s.id) for s in submitted]
@@ -125,8 +125,8 @@ def test_complete_edges_run_after_a_skipped_target() -> None:
     [a] = engine.submit([spec(key="a")], 0.0)
     [b, c] = engine.submit(
         [
-            with_deps(spec(key="b"), Dep("a", DepOn.SUCCESS)),
-            with_deps(spec(key="c"), Dep("b", DepOn.COMPLETE)),
+            with_deps(spec(key="b"), DepEdge("a", DepOn.SUCCESS)),
+            with_deps(spec(key="c"), DepEdge("b", DepOn.COMPLETE)),
         ],
         0.0,
     )
@@ -139,7 +139,7 @@ def test_cancelling_a_blocked_task_releases_nothing_else() -> None:
     engine = make_engine()
     engine.add_worker(1, "p", 1, {}, 0.0)
     [a] = engine.submit([spec(key="a")], 0.0)
-    [b] = engine.submit([with_deps(spec(key="b"), Dep("a"))], 0.0)
+    [b] = engine.submit([with_deps(spec(key="b"), DepEdge("a"))], 0.0)
     assert engine.cancel(b.id, 0.5)
     assert task_of(engine, b.id).status is Status.CANCELLED
     end_as(engine, a.id, Status.SUCCEEDED)
@@ -150,16 +150,16 @@ def test_cancelling_a_blocked_task_releases_nothing_else() -> None:
 
 def test_unknown_dependency_is_rejected_by_default_naming_it() -> None:
     engine = make_engine()
-    with pytest.raises(SubmitError) as err:
-        engine.submit([spec(key="ok"), with_deps(spec(), Dep("nope"))], 0.0)
+    with pytest.raises(AdmissionError) as err:
+        engine.submit([spec(key="ok"), with_deps(spec(), DepEdge("nope"))], 0.0)
     assert (err.value.code, err.value.message, err.value.index, err.value.field) == (
         "unknown_dependency",
         "unknown dependency 'nope'",
         1,
         ".deps[0].key",
     )
-    with pytest.raises(SubmitError) as by_id:
-        engine.submit([with_deps(spec(), Dep(12345))], 0.0)
+    with pytest.raises(AdmissionError) as by_id:
+        engine.submit([with_deps(spec(), DepEdge(12345))], 0.0)
     assert (by_id.value.code, by_id.value.field) == ("unknown_dependency", ".deps[0].id")
     assert engine.get("ok") is None and engine.snapshot(0.0).live_tasks == 0
 
@@ -167,15 +167,15 @@ def test_unknown_dependency_is_rejected_by_default_naming_it() -> None:
 def test_the_refused_edge_is_named_when_an_awaited_key_comes_first() -> None:
     """An unknown key may be awaited; the unknown id after it is the edge refused, and named so."""
     engine = make_engine(PoolConfig("p", retry=FIXED, unknown_dependency=UnknownDependency.AWAIT))
-    with pytest.raises(SubmitError) as err:
-        engine.submit([with_deps(spec(), Dep("later"), Dep(999))], 0.0)
+    with pytest.raises(AdmissionError) as err:
+        engine.submit([with_deps(spec(), DepEdge("later"), DepEdge(999))], 0.0)
     assert (err.value.code, err.value.index, err.value.field) == ("unknown_dependency", 0, ".deps[1].id")
 
 
 def test_awaited_key_unblocks_when_a_task_with_it_arrives() -> None:
     engine = make_engine(PoolConfig("p", retry=FIXED, unknown_dependency=UnknownDependency.AWAIT))
     engine.add_worker(1, "p", 1, {}, 0.0)
-    [b] = engine.submit([with_deps(spec(key="b"), Dep("later"))], 0.0)
+    [b] = engine.submit([with_deps(spec(key="b"), DepEdge("later"))], 0.0)
     assert task_of(engine, b.id).status is Status.BLOCKED
     [later] = engine.submit([spec(key="later")], 5.0)
     assert task_of(engine, b.id).status is Status.BLOCKED
@@ -195,7 +195,7 @@ def test_an_awaited_key_shed_in_the_batch_that_brings_it_skips_its_dependents() 
         overflow=Overflow.SHED_LOWEST,
     )
     engine = make_engine(pool)
-    [b] = engine.submit([with_deps(spec(priority=Priority.CRITICAL), Dep("later"))], 0.0)
+    [b] = engine.submit([with_deps(spec(priority=Priority.CRITICAL), DepEdge("later"))], 0.0)
     late, other = engine.submit([spec(key="later", priority=Priority.LOW), spec(priority=Priority.HIGH)], 1.0)
     assert task_of(engine, late.id).status is Status.SHED
     task = task_of(engine, b.id)
@@ -207,7 +207,7 @@ def test_awaiting_times_out_as_skipped() -> None:
     engine = make_engine(
         PoolConfig("p", retry=FIXED, unknown_dependency=UnknownDependency.AWAIT, await_timeout=10.0)
     )
-    [b] = engine.submit([with_deps(spec(), Dep("never"))], 0.0)
+    [b] = engine.submit([with_deps(spec(), DepEdge("never"))], 0.0)
     assert engine.next_wakeup() == 10.0
     engine.tick(9.9)
     assert task_of(engine, b.id).status is Status.BLOCKED
@@ -220,7 +220,7 @@ def test_await_timeout_does_not_fire_once_the_key_arrived() -> None:
     engine = make_engine(
         PoolConfig("p", retry=FIXED, unknown_dependency=UnknownDependency.AWAIT, await_timeout=10.0)
     )
-    [b] = engine.submit([with_deps(spec(), Dep("k"))], 0.0)
+    [b] = engine.submit([with_deps(spec(), DepEdge("k"))], 0.0)
     engine.submit([spec(key="k")], 1.0)
     engine.tick(20.0)
     assert task_of(engine, b.id).status is Status.BLOCKED  # waits for k to end, not for the timeout
@@ -228,8 +228,8 @@ def test_await_timeout_does_not_fire_once_the_key_arrived() -> None:
 
 def test_self_dependency_is_a_cycle() -> None:
     engine = make_engine()
-    with pytest.raises(SubmitError) as err:
-        engine.submit([with_deps(spec(key="me"), Dep("me"))], 0.0)
+    with pytest.raises(AdmissionError) as err:
+        engine.submit([with_deps(spec(key="me"), DepEdge("me"))], 0.0)
     assert (err.value.code, err.value.message) == ("cycle", "dependency cycle")
 
 
@@ -237,11 +237,11 @@ def test_cycle_inside_a_batch_rejects_the_whole_batch() -> None:
     engine = make_engine()
     batch = [
         spec(key="free"),
-        with_deps(spec(key="a"), Dep("c")),
-        with_deps(spec(key="b"), Dep("a")),
-        with_deps(spec(key="c"), Dep("b")),
+        with_deps(spec(key="a"), DepEdge("c")),
+        with_deps(spec(key="b"), DepEdge("a")),
+        with_deps(spec(key="c"), DepEdge("b")),
     ]
-    with pytest.raises(SubmitError) as err:
+    with pytest.raises(AdmissionError) as err:
         engine.submit(batch, 0.0)
     assert err.value.code == "cycle"
     assert engine.snapshot(0.0).live_tasks == 0 and engine.get("free") is None
@@ -249,9 +249,9 @@ def test_cycle_inside_a_batch_rejects_the_whole_batch() -> None:
 
 def test_cycle_through_an_awaited_key_is_refused() -> None:
     engine = make_engine(PoolConfig("p", retry=FIXED, unknown_dependency=UnknownDependency.AWAIT))
-    engine.submit([with_deps(spec(key="x"), Dep("y"))], 0.0)  # x awaits y
-    with pytest.raises(SubmitError) as err:
-        engine.submit([with_deps(spec(key="y"), Dep("x"))], 0.0)  # y would wait for x
+    engine.submit([with_deps(spec(key="x"), DepEdge("y"))], 0.0)  # x awaits y
+    with pytest.raises(AdmissionError) as err:
+        engine.submit([with_deps(spec(key="y"), DepEdge("x"))], 0.0)  # y would wait for x
     assert err.value.code == "cycle"
     assert engine.get("y") is None
 
@@ -259,7 +259,7 @@ def test_cycle_through_an_awaited_key_is_refused() -> None:
 def test_batch_tasks_may_depend_on_later_keys_of_the_same_batch() -> None:
     engine = make_engine()
     engine.add_worker(1, "p", 1, {}, 0.0)
-    first, second = engine.submit([with_deps(spec(key="after"), Dep("before")), spec(key="before")], 0.0)
+    first, second = engine.submit([with_deps(spec(key="after"), DepEdge("before")), spec(key="before")], 0.0)
     assert task_of(engine, first.id).status is Status.BLOCKED
     assert task_of(engine, second.id).status is Status.RUNNING
     end_as(engine, second.id, Status.SUCCEEDED)
@@ -269,10 +269,10 @@ def test_batch_tasks_may_depend_on_later_keys_of_the_same_batch() -> None:
 def test_duplicate_key_in_a_batch_refuses_the_batch_and_an_existing_key_is_a_duplicate() -> None:
     engine = make_engine()
     [a] = engine.submit([spec(key="a")], 0.0)
-    with pytest.raises(SubmitError) as err:
+    with pytest.raises(AdmissionError) as err:
         engine.submit([spec(key="z"), spec(key="z")], 0.0)
     assert err.value.code == "duplicate_key_in_batch"
-    again, dependent = engine.submit([spec(key="a"), with_deps(spec(), Dep("a"))], 0.0)
+    again, dependent = engine.submit([spec(key="a"), with_deps(spec(), DepEdge("a"))], 0.0)
     assert again.duplicate and again.id == a.id
     assert task_of(engine, dependent.id).status is Status.BLOCKED
 
@@ -282,7 +282,7 @@ def test_dependencies_across_pools() -> None:
     engine.add_worker(1, "p", 1, {}, 0.0)
     engine.add_worker(2, "q", 1, {}, 0.0)
     [a] = engine.submit([spec("p", key="a")], 0.0)
-    [b] = engine.submit([with_deps(spec("q"), Dep("a"))], 0.0)
+    [b] = engine.submit([with_deps(spec("q"), DepEdge("a"))], 0.0)
     end_as(engine, a.id, Status.SUCCEEDED)
     assert task_of(engine, b.id).status is Status.RUNNING
 
@@ -290,7 +290,7 @@ def test_dependencies_across_pools() -> None:
 def test_a_batch_shedding_a_target_and_its_dependent_ends_each_once() -> None:
     engine = make_engine(PoolConfig("p", retry=NO_RETRY, max_pending=2, overflow=Overflow.SHED_OLDEST))
     [a] = engine.submit([spec(key="a", priority=Priority.LOW)], 0.0)
-    [b] = engine.submit([with_deps(spec(priority=Priority.LOW), Dep("a"))], 0.0)
+    [b] = engine.submit([with_deps(spec(priority=Priority.LOW), DepEdge("a"))], 0.0)
     drain(engine)
     engine.submit([spec(), spec()], 1.0)  # two victims, chosen up front: a, then b
     events = [(e.id, e.status) for e in drain(engine).events if e.id in (a.id, b.id)]
@@ -307,8 +307,8 @@ def test_dependents_unblocked_together_run_best_first_not_in_edge_order() -> Non
     [a] = engine.submit([spec(key="a")], 0.0)
     [low, high] = engine.submit(
         [
-            with_deps(spec(key="low", priority=Priority.LOW), Dep("a")),
-            with_deps(spec(key="high", priority=Priority.HIGH), Dep("a")),
+            with_deps(spec(key="low", priority=Priority.LOW), DepEdge("a")),
+            with_deps(spec(key="high", priority=Priority.HIGH), DepEdge("a")),
         ],
         0.0,
     )
@@ -323,7 +323,7 @@ def test_a_leaving_worker_gets_no_dependent_its_last_attempt_unblocked() -> None
     engine = make_engine(PoolConfig("p", retry=NO_RETRY))
     engine.add_worker(1, "p", 2, {}, 0.0)
     [a] = engine.submit([spec(key="a")], 0.0)
-    [b] = engine.submit([with_deps(spec(key="b"), Dep("a", DepOn.COMPLETE))], 0.0)
+    [b] = engine.submit([with_deps(spec(key="b"), DepEdge("a", DepOn.COMPLETE))], 0.0)
     drain(engine)
     engine.remove_worker(1, 1.0)
     assert task_of(engine, a.id).status is Status.DEAD_LETTERED

@@ -7,13 +7,13 @@ import dataclasses
 
 import pytest
 
-from cronoq.engine import AutoscaleConfig, Engine, MissPolicy, PoolConfig, Scale
+from cronoq.engine import AutoscaleRule, Engine, MissPolicy, PoolConfig, Scale
 
 from .helpers import NO_RETRY, drain, spec, task_of
 
 
 def scaled_engine(**config: object) -> Engine:
-    autoscale = AutoscaleConfig(max_step_up_abs=1000, **config)  # type: ignore[arg-type]
+    autoscale = AutoscaleRule(max_step_up_abs=1000, **config)  # type: ignore[arg-type]
     return Engine([PoolConfig("p", min=1, max=1000, retry=NO_RETRY, autoscale=autoscale)])
 
 
@@ -58,7 +58,7 @@ def test_pools_without_autoscaling_report_capacity_as_desired_and_emit_nothing()
 
 
 def test_the_first_target_moves_from_the_capacity_the_pool_starts_with() -> None:
-    below = Engine([PoolConfig("p", min=2, max=4, initial=0, retry=NO_RETRY, autoscale=AutoscaleConfig())])
+    below = Engine([PoolConfig("p", min=2, max=4, initial=0, retry=NO_RETRY, autoscale=AutoscaleRule())])
     assert below.snapshot(0.0).pools[0].desired == 0
     below.add_worker(1, "p", 0, {}, 0.0)
     below.tick(0.0)
@@ -75,7 +75,7 @@ def test_the_first_target_moves_from_the_capacity_the_pool_starts_with() -> None
 def unscaled_start() -> Engine:
     """An autoscaled pool that may scale to zero, evaluated once with nothing to do: any later target
     other than 0 comes from backlog the engine believes it has."""
-    engine = Engine([PoolConfig("p", min=0, max=10, retry=NO_RETRY, autoscale=AutoscaleConfig())])
+    engine = Engine([PoolConfig("p", min=0, max=10, retry=NO_RETRY, autoscale=AutoscaleRule())])
     engine.tick(0.0)
     assert scales(engine) == []
     return engine

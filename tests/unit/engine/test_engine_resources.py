@@ -8,13 +8,13 @@ import dataclasses
 import pytest
 
 from cronoq.engine import (
+    AdmissionError,
     Engine,
     PoolConfig,
     Priority,
     ResourceStats,
     Semaphore,
     Status,
-    SubmitError,
     TaskSpec,
     TokenBucket,
 )
@@ -50,7 +50,7 @@ def make(*pools: str) -> Engine:
 )
 def test_bad_amounts_are_refused_at_submit(amounts: dict[str, int], code: str, message: str) -> None:
     engine = make()
-    with pytest.raises(SubmitError) as err:
+    with pytest.raises(AdmissionError) as err:
         engine.submit([spec(key="first"), needs(spec(), **amounts)], 0.0)
     assert (err.value.code, err.value.message, err.value.index) == (code, message, 1)
     assert engine.get("first") is None

@@ -7,7 +7,7 @@ import dataclasses
 
 import pytest
 
-from cronoq.engine import Dep, Engine, MissPolicy, PoolConfig, Status, SubmitError, TaskSpec
+from cronoq.engine import AdmissionError, DepEdge, Engine, MissPolicy, PoolConfig, Status, TaskSpec
 
 from .helpers import NO_RETRY, drain, spec, task_of
 
@@ -52,7 +52,7 @@ def test_scheduled_until_the_start_then_ready_and_dispatched_exactly_then() -> N
 def test_reservation_limit_is_half_of_max_at_least_one(max_workers: int, limit: int) -> None:
     e = engine(max_workers)
     e.submit([fixed(100.0, key=f"r{i}") for i in range(limit)], 0.0)
-    with pytest.raises(SubmitError) as err:
+    with pytest.raises(AdmissionError) as err:
         e.submit([fixed(100.0)], 0.0)
     assert (err.value.code, err.value.message) == ("reservation_conflict", "fixed-start reservation conflict")
 
@@ -60,7 +60,7 @@ def test_reservation_limit_is_half_of_max_at_least_one(max_workers: int, limit: 
 def test_reservation_windows_as_observed() -> None:
     e = engine(2)  # one reservation at a time
     e.submit([fixed(1.0, duration=0.2)], 0.0)  # [0, 2.2]
-    with pytest.raises(SubmitError):
+    with pytest.raises(AdmissionError):
         e.submit([fixed(2.25, duration=0.2)], 0.0)  # [1.25, 3.45] overlaps
     e.submit([fixed(3.25, duration=0.2)], 0.0)  # [2.25, 4.45] does not
     assert e.snapshot(0.0).pools[0].reservations == 2
@@ -68,7 +68,7 @@ def test_reservation_windows_as_observed() -> None:
 
 def test_a_conflicting_batch_inserts_nothing() -> None:
     e = engine(2)
-    with pytest.raises(SubmitError) as err:
+    with pytest.raises(AdmissionError) as err:
         e.submit([spec(key="plain"), fixed(5.0), fixed(5.5)], 0.0)
     assert err.value.index == 2
     assert e.get("plain") is None and e.snapshot(0.0).pools[0].reservations == 0
@@ -210,7 +210,7 @@ def test_fixed_start_behind_a_dependency() -> None:
     e.add_worker(1, "p", 1, {}, 0.0)
     e.submit([spec(key="a")], 0.0)
     lease = drain(e).dispatches[0]
-    [t] = e.submit([dataclasses.replace(fixed(10.0), deps=(Dep("a"),))], 0.0)
+    [t] = e.submit([dataclasses.replace(fixed(10.0), deps=(DepEdge("a"),))], 0.0)
     assert task_of(e, t.id).status is Status.BLOCKED
     e.complete(1, lease.lease, 3.0)
     assert task_of(e, t.id).status is Status.SCHEDULED
@@ -236,5 +236,5 @@ def test_reservations_use_the_learned_run_time_of_the_kind() -> None:
     e.complete(1, drain(e).dispatches[0].lease, 10.0)  # render takes 10 s
     e.submit([dataclasses.replace(fixed(100.0), kind="render")], 10.0)  # [99, 111]
     e.submit([fixed(97.0)], 10.0)  # other kinds still use default_duration: [96, 99] touches only
-    with pytest.raises(SubmitError):
+    with pytest.raises(AdmissionError):
         e.submit([dataclasses.replace(fixed(109.0), kind="other")], 10.0)  # [108, 111] overlaps

@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from cronoq.engine import Dispatch, Engine, PoolConfig, RetryPolicy, Status
+from cronoq.engine import Dispatch, Engine, PoolConfig, RetryRule, Status
 
 from .helpers import FIXED, NO_RETRY, drain, make_engine, only_dispatch, spec, task_of
 
@@ -76,7 +76,7 @@ def test_permanent_failure_is_failed_with_the_workers_message() -> None:
 
 
 def test_retryable_failure_retries_after_exact_backoff_without_jitter() -> None:
-    policy = RetryPolicy(max_attempts=4, initial_backoff=0.1, multiplier=3.0, max_backoff=0.2, jitter=False)
+    policy = RetryRule(max_attempts=4, initial_backoff=0.1, multiplier=3.0, max_backoff=0.2, jitter=False)
     engine, lease = engine_with_worker(PoolConfig("p", retry=policy))
     now = 0.0
     delays = []
@@ -104,7 +104,7 @@ def test_events_of_a_retry_keep_the_attempt_number() -> None:
 
 
 def test_jittered_backoff_is_uniform_in_zero_to_b_and_reproducible_with_a_seed() -> None:
-    policy = RetryPolicy(max_attempts=2, initial_backoff=1.0, jitter=True)
+    policy = RetryRule(max_attempts=2, initial_backoff=1.0, jitter=True)
 
     def first_delay(seed: int) -> float:
         engine, lease = engine_with_worker(PoolConfig("p", retry=policy), seed=seed)
@@ -119,14 +119,14 @@ def test_jittered_backoff_is_uniform_in_zero_to_b_and_reproducible_with_a_seed()
 
 @pytest.mark.parametrize(("retry_after", "backoff", "expected"), [(0.6, 0.1, 0.6), (0.1, 0.8, 0.8)])
 def test_retry_after_is_a_floor_for_the_backoff(retry_after: float, backoff: float, expected: float) -> None:
-    policy = RetryPolicy(max_attempts=2, initial_backoff=backoff, jitter=False)
+    policy = RetryRule(max_attempts=2, initial_backoff=backoff, jitter=False)
     engine, lease = engine_with_worker(PoolConfig("p", retry=policy))
     engine.fail(1, lease.lease, "slow down", False, retry_after, 0.0)
     assert engine.next_wakeup() == pytest.approx(expected)
 
 
 def test_retry_after_with_jitter_never_goes_below_the_floor() -> None:
-    policy = RetryPolicy(max_attempts=2, initial_backoff=1.0, jitter=True)
+    policy = RetryRule(max_attempts=2, initial_backoff=1.0, jitter=True)
     for seed in range(50):
         engine, lease = engine_with_worker(PoolConfig("p", retry=policy), seed=seed)
         engine.fail(1, lease.lease, "429", False, 0.5, 0.0)
@@ -135,7 +135,7 @@ def test_retry_after_with_jitter_never_goes_below_the_floor() -> None:
 
 
 def test_zero_backoff_makes_the_task_ready_at_once() -> None:
-    policy = RetryPolicy(max_attempts=2, initial_backoff=0.0, jitter=False)
+    policy = RetryRule(max_attempts=2, initial_backoff=0.0, jitter=False)
     engine, lease = engine_with_worker(PoolConfig("p", retry=policy))
     engine.fail(1, lease.lease, "flaky", False, None, 3.0)
     retry = only_dispatch(engine)
@@ -143,7 +143,7 @@ def test_zero_backoff_makes_the_task_ready_at_once() -> None:
 
 
 def test_the_last_retryable_failure_dead_letters_with_its_message() -> None:
-    policy = RetryPolicy(max_attempts=2, initial_backoff=0.0, jitter=False)
+    policy = RetryRule(max_attempts=2, initial_backoff=0.0, jitter=False)
     engine, lease = engine_with_worker(PoolConfig("p", retry=policy))
     engine.fail(1, lease.lease, "first", False, None, 0.0)
     lease = only_dispatch(engine)

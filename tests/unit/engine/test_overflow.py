@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from cronoq.engine import Engine, Overflow, PoolConfig, Priority, Status, SubmitError
+from cronoq.engine import AdmissionError, Engine, Overflow, PoolConfig, Priority, Status
 
 from .helpers import FIXED, drain, make_engine, only_dispatch, spec, task_of
 
@@ -16,7 +16,7 @@ def bounded(overflow: Overflow, limit: int = 3) -> Engine:
 
 
 def refused_code(engine: Engine, priority: Priority) -> str:
-    with pytest.raises(SubmitError) as err:
+    with pytest.raises(AdmissionError) as err:
         engine.submit([spec(priority=priority)], 1.0)
     return err.value.code
 
@@ -24,7 +24,7 @@ def refused_code(engine: Engine, priority: Priority) -> str:
 def test_wait_answers_full_so_the_server_parks_the_submission() -> None:
     engine = bounded(Overflow.WAIT, 2)
     engine.submit([spec(), spec()], 0.0)
-    with pytest.raises(SubmitError) as err:
+    with pytest.raises(AdmissionError) as err:
         engine.submit([spec(), spec()], 1.0)
     assert (err.value.code, err.value.index, err.value.limit) == ("full", 0, "max_pending")
     assert engine.pending_count("p") == 2
@@ -48,7 +48,7 @@ def test_unbounded_pool_accepts_any_number() -> None:
 def test_reject_answers_overloaded() -> None:
     engine = bounded(Overflow.REJECT, 1)
     engine.submit([spec()], 0.0)
-    with pytest.raises(SubmitError) as err:
+    with pytest.raises(AdmissionError) as err:
         engine.submit([spec(priority=C)], 1.0)
     assert (err.value.code, err.value.limit) == ("overloaded", "max_pending")
 
@@ -133,7 +133,7 @@ def test_a_refused_batch_sheds_nothing_and_later_batches_still_find_the_victims(
     engine = bounded(Overflow.SHED_LOWEST, 2)
     low1, low2 = engine.submit([spec(priority=L), spec(priority=L)], 0.0)
     drain(engine)
-    with pytest.raises(SubmitError) as err:
+    with pytest.raises(AdmissionError) as err:
         engine.submit([spec(priority=H), spec(priority=H), spec(priority=H)], 1.0)
     assert (err.value.code, err.value.index) == ("overloaded", 2)
     assert engine.take_actions() == []

@@ -15,15 +15,15 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 
 from cronoq.engine import (
     Abort,
+    AdmissionError,
     Dispatch,
     Engine,
     Overflow,
     PoolConfig,
     Priority,
-    RetryPolicy,
+    RetryRule,
     Status,
-    StatusEvent,
-    SubmitError,
+    StatusChange,
     TaskSpec,
 )
 from cronoq.engine.model import PENDING, Task
@@ -43,14 +43,14 @@ POOLS = [
         lease_ttl=3.0,
         max_pending=6,
         overflow=Overflow.SHED_LOWEST,
-        retry=RetryPolicy(max_attempts=3, initial_backoff=0.5, max_backoff=2.0),
+        retry=RetryRule(max_attempts=3, initial_backoff=0.5, max_backoff=2.0),
     ),
     PoolConfig(
         "b",
         max=3,
         max_pending=5,
         overflow=Overflow.SHED_OLDEST,
-        retry=RetryPolicy(max_attempts=2, initial_backoff=0.0, jitter=False),
+        retry=RetryRule(max_attempts=2, initial_backoff=0.0, jitter=False),
     ),
 ]
 LABELS = [{}, {"gpu": "1"}, {"gpu": "1", "zone": "eu"}, {"zone": "eu"}]
@@ -99,7 +99,7 @@ class EngineMachine(RuleBasedStateMachine):
         before = self.engine.pending_count(pool) if self.engine.has_pool(pool) else 0
         try:
             submitted = self.engine.submit(specs, self.now)
-        except SubmitError:
+        except AdmissionError:
             assert self.engine.take_actions() == []
             return
         assert len(submitted) == len(specs)
@@ -213,7 +213,7 @@ class EngineMachine(RuleBasedStateMachine):
             elif type(action) is tuple:
                 self.event(action)
 
-    def event(self, event: StatusEvent) -> None:
+    def event(self, event: StatusChange) -> None:
         status, attempt, _, _, task = event
         before = self.status.get(task.id)
         if before is None:

@@ -16,7 +16,8 @@ from hypothesis import strategies as st
 from hypothesis.stateful import invariant, rule
 
 from cronoq.engine import (
-    Dep,
+    AdmissionError,
+    DepEdge,
     DepOn,
     Engine,
     MissPolicy,
@@ -24,7 +25,6 @@ from cronoq.engine import (
     ResourceConfig,
     Semaphore,
     Status,
-    SubmitError,
     Task,
     TaskSpec,
     TokenBucket,
@@ -99,7 +99,7 @@ class FeatureMachine(EngineMachine):
                     priority=item["priority"],  # type: ignore[arg-type]
                     key=item["key"],  # type: ignore[arg-type]
                     tenant=item["tenant"],  # type: ignore[arg-type]
-                    deps=tuple(Dep(t, on) for t, on in item["deps"]),  # type: ignore[attr-defined]
+                    deps=tuple(DepEdge(t, on) for t, on in item["deps"]),  # type: ignore[attr-defined]
                     start=None if start is None else self.now + start,  # type: ignore[operator]
                     on_miss=item["on_miss"],  # type: ignore[arg-type]
                     resources=dict(item["resources"]),  # type: ignore[call-overload]
@@ -108,7 +108,7 @@ class FeatureMachine(EngineMachine):
             )
         try:
             submitted = self.engine.submit(specs, self.now)
-        except SubmitError as err:
+        except AdmissionError as err:
             assert err.code in {
                 "cycle",
                 "unknown_dependency",

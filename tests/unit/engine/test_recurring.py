@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from cronoq.engine import (
-    Dep,
+    DepEdge,
     DepOn,
     Engine,
     Overlap,
@@ -130,7 +130,7 @@ def test_overlap_queue_chains_on_completion_even_late() -> None:
     lease = drain(e).dispatches[0]
     e.tick(20.0)
     first, second, _ = occurrences(e)
-    assert second.spec.deps == (Dep(first.id, DepOn.COMPLETE),)
+    assert second.spec.deps == (DepEdge(first.id, DepOn.COMPLETE),)
     assert second.status is Status.BLOCKED
     e.fail(1, lease.lease, "boom", True, None, 25.0)
     assert task_of(e, second.id).status is Status.RUNNING  # late, but it runs
@@ -151,7 +151,7 @@ def test_overlap_queue_on_success_skips_after_a_failure() -> None:
 @pytest.mark.parametrize(
     ("template", "field", "code"),
     [
-        ({"deps": (Dep("x"),)}, "template.deps", "invalid"),
+        ({"deps": (DepEdge("x"),)}, "template.deps", "invalid"),
         ({"start": 50.0}, "template.start", "invalid"),
         ({"deadline": 50.0}, "template.deadline", "invalid"),
         ({"pool": "nope"}, "template.pool", "unknown_pool"),

@@ -6,7 +6,7 @@ import copy
 import dataclasses
 import random
 
-from cronoq.engine import Dep, Engine, EngineLimits, PoolConfig, RetryPolicy, Semaphore, Status, Task
+from cronoq.engine import DepEdge, Engine, EngineLimits, PoolConfig, RetryRule, Semaphore, Status, Task
 
 from .helpers import FIXED, drain, spec, task_of
 
@@ -18,7 +18,7 @@ def left_behind() -> list[Task]:
     retrying, succeeded with a key, and one of a pool that is gone."""
     first = (1 << 48) + 1
     old = Engine([PoolConfig("p", retry=FIXED), PoolConfig("gone")], rng=random.Random(0), first_id=first)
-    old.submit([spec(key="a"), spec(key="b"), spec(key="c", retry=RetryPolicy(max_attempts=1))], 0.0)
+    old.submit([spec(key="a"), spec(key="b"), spec(key="c", retry=RetryRule(max_attempts=1))], 0.0)
     old.add_worker(1, "p", 3, {}, 1.0)  # a, b and c start
     leases = {d.task.spec.key: d for d in drain(old).dispatches}
     old.complete(1, leases["a"].lease, 2.0)
@@ -123,7 +123,7 @@ def test_restored_blocked_task_whose_met_target_was_pruned_waits_for_the_rest() 
     old.add_worker(1, "p", 1, {}, 0.0)
     [a] = old.submit([spec(key="a")], 0.0)
     [b] = old.submit([spec(key="b", labels={"gpu": "1"})], 0.0)  # no worker can run it yet
-    [c] = old.submit([dataclasses.replace(spec(key="c"), deps=(Dep(a.id), Dep("b")))], 0.0)
+    [c] = old.submit([dataclasses.replace(spec(key="c"), deps=(DepEdge(a.id), DepEdge("b")))], 0.0)
     lease = next(d for d in drain(old).dispatches if d.task.id == a.id)
     old.complete(1, lease.lease, 1.0)
     # The store pruned a; b and c survive.

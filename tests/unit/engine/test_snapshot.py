@@ -8,7 +8,7 @@ import random
 
 import pytest
 
-from cronoq.engine import Dep, Engine, EngineLimits, PoolConfig, Priority, Semaphore, Status
+from cronoq.engine import DepEdge, Engine, EngineLimits, PoolConfig, Priority, Semaphore, Status
 from cronoq.engine.stats import BINS, WindowStats, bin_all, bin_value, duration_bin, quantile
 
 from .helpers import FIXED, drain, make_engine, only_dispatch, run_one_at_a_time, spec, task_of
@@ -93,7 +93,7 @@ def gpu_engine() -> Engine:
 def test_ready_counts_queued_due_and_parked_tasks_only() -> None:
     engine = gpu_engine()
     start = dataclasses.replace(spec(key="fixed"), start=10.0)
-    behind = dataclasses.replace(spec(), deps=(Dep("a"),))
+    behind = dataclasses.replace(spec(), deps=(DepEdge("a"),))
     engine.submit([spec(key="a"), spec(), start, behind], 0.0)  # no worker yet
     pool = engine.snapshot(0.0).pools[0]
     assert (pool.ready, sum(pool.pending_by_class)) == (2, 4)  # the fixed start and its dependent wait

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from cronoq.engine import EngineLimits, PoolConfig, Priority, RetryPolicy, Status, SubmitError
+from cronoq.engine import AdmissionError, EngineLimits, PoolConfig, Priority, RetryRule, Status
 
 from .helpers import drain, make_engine, spec, task_of
 
@@ -27,22 +27,22 @@ def test_ids_start_at_first_id_and_ascend_in_batch_order() -> None:
 
 
 def test_max_attempts_comes_from_task_policy_else_pool_policy() -> None:
-    engine = make_engine(PoolConfig("p", retry=RetryPolicy(max_attempts=7)))
-    own, pooled = engine.submit([spec(retry=RetryPolicy(max_attempts=2)), spec()], 0.0)
+    engine = make_engine(PoolConfig("p", retry=RetryRule(max_attempts=7)))
+    own, pooled = engine.submit([spec(retry=RetryRule(max_attempts=2)), spec()], 0.0)
     assert task_of(engine, own.id).max_attempts == 2
     assert task_of(engine, pooled.id).max_attempts == 7
 
 
 def test_unknown_pool_names_the_pool_and_the_index() -> None:
     engine = make_engine()
-    with pytest.raises(SubmitError) as err:
+    with pytest.raises(AdmissionError) as err:
         engine.submit([spec(), spec("nope")], 0.0)
     assert (err.value.code, err.value.message, err.value.index) == ("unknown_pool", "unknown pool 'nope'", 1)
 
 
 def test_a_refused_batch_inserts_nothing_and_emits_nothing() -> None:
     engine = make_engine()
-    with pytest.raises(SubmitError):
+    with pytest.raises(AdmissionError):
         engine.submit([spec(key="a"), spec(), spec("nope")], 0.0)
     assert engine.take_actions() == []
     assert engine.get("a") is None and engine.get(1) is None
@@ -54,7 +54,7 @@ def test_a_refused_batch_inserts_nothing_and_emits_nothing() -> None:
 
 def test_duplicate_key_within_a_batch_is_refused() -> None:
     engine = make_engine()
-    with pytest.raises(SubmitError) as err:
+    with pytest.raises(AdmissionError) as err:
         engine.submit([spec(key="k"), spec(key="other"), spec(key="k")], 0.0)
     assert (err.value.code, err.value.index) == ("duplicate_key_in_batch", 2)
     assert engine.get("k") is None
@@ -139,7 +139,7 @@ def test_finished_tasks_drop_their_payload() -> None:
 def test_global_bound_on_pending_tasks_is_overloaded() -> None:
     engine = make_engine(PoolConfig("a"), PoolConfig("b"), limits=EngineLimits(max_pending_total=3))
     engine.submit([spec("a"), spec("b")], 0.0)
-    with pytest.raises(SubmitError) as err:
+    with pytest.raises(AdmissionError) as err:
         engine.submit([spec("a"), spec("b")], 0.0)
     assert (err.value.code, err.value.index, err.value.limit) == ("overloaded", 1, "max_pending_total")
     assert engine.pending_count("a") + engine.pending_count("b") == 2

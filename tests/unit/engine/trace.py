@@ -13,7 +13,8 @@ import sys
 
 from cronoq.engine import (
     Abort,
-    Dep,
+    AdmissionError,
+    DepEdge,
     DepOn,
     Dispatch,
     Engine,
@@ -23,7 +24,6 @@ from cronoq.engine import (
     RecurringError,
     RecurringSpec,
     Semaphore,
-    SubmitError,
     TaskSpec,
     TokenBucket,
     compiled,
@@ -35,10 +35,10 @@ LABELS: list[dict[str, str]] = [{}, {}, {"gpu": "a100"}, {"zone": "eu"}]
 
 
 def _spec(rng: random.Random, pool: str, now: float, last_id: int) -> TaskSpec:
-    deps: list[Dep] = []
+    deps: list[DepEdge] = []
     if rng.random() < 0.2:
         target: int | str = rng.choice(KEYS[6:]) if rng.random() < 0.7 else rng.randint(1, max(1, last_id))
-        deps.append(Dep(target, rng.choice(list(DepOn))))
+        deps.append(DepEdge(target, rng.choice(list(DepOn))))
     resources = rng.choice([{}, {}, {}, {"db": 1}, {"db": 2}, {"api": 1}, {"db": 1, "api": 1}])
     return TaskSpec(
         pool,
@@ -95,7 +95,7 @@ def run(seed: int, steps: int) -> list[str]:
             specs = [_spec(rng, pool, now, engine.last_id) for _ in range(rng.randint(1, 3))]
             try:
                 note(engine.submit(specs, now))
-            except SubmitError as err:
+            except AdmissionError as err:
                 note(f"refused {err.code}: {err}")
         elif roll < 0.34 or not workers or (roll < 0.38 and len(workers) < 6):
             pool = rng.choice(["a", "b"])

@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 import cronoq
+import cronoq.engine
 import cronoq.library
 from cronoq import (
     AutoscaleConfig,
@@ -28,7 +29,6 @@ from cronoq import (
     TaskFailed,
 )
 from cronoq.engine import DepOn, MissPolicy, Overflow, Semaphore, TokenBucket, UnknownDependency
-from cronoq.engine import Priority as EnginePriority
 from cronoq.library.task import parse
 
 from .helpers import echo
@@ -50,6 +50,7 @@ def test_package_exports_library_names_lazily() -> None:
 
 
 def test_priority_behaves_like_the_reference() -> None:
+    assert Priority is cronoq.engine.Priority  # one class for the public name and the engine
     assert [p.value for p in Priority] == [0, 1, 2, 3]
     assert repr(Priority.HIGH) == "Priority.HIGH" and Priority.HIGH.name == "HIGH"
     assert int(Priority.LOW) == 3 and Priority.CRITICAL < Priority.LOW
@@ -59,14 +60,13 @@ def test_priority_behaves_like_the_reference() -> None:
 @pytest.mark.parametrize(
     ("given", "expected"),
     [
-        (Priority.HIGH, EnginePriority.HIGH),
-        (0, EnginePriority.CRITICAL),
-        ("low", EnginePriority.LOW),
-        ("NORMAL", EnginePriority.NORMAL),
-        (EnginePriority.HIGH, EnginePriority.HIGH),
+        (Priority.HIGH, Priority.HIGH),
+        (0, Priority.CRITICAL),
+        ("low", Priority.LOW),
+        ("NORMAL", Priority.NORMAL),
     ],
 )
-def test_priority_accepts_enum_int_and_name(given: Any, expected: EnginePriority) -> None:
+def test_priority_accepts_enum_int_and_name(given: Any, expected: Priority) -> None:
     assert parse({"priority": given}).priority is expected
 
 
@@ -195,7 +195,7 @@ def test_autoscale_config() -> None:
     config = AutoscaleConfig(slo={Priority.HIGH: 2.0, 3: 10, "Normal": 5})
     assert config.slo == {"high": 2.0, "low": 10.0, "normal": 5.0}
     engine = config.to_engine()
-    assert engine.slo == {EnginePriority.HIGH: 2.0, EnginePriority.LOW: 10.0, EnginePriority.NORMAL: 5.0}
+    assert engine.slo == {Priority.HIGH: 2.0, Priority.LOW: 10.0, Priority.NORMAL: 5.0}
     assert AutoscaleConfig().slo == {}
     with pytest.raises(ValueError, match="interval must be a finite number > 0"):
         AutoscaleConfig(interval=0)
