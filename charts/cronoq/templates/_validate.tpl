@@ -19,6 +19,20 @@ values, and the mistakes that would otherwise only show as crash-looping pods.
 {{- end -}}
 {{- include "cronoq.validateShards" . -}}
 {{- include "cronoq.validateConfig" . -}}
+{{- include "cronoq.validateRouter" . -}}
+{{- end }}
+
+{{- define "cronoq.validateRouter" -}}
+{{- $v := .Values -}}
+{{- if and $v.shards (eq $v.readiness "leader") -}}
+{{- fail "readiness: leader is for installs without shards: with shards the routers and the servers find each shard's leader by health check among its members, and a shard's StatefulSet would stop updating at its first standby, which is never ready; use readiness: all" -}}
+{{- end -}}
+{{- if and $v.shards $v.router.autoscaling.enabled (not (dig "requests" "cpu" "" $v.router.resources)) -}}
+{{- fail "router.autoscaling.enabled needs router.resources.requests.cpu: the autoscaler scales on CPU use relative to it" -}}
+{{- end -}}
+{{- if and $v.router.autoscaling.enabled (lt (int $v.router.autoscaling.maxReplicas) (int $v.router.autoscaling.minReplicas)) -}}
+{{- fail (printf "router.autoscaling.maxReplicas (%v) is less than minReplicas (%v)" $v.router.autoscaling.maxReplicas $v.router.autoscaling.minReplicas) -}}
+{{- end -}}
 {{- end }}
 
 {{- define "cronoq.validateStore" -}}
@@ -56,6 +70,9 @@ values, and the mistakes that would otherwise only show as crash-looping pods.
 {{- if hasKey $names $shard.name -}}
 {{- fail (printf "shards[%d]: name %q is used twice (also shards[%v])" $i $shard.name (get $names $shard.name)) -}}
 {{- end -}}
+{{- if eq $shard.name "router" -}}
+{{- fail (printf "shards[%d]: the name \"router\" is the router's (%s): choose another" $i (include "cronoq.routerName" $)) -}}
+{{- end -}}
 {{- $_ := set $names $shard.name $i -}}
 {{- $number := toString (int64 $shard.number) -}}
 {{- if hasKey $numbers $number -}}
@@ -68,9 +85,13 @@ values, and the mistakes that would otherwise only show as crash-looping pods.
 {{- end -}}
 {{- $_ := set $owners $pool $shard.name -}}
 {{- end -}}
-{{- $service := include "cronoq.shardName" (dict "root" $ "shard" $shard.name) -}}
+{{- $service := include "cronoq.membersName" (dict "root" $ "shard" $shard.name) -}}
 {{- if gt (len $service) 63 -}}
 {{- fail (printf "shards[%d] (%s): its Service name %s is longer than 63 characters; use a shorter shard name or fullnameOverride" $i $shard.name $service) -}}
+{{- end -}}
+{{- $statefulSet := include "cronoq.shardName" (dict "root" $ "shard" $shard.name) -}}
+{{- if gt (len $statefulSet) 52 -}}
+{{- fail (printf "shards[%d] (%s): its StatefulSet name %s is longer than 52 characters (its pods' controller-revision-hash label would exceed 63); use a shorter shard name or fullnameOverride" $i $shard.name $statefulSet) -}}
 {{- end -}}
 {{- end -}}
 {{- end }}
@@ -91,11 +112,19 @@ owning an undeclared pool).
 {{- fail (printf "config must not contain [%s]: the chart writes it from its values (see values.yaml)" $table) -}}
 {{- end -}}
 {{- end -}}
-{{- if $v.shards -}}
 {{- $declared := list -}}
 {{- range $config.pools | default (list (dict "name" "default")) -}}
 {{- $declared = append $declared (toString .name) -}}
 {{- end -}}
+{{- if and $v.helmTest.enabled (not (has $v.helmTest.pool $declared)) -}}
+{{- fail (printf "helmTest.pool %q is not declared in config (pools: %s); name one of them, or set helmTest.enabled: false" $v.helmTest.pool (join ", " $declared)) -}}
+{{- end -}}
+{{- range $i, $scaled := $v.keda.scaledObjects -}}
+{{- if not (has $scaled.pool $declared) -}}
+{{- fail (printf "keda.scaledObjects[%d] (%s): pool %q is not declared in config (pools: %s)" $i $scaled.name $scaled.pool (join ", " $declared)) -}}
+{{- end -}}
+{{- end -}}
+{{- if $v.shards -}}
 {{- range $i, $shard := $v.shards -}}
 {{- range $pool := $shard.pools | default list -}}
 {{- if not (has $pool $declared) -}}
