@@ -11,6 +11,7 @@ import re
 import ssl
 import subprocess
 import sys
+import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator, Mapping
@@ -29,6 +30,7 @@ from tests.ports import free_ports
 
 from .chart_render import (
     CHART,
+    CUSTOM_KINDS,
     DATABASE_URL_ENV,
     NAMESPACE,
     REQUIRED,
@@ -37,6 +39,7 @@ from .chart_render import (
     Doc,
     Rendered,
     ci_values,
+    custom_resource_errors,
     env_of,
     merge,
     names,
@@ -51,11 +54,13 @@ from .chart_render import (
 from .conftest import KUBERNETES_VERSION, REPO
 
 SHARDED_TLS = ci_values("sharded-tls-values.yaml")
+THREE_SHARDS = ci_values("three-shards-values.yaml")
 SHARDED_INSECURE = merge({k: v for k, v in SHARDED_TLS.items() if k != "tls"}, {"insecurePeerHttp": True})
 SCENARIOS: dict[str, dict[str, Any]] = {
     "default": REQUIRED,
     "sharded-tls": SHARDED_TLS,
     "sharded-insecure": SHARDED_INSECURE,
+    "three-shards": THREE_SHARDS,
     "readiness-leader": merge(REQUIRED, {"readiness": "leader"}),
     "sqlite": merge(REQUIRED, {"store": {"kind": "sqlite"}, "replicas": 1}),
     "database-ca": merge(
@@ -94,7 +99,9 @@ def _tokens() -> dict[str, str]:
 # ---------------------------------------------------------------- lint and Kubernetes schemas
 
 
-@pytest.mark.parametrize("values", ["default-values.yaml", "sharded-tls-values.yaml"])
+@pytest.mark.parametrize(
+    "values", ["default-values.yaml", "sharded-tls-values.yaml", "three-shards-values.yaml"]
+)
 def test_helm_lint_strict_passes(helm: Path, values: str) -> None:
     done = subprocess.run(
         [str(helm), "lint", "--strict", str(CHART), "-f", str(CHART / "ci" / values)],
@@ -106,11 +113,16 @@ def test_helm_lint_strict_passes(helm: Path, values: str) -> None:
     assert "0 chart(s) failed" in done.stdout
 
 
-def test_every_manifest_is_valid_for_kubernetes(scenario: tuple[str, Rendered]) -> None:
+def test_every_manifest_is_valid_for_kubernetes(scenario: tuple[str, Rendered], crd_validators: Path) -> None:
+    """Kubernetes' own kinds against its schemas (strict: no unknown field), the custom resources
+    against the schemas their operators publish."""
     _, rendered = scenario
     assert rendered.docs
+    custom = [doc for doc in rendered.docs if doc["kind"] in CUSTOM_KINDS]
     for doc in rendered.docs:
-        kubernetes_validate.validate(doc, KUBERNETES_VERSION, strict=True)
+        if doc["kind"] not in CUSTOM_KINDS:
+            kubernetes_validate.validate(doc, KUBERNETES_VERSION, strict=True)
+    assert custom_resource_errors(crd_validators, custom) == [[] for _ in custom]
 
 
 # ---------------------------------------------------------------- what selects what
@@ -132,53 +144,76 @@ def test_each_deployment_owns_its_pods(scenario: tuple[str, Rendered]) -> None:
 def test_each_deployment_has_a_disruption_budget_where_readiness_means_healthy(
     scenario: tuple[str, Rendered],
 ) -> None:
-    """With ``readiness: all`` every Deployment gets a budget over exactly its pods. With
-    ``readiness: leader`` none does: standbys are never Ready, so a budget would never allow evicting
-    the leader and a node drain would retry it for ever."""
+    """With ``readiness: all`` every server workload (and the routers' Deployment) gets a budget over
+    exactly its pods. With ``readiness: leader`` none does: standbys are never Ready, so a budget would
+    never allow evicting the leader and a node drain would retry it for ever."""
     name, rendered = scenario
     budgets = {pdb["metadata"]["name"]: pdb["spec"] for pdb in rendered.of_kind("PodDisruptionBudget")}
     if SCENARIOS[name].get("readiness") == "leader":
         assert budgets == {}
         return
-    assert set(budgets) == names(rendered.servers)
-    for deployment in rendered.servers:
-        budget = budgets[deployment["metadata"]["name"]]
-        assert budget["selector"]["matchLabels"] == deployment["spec"]["selector"]["matchLabels"]
+    workloads = rendered.servers + rendered.routers
+    assert set(budgets) == names(workloads)
+    for workload in workloads:
+        budget = budgets[workload["metadata"]["name"]]
+        assert budget["selector"]["matchLabels"] == workload["spec"]["selector"]["matchLabels"]
         assert budget["maxUnavailable"] == 1
 
 
-def test_readiness_leader_renders_no_disruption_budget_even_with_shards(helm: Path) -> None:
-    """Every Deployment still comes (one per shard), but no budget; ``readiness: all`` on the same
-    values gives one budget per Deployment, so the budgets' absence comes from readiness alone."""
-    leader = render(helm, merge(SHARDED_TLS, {"readiness": "leader"}))
-    assert names(leader.servers) == {"rel-cronoq-cpu", "rel-cronoq-gpu"}
-    assert leader.of_kind("PodDisruptionBudget") == []
-    every = render(helm, merge(SHARDED_TLS, {"readiness": "all"}))
-    assert names(every.of_kind("PodDisruptionBudget")) == names(every.servers)
-
-
-def test_main_service_reaches_every_server_and_each_shard_service_only_its_own(helm: Path) -> None:
+def test_main_service_reaches_the_routers_and_each_shard_service_only_its_own(helm: Path) -> None:
+    """With shards the main Service (the address of the NOTES and the docs) selects the routers and no
+    server, so no client lands on a standby; each shard's endpoint Service and its headless members
+    Service select that shard's servers only."""
     rendered = render(helm, SHARDED_TLS)
     main = rendered.one("Service", "rel-cronoq")["spec"]["selector"]
-    shard_deployments = {d["metadata"]["name"]: d for d in rendered.servers}
-    assert set(shard_deployments) == {"rel-cronoq-cpu", "rel-cronoq-gpu"}
-    assert all(selects(main, pod_labels(d)) for d in shard_deployments.values())
+    shard_sets = {d["metadata"]["name"]: d for d in rendered.servers}
+    assert set(shard_sets) == {"rel-cronoq-cpu", "rel-cronoq-gpu"}
+    assert {d["kind"] for d in shard_sets.values()} == {"StatefulSet"}
+    (router,) = rendered.routers
+    assert selects(main, pod_labels(router))
+    assert not any(selects(main, pod_labels(d)) for d in shard_sets.values())
     for shard in SHARD_POOLS:
         service = rendered.one("Service", f"rel-cronoq-{shard}")["spec"]
-        for name, deployment in shard_deployments.items():
-            assert selects(service["selector"], pod_labels(deployment)) == (name == f"rel-cronoq-{shard}")
-        assert {p["name"]: p["port"] for p in service["ports"]} == {"grpc": 7070, "http": 7071}
-    assert shard_deployments["rel-cronoq-gpu"]["spec"]["replicas"] == 3  # its own replicas
-    assert shard_deployments["rel-cronoq-cpu"]["spec"]["replicas"] == 2  # the chart's
+        members = rendered.one("Service", f"rel-cronoq-{shard}-members")["spec"]
+        assert members["clusterIP"] == "None" and members["publishNotReadyAddresses"] is True
+        assert shard_sets[f"rel-cronoq-{shard}"]["spec"]["serviceName"] == f"rel-cronoq-{shard}-members"
+        for spec in (service, members):
+            for name, statefulset in shard_sets.items():
+                assert selects(spec["selector"], pod_labels(statefulset)) == (name == f"rel-cronoq-{shard}")
+            assert not selects(spec["selector"], pod_labels(router))
+        assert {p["name"]: p["port"] for p in service["ports"]} == {
+            "grpc": 7070,
+            "http": 7071,
+            "metrics": 7072,
+        }
+    assert shard_sets["rel-cronoq-gpu"]["spec"]["replicas"] == 3  # its own replicas
+    assert shard_sets["rel-cronoq-cpu"]["spec"]["replicas"] == 2  # the chart's
 
 
-def test_shard_names_drop_cronoq_when_the_release_name_has_it(helm: Path) -> None:
-    rendered = render(helm, SHARDED_TLS, release="cronoq")
-    assert names(rendered.of_kind("Service")) == {"cronoq", "cronoq-cpu", "cronoq-gpu"}
-    endpoints = {s["name"]: s["endpoint"] for s in rendered.config["shards"]}
-    assert endpoints == {
-        shard: f"https://cronoq-{shard}.{NAMESPACE}.svc.cluster.local:7070" for shard in SHARD_POOLS
-    }
+def test_each_shard_lists_every_server_as_a_member_by_its_stable_name(helm: Path) -> None:
+    """The routers and the other shards find a shard's leader by asking each of its ``members``; the
+    members are the StatefulSet's pods by the names its headless Service gives them, one per replica."""
+    rendered = render(helm, THREE_SHARDS)
+    replicas = {d["metadata"]["labels"]["cronoq.io/shard"]: d["spec"]["replicas"] for d in rendered.servers}
+    assert replicas == {"cpu": 2, "gpu": 3, "batch": 2}
+    for shard in rendered.config["shards"]:
+        name = shard["name"]
+        assert shard["members"] == [
+            f"https://rel-cronoq-{name}-{i}.rel-cronoq-{name}-members.{NAMESPACE}.svc.cluster.local:7070"
+            for i in range(replicas[name])
+        ]
+        assert shard["endpoint"] == f"https://rel-cronoq-{name}.{NAMESPACE}.svc.cluster.local:7070"
+
+
+def test_without_shards_there_is_no_router_and_the_main_service_reaches_the_servers(helm: Path) -> None:
+    """A router needs [[shards]]: without shards the servers (a Deployment) are the front door, and
+    their readiness decides whether the Service also reaches standbys (``readiness``)."""
+    rendered = render(helm, REQUIRED)
+    assert rendered.routers == []
+    (server,) = rendered.servers
+    assert server["kind"] == "Deployment"
+    assert selects(rendered.one("Service", "rel-cronoq")["spec"]["selector"], pod_labels(server))
+    assert "router" not in rendered.config
 
 
 def test_each_shard_pod_serves_its_shard_from_one_shared_config(helm: Path) -> None:
@@ -236,23 +271,40 @@ def _service_names(service: str) -> set[str]:
     }
 
 
+def _covered(host: str, names: set[str]) -> bool:
+    """Whether a certificate naming ``names`` is valid for ``host`` (a ``*.`` name covers one label)."""
+    return host in names or f"*.{host.split('.', 1)[1]}" in names
+
+
 def test_tls_names_in_the_notes_and_the_docs_cover_every_name_clients_use(helm: Path, tmp_path: Path) -> None:
     """The certificate names the NOTES list, and the docs' cert-manager example's dnsNames, are every
-    Service the chart renders in each form clients use (``cronoq.cronoq:7070`` in the operator's docs),
-    for the docs' own example (release ``cronoq`` in namespace ``jobs``, shards ``cpu`` and ``gpu``)."""
-    services = names(render(helm, SHARDED_TLS, release="cronoq").of_kind("Service"))
+    Service the chart renders with a ClusterIP in each form clients use (``cronoq.cronoq:7070`` in the
+    operator's docs) and, for each shard, the names of its servers that its ``members`` use, for the
+    docs' own example (release ``cronoq`` in namespace ``jobs``, shards ``cpu`` and ``gpu``)."""
+    rendered = render(helm, SHARDED_TLS, release="cronoq")
+    services = {
+        service["metadata"]["name"]
+        for service in rendered.of_kind("Service")
+        if service["spec"].get("clusterIP") != "None"
+    }
     assert services == {"cronoq", "cronoq-cpu", "cronoq-gpu"}
-    wanted = set().union(*(_service_names(service) for service in services))
+    members = {
+        re.sub(r"^https://|:7070$", "", url) for s in rendered.config["shards"] for url in s["members"]
+    }
+    assert len(members) == 5
     notes = render_notes(helm, SHARDED_TLS, tmp_path, release="cronoq")
-    listed = notes.split("dnsNames:\n", 1)[1].split("\n\n", 1)[0]
-    assert set(yaml.safe_load(listed)) == wanted
+    listed = set(yaml.safe_load(notes.split("dnsNames:\n", 1)[1].split("\n\n", 1)[0]))
     docs = (REPO / "docs" / "kubernetes.md").read_text()
     (certificate,) = (
         yaml.safe_load(block)
         for block in re.findall(r"```yaml\n(.*?)```", docs, re.DOTALL)
         if "kind: Certificate" in block
     )
-    assert set(certificate["spec"]["dnsNames"]) == wanted
+    for names_given in (listed, set(certificate["spec"]["dnsNames"])):
+        plain = {name for name in names_given if not name.startswith("*.")}
+        assert plain == set().union(*(_service_names(service) for service in services))
+        assert all(_covered(member, names_given) for member in members)
+        assert len(names_given - plain) == len(SHARD_POOLS)  # one wildcard per shard, nothing more
 
 
 DB_CA_SECRET = {"name": "cronoq-db-ca", "key": "root.pem"}
@@ -340,13 +392,34 @@ def test_probes_and_update_strategy(
             "port": "http",
             "scheme": scheme,
         }
-        assert deployment["spec"]["strategy"]["type"] == strategy
-        if strategy == "RollingUpdate":
+        if deployment["kind"] == "StatefulSet":  # one server at a time, each after its replacement is ready
+            assert deployment["spec"]["updateStrategy"] == {"type": strategy}
+            assert deployment["spec"]["podManagementPolicy"] == "Parallel"
+        else:
+            assert deployment["spec"]["strategy"]["type"] == strategy
+        if deployment["kind"] == "Deployment" and strategy == "RollingUpdate":
             assert deployment["spec"]["strategy"]["rollingUpdate"]["maxUnavailable"] == 0
         ports = {p["name"]: p["containerPort"] for p in server_container(deployment)["ports"]}
         assert ports["grpc"] == 7070 and ports["http"] == 7071
         # shutdown_grace_s for running attempts, then up to 5 s of listener drain.
         assert pod_spec(deployment)["terminationGracePeriodSeconds"] > grace + 5
+
+
+def test_routers_are_ready_while_they_run_and_roll_one_at_a_time(helm: Path) -> None:
+    """A router's ``/readyz`` answers 200 whenever it runs, so every replica takes traffic and a rolling
+    update starts a new router before it stops an old one."""
+    (router,) = render(helm, SHARDED_TLS).routers
+    for kind, path in (
+        ("startupProbe", "/healthz"),
+        ("livenessProbe", "/healthz"),
+        ("readinessProbe", "/readyz"),
+    ):
+        assert _probe(router, kind) == {"path": path, "port": "http", "scheme": "HTTPS"}
+    assert router["spec"]["strategy"] == {
+        "type": "RollingUpdate",
+        "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0},
+    }
+    assert router["spec"]["replicas"] == 2
 
 
 def test_termination_grace_follows_shutdown_grace(helm: Path) -> None:
@@ -360,23 +433,30 @@ def test_termination_grace_follows_shutdown_grace(helm: Path) -> None:
 
 
 def test_pods_run_locked_down(scenario: tuple[str, Rendered]) -> None:
+    """Servers, routers and the helm test's pod alike: non-root, read-only, no capability, no token."""
     _, rendered = scenario
-    for deployment in rendered.servers:
-        pod = pod_spec(deployment)
+    (test_pod,) = rendered.of_kind("Pod")
+    workloads = [*rendered.servers, *rendered.routers]
+    for pod in [*(pod_spec(w) for w in workloads), test_pod["spec"]]:
         assert pod["automountServiceAccountToken"] is False
         assert pod["securityContext"]["runAsNonRoot"] is True
         assert pod["securityContext"]["runAsUser"] == 65532
         assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
-        security = server_container(deployment)["securityContext"]
+        (container,) = pod["containers"]
+        security = container["securityContext"]
         assert security["readOnlyRootFilesystem"] is True
         assert security["allowPrivilegeEscalation"] is False
         assert security["capabilities"]["drop"] == ["ALL"]
         assert security["seccompProfile"] == {"type": "RuntimeDefault"}
-        mounts = {m["mountPath"]: m["name"] for m in server_container(deployment)["volumeMounts"]}
-        volumes = {v["name"]: v for v in pod["volumes"]}
+        assert container["image"] == f"cronoq:{APP_VERSION}"
+    for workload in workloads:
+        container = server_container(workload)
+        mounts = {m["mountPath"]: m["name"] for m in container["volumeMounts"]}
+        volumes = {v["name"]: v for v in pod_spec(workload)["volumes"]}
         assert volumes[mounts["/etc/cronoq"]]["configMap"]["name"] == "rel-cronoq-config"
-        assert server_container(deployment)["args"] == ["--config", "/etc/cronoq/cronoq.toml"]
-        assert server_container(deployment)["image"] == f"cronoq:{APP_VERSION}"
+        assert container["args"] == ["--config", "/etc/cronoq/cronoq.toml"]
+    for router in rendered.routers:  # the image's entrypoint is the server
+        assert server_container(router)["command"] == ["/opt/cronoq/bin/cronoq-router"]
 
 
 def test_a_config_change_rolls_the_pods(helm: Path) -> None:
@@ -432,19 +512,37 @@ def test_scheduling_service_and_metrics_values_reach_the_manifests(helm: Path) -
     assert rendered.config["server"]["metrics_addr"] == "0.0.0.0:7072"
     main = rendered.one("Service", "rel-cronoq")
     assert main["spec"]["type"] == "LoadBalancer" and main["metadata"]["annotations"] == {"lb": "internal"}
-    assert "metrics" in {p["name"] for p in main["spec"]["ports"]}
-    (monitor,) = rendered.of_kind("ServiceMonitor")
-    assert monitor["metadata"]["labels"]["release"] == "prometheus"
-    (endpoint,) = monitor["spec"]["endpoints"]
+    assert {p["name"] for p in main["spec"]["ports"]} == {"grpc", "http"}  # the routers': no metrics port
+    monitors = {m["metadata"]["name"]: m for m in rendered.of_kind("ServiceMonitor")}
+    assert set(monitors) == {"rel-cronoq", "rel-cronoq-router"}
+    for monitor in monitors.values():
+        assert monitor["metadata"]["labels"]["release"] == "prometheus"
+    # The servers' monitor scrapes each server once, on its metrics port, through its shard's endpoint
+    # Service (not the members Service, which selects the same pods, nor the routers' main Service).
+    (endpoint,) = monitors["rel-cronoq"]["spec"]["endpoints"]
     assert endpoint["port"] == "metrics" and endpoint["scheme"] == "https"
     assert endpoint["tlsConfig"]["ca"]["secret"] == {"name": "cronoq-tls", "key": "ca.crt"}
-    # It selects the main Service (the only one with the metrics port), not the shard Services.
-    selector = monitor["spec"]["selector"]
-    for service in rendered.of_kind("Service"):
-        labels = service["metadata"]["labels"]
-        excluded = any(e["key"] in labels for e in selector["matchExpressions"])
-        chosen = selects(selector["matchLabels"], labels) and not excluded
-        assert chosen == (service["metadata"]["name"] == "rel-cronoq")
+    chosen = {
+        service["metadata"]["name"]
+        for service in rendered.of_kind("Service")
+        if selects(monitors["rel-cronoq"]["spec"]["selector"]["matchLabels"], service["metadata"]["labels"])
+    }
+    assert chosen == {"rel-cronoq-cpu", "rel-cronoq-gpu"}
+    # The routers' monitor scrapes their HTTP port with the metrics token, from the tokens Secret.
+    (endpoint,) = monitors["rel-cronoq-router"]["spec"]["endpoints"]
+    assert endpoint["port"] == "http" and endpoint["path"] == "/metrics"
+    assert endpoint["authorization"] == {
+        "type": "Bearer",
+        "credentials": {"name": TOKENS_SECRET, "key": "metrics"},
+    }
+    chosen = {
+        service["metadata"]["name"]
+        for service in rendered.of_kind("Service")
+        if selects(
+            monitors["rel-cronoq-router"]["spec"]["selector"]["matchLabels"], service["metadata"]["labels"]
+        )
+    }
+    assert chosen == {"rel-cronoq"}
 
 
 # ---------------------------------------------------------------- tokens and secrets
@@ -470,6 +568,19 @@ def test_tokens_and_database_url_only_through_secret_refs(scenario: tuple[str, R
             assert env[DATABASE_URL_ENV]["valueFrom"]["secretKeyRef"] == {"name": "cronoq-db", "key": "url"}
         literal = {var["name"] for var in env.values() if "value" in var}
         assert literal <= {"CRONOQ_LOG", "CRONOQ_SHARD", "PGSSLROOTCERT"}  # PGSSLROOTCERT: a path
+    for router in rendered.routers:  # the tokens it authenticates callers with; no database
+        env = env_of(router)
+        assert {variable for variable in env if "valueFrom" in env[variable]} == set(TOKEN_ENVS.values())
+        assert all(env[v]["valueFrom"]["secretKeyRef"]["name"] == TOKENS_SECRET for v in TOKEN_ENVS.values())
+    (test_pod,) = rendered.of_kind("Pod")  # the helm test: the client and worker tokens only
+    secret_refs = {
+        var["name"]: var["valueFrom"]["secretKeyRef"]
+        for var in test_pod["spec"]["containers"][0]["env"]
+        if "valueFrom" in var
+    }
+    assert secret_refs == {
+        TOKEN_ENVS[role]: {"name": TOKENS_SECRET, "key": role} for role in ("client", "worker")
+    }
 
 
 # ---------------------------------------------------------------- refusals
@@ -625,6 +736,58 @@ def _shards(*entries: dict[str, Any]) -> dict[str, Any]:
             merge(REQUIRED, {"readiness": "some"}), "readiness: readiness must be one of", id="readiness"
         ),
         pytest.param(
+            merge(SHARDED, {"readiness": "leader"}),
+            "readiness: leader is for installs without shards",
+            id="readiness-leader-shards",
+        ),
+        pytest.param(
+            _shards(TWO_SHARDS[0], {"name": "router", "number": 2, "pools": ["llm"]}),
+            'shards[1]: the name "router" is the router\'s (rel-cronoq-router)',
+            id="shard-named-router",
+        ),
+        pytest.param(
+            merge(SHARDED, {"fullnameOverride": "x" * 49}),
+            "its StatefulSet name " + "x" * 49 + "-cpu is longer than 52 characters",
+            id="long-statefulset-name",
+        ),
+        pytest.param(
+            merge(SHARDED, {"router": {"autoscaling": {"enabled": True}, "resources": {"requests": None}}}),
+            "router.autoscaling.enabled needs router.resources.requests.cpu",
+            id="router-hpa-without-cpu-request",
+        ),
+        pytest.param(
+            merge(
+                SHARDED, {"router": {"autoscaling": {"enabled": True, "minReplicas": 4, "maxReplicas": 3}}}
+            ),
+            "router.autoscaling.maxReplicas (3) is less than minReplicas (4)",
+            id="router-hpa-bounds",
+        ),
+        pytest.param(
+            merge(SHARDED, {"helmTest": {"pool": "batch"}}),
+            'helmTest.pool "batch" is not declared in config (pools: default, llm)',
+            id="helm-test-pool",
+        ),
+        pytest.param(
+            merge(REQUIRED, {"keda": {"scaledObjects": [{"name": "w", "pool": "llm", "slotsPerWorker": 2}]}}),
+            'keda.scaledObjects[0] (w): pool "llm" is not declared in config (pools: default)',
+            id="keda-pool",
+        ),
+        pytest.param(
+            merge(REQUIRED, {"keda": {"scaledObjects": [{"name": "w", "pool": "default"}]}}),
+            "keda.scaledObjects.0: slotsPerWorker is required",
+            id="keda-slots",
+        ),
+        pytest.param(
+            merge(REQUIRED, {"networkPolicy": {"workers": [{"podSelecter": {}}]}}),
+            "Additional property podSelecter is not allowed",
+            id="network-policy-peer-typo",
+        ),
+        pytest.param(
+            _shards(TWO_SHARDS[0], {**TWO_SHARDS[1], "topologySpreadConstraints": [{"maxSkew": 1}]}),
+            "shards.1.topologySpreadConstraints.0: topologyKey is required",
+            id="shard-spread-incomplete",
+        ),
+        pytest.param(
             merge(REQUIRED, {"replica": 3}), "Additional property replica is not allowed", id="typo"
         ),
     ],
@@ -665,10 +828,12 @@ def _with_tls_dir(config_text: str, tls_dir: Path | None) -> str:
 OWN_ENV = {*TOKEN_ENVS.values(), DATABASE_URL_ENV, "CRONOQ_SHARD"}
 
 
-def _check(config: Path, env: Mapping[str, str], shard: str | None) -> subprocess.Popen[str]:
+def _check(
+    config: Path, env: Mapping[str, str], shard: str | None, module: str = "cronoq.shard.main"
+) -> subprocess.Popen[str]:
     shard_env = {"CRONOQ_SHARD": shard} if shard else {}
     return subprocess.Popen(
-        [sys.executable, "-m", "cronoq.shard.main", "--config", str(config), "--check"],
+        [sys.executable, "-m", module, "--config", str(config), "--check"],
         env={**{k: v for k, v in os.environ.items() if k not in OWN_ENV}, **env, **shard_env},
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
@@ -676,11 +841,13 @@ def _check(config: Path, env: Mapping[str, str], shard: str | None) -> subproces
     )
 
 
-def test_rendered_config_passes_the_servers_check(helm: Path, tmp_path: Path) -> None:
-    """Each distinct config of the scenarios, checked as the pods run it (each shard with
-    CRONOQ_SHARD), all at once. A control run without one token variable must fail, so the check is a
-    real one."""
+def test_rendered_config_passes_the_servers_and_the_routers_check(helm: Path, tmp_path: Path) -> None:
+    """Each distinct config of the scenarios, checked as the pods run it: by ``cronoq-server`` for each
+    shard (with CRONOQ_SHARD) and, with shards, by ``cronoq-router`` with the router pod's environment
+    (no database URL), all at once. Control runs without one token variable must fail, so the checks
+    are real ones."""
     env = {**_tokens(), DATABASE_URL_ENV: "postgres://cronoq:secret@db:5432/cronoq?sslmode=verify-full"}
+    router_env = {k: v for k, v in env.items() if k != DATABASE_URL_ENV}
     tls_dir = _pki(tmp_path / "tls", [])
     checks: dict[str, subprocess.Popen[str]] = {}
     seen: set[str] = set()
@@ -699,14 +866,25 @@ def test_rendered_config_passes_the_servers_check(helm: Path, tmp_path: Path) ->
             config.write_text(config.read_text().replace("/var/lib/cronoq/", f"{tmp_path}/"))
         for shard in [s["name"] for s in rendered.config.get("shards", [])] or [None]:
             checks[f"{name}/{shard}"] = _check(config, env, shard)
+        if rendered.routers:
+            assert rendered.config["router"] == {"grpc_addr": "0.0.0.0:7070", "http_addr": "0.0.0.0:7071"}
+            checks[f"{name}/router"] = _check(config, router_env, None, "cronoq.router.main")
+    assert {"three-shards/router", "sharded-tls/router", "default/None"} <= set(checks)
     without_worker_token = {k: v for k, v in env.items() if k != "CRONOQ_WORKER_TOKEN"}
     control = _check(tmp_path / "default.toml", without_worker_token, None)
+    router_control = _check(
+        tmp_path / "three-shards.toml",
+        {k: v for k, v in router_env.items() if k != "CRONOQ_WORKER_TOKEN"},
+        None,
+        "cronoq.router.main",
+    )
     for label, proc in checks.items():
         output, _ = proc.communicate(timeout=60)
         assert proc.returncode == 0, f"{label}: {output}"
         assert "configuration ok" in output
-    output, _ = control.communicate(timeout=60)
-    assert control.returncode == 1 and "CRONOQ_WORKER_TOKEN is not set" in output
+    for proc in (control, router_control):
+        output, _ = proc.communicate(timeout=60)
+        assert proc.returncode == 1 and "CRONOQ_WORKER_TOKEN is not set" in output
 
 
 # ---------------------------------------------------------------- the real servers run it
@@ -718,35 +896,46 @@ def _replace_once(text: str, old: str, new: str) -> str:
     return text.replace(old, new)
 
 
+def _listen_on(text: str, table: str, grpc_port: int, http_port: int) -> str:
+    """``text`` with the ``[table]`` listeners (0.0.0.0:7070/7071 in the pod) on loopback ports: pods
+    have their own IPs, processes here do not. ``[server]`` and ``[router]`` name the same two
+    addresses, so only the table's own are replaced."""
+    head, marker, rest = text.partition(f"\n[{table}]\n")
+    assert marker, f"no [{table}] in the rendered config"
+    body, next_table, after = rest.partition("\n[")
+    body = _replace_once(body, '"0.0.0.0:7070"', f'"127.0.0.1:{grpc_port}"')
+    body = _replace_once(body, '"0.0.0.0:7071"', f'"127.0.0.1:{http_port}"')
+    return head + marker + body + next_table + after
+
+
 @contextlib.contextmanager
 def _cluster_from_chart(
     rendered: Rendered, tmp_path: Path, tls_dir: Path, env: Mapping[str, str]
-) -> Iterator[dict[str, list[ServerProcess]]]:
-    """Two servers per shard, as the shard Deployments' pods would run, from the chart's config.
+) -> Iterator[tuple[dict[str, list[ServerProcess]], ServerProcess]]:
+    """Every server of every shard, as the StatefulSets' pods would run them, and a router, from the
+    chart's config.
 
     The adjustments, all explicit: the TLS files where this test wrote them; each process's own
-    loopback ports instead of 0.0.0.0:7070/7071 (pods have their own IPs, processes here do not);
-    each shard's endpoint (its Service) pointing at that shard's first server, which leads.
+    loopback ports instead of 0.0.0.0:7070/7071; each ``members`` entry (a pod's DNS name) pointing at
+    that server's process, and each shard's endpoint (its Service) at its first server, which leads.
     """
     context = ssl.create_default_context(cafile=str(tls_dir / "ca.crt"))
-    shards = [s["name"] for s in rendered.config["shards"]]
-    picked = iter(free_ports(4 * len(shards)))
-    ports = {shard: [(next(picked), next(picked)) for _ in range(2)] for shard in shards}
+    shards = {s["name"]: s["members"] for s in rendered.config["shards"]}
+    picked = iter(free_ports(2 * sum(len(members) for members in shards.values()) + 2))
+    ports = {shard: [(next(picked), next(picked)) for _ in members] for shard, members in shards.items()}
     base = _with_tls_dir(rendered.config_text, tls_dir)
     for shard in rendered.config["shards"]:
-        leader_grpc = ports[shard["name"]][0][0]
-        base = _replace_once(
-            base, json.dumps(shard["endpoint"]), json.dumps(f"https://127.0.0.1:{leader_grpc}")
-        )
+        loopback = [f"https://127.0.0.1:{grpc}" for grpc, _ in ports[shard["name"]]]
+        base = _replace_once(base, json.dumps(shard["endpoint"]), json.dumps(loopback[0]))
+        for member, url in zip(shard["members"], loopback, strict=True):
+            base = _replace_once(base, json.dumps(member), json.dumps(url))
     procs: dict[str, list[ServerProcess]] = {}
     for shard in shards:
         procs[shard] = []
         for index, (grpc_port, http_port) in enumerate(ports[shard]):
             folder = tmp_path / f"{shard}-{index}"
             folder.mkdir()
-            text = _replace_once(base, '"0.0.0.0:7070"', f'"127.0.0.1:{grpc_port}"')
-            text = _replace_once(text, '"0.0.0.0:7071"', f'"127.0.0.1:{http_port}"')
-            (folder / "cronoq.toml").write_text(text)
+            (folder / "cronoq.toml").write_text(_listen_on(base, "server", grpc_port, http_port))
             procs[shard].append(
                 ServerProcess(
                     folder / "cronoq.toml",
@@ -757,14 +946,25 @@ def _cluster_from_chart(
                     ssl_context=context,
                 )
             )
-    everyone = [proc for group in procs.values() for proc in group]
+    router_ports = (next(picked), next(picked))
+    (tmp_path / "router").mkdir()
+    (tmp_path / "router" / "cronoq.toml").write_text(_listen_on(base, "router", *router_ports))
+    router = ServerProcess(
+        tmp_path / "router" / "cronoq.toml",
+        tmp_path / "router" / "router.log",
+        env={k: v for k, v in env.items() if k != DATABASE_URL_ENV},  # as its pod: no database
+        grpc_port=router_ports[0],
+        http_port=router_ports[1],
+        ssl_context=context,
+        module="cronoq.router.main",
+    )
+    everyone = [*(proc for group in procs.values() for proc in group), router]
     try:
         with ThreadPoolExecutor() as pool:  # the shards start side by side
             list(pool.map(lambda group: group[0].start(), procs.values()))  # the first of each leads...
-            list(
-                pool.map(lambda group: group[1].start(ready=False), procs.values())
-            )  # ...the second stands by
-        yield procs
+            list(pool.map(lambda proc: proc.start(ready=False), [p for g in procs.values() for p in g[1:]]))
+        router.start()
+        yield procs, router
     except BaseException:
         for proc in everyone:
             print(f"----- {proc.log_path} -----\n{proc.logs()}")
@@ -788,25 +988,86 @@ def _submit(server: ServerProcess, token: str, pool: str) -> tuple[int, dict[str
         return err.code, {}
 
 
-def test_servers_started_from_the_rendered_config_lead_stand_by_and_forward(
+def _router_view(router: ServerProcess, token: str) -> dict[str, str]:
+    """Shard -> the leader the router found (``cronoq_router_shard_leader`` 1), from its ``/metrics``."""
+    request = urllib.request.Request(f"{router.http}/metrics", headers={"authorization": f"Bearer {token}"})
+    with urllib.request.urlopen(request, timeout=5, context=router.ssl_context) as answer:
+        text = answer.read().decode()
+    found = re.findall(
+        r'^cronoq_router_shard_leader\{(?=.*shard="([^"]+)")(?=.*endpoint="([^"]*)").*\} 1(?:\.0)?$',
+        text,
+        re.M,
+    )
+    return dict(found)
+
+
+def _helm_test_env(rendered: Rendered, target: str, tls_dir: Path, env: Mapping[str, str]) -> dict[str, str]:
+    """The environment the helm test's pod gives its script, with this test's router as the main
+    Service, the CA where this test wrote it and the tokens its Secret holds."""
+    (pod,) = rendered.of_kind("Pod")
+    (container,) = pod["spec"]["containers"]
+    given = {var["name"]: var.get("value") for var in container["env"]}
+    assert given.pop("CRONOQ_TEST_TARGET") == f"https://rel-cronoq.{NAMESPACE}.svc.cluster.local:7070"
+    assert given.pop("CRONOQ_TEST_CA_FILE") == CA_FILE
+    assert container["command"] == ["/opt/cronoq/bin/python3", "/etc/cronoq-test/helm_test.py"]
+    tokens = {name: env[name] for name, value in given.items() if value is None}  # the secretKeyRefs
+    assert set(tokens) == {"CRONOQ_CLIENT_TOKEN", "CRONOQ_WORKER_TOKEN"}
+    plain = {name: str(value) for name, value in given.items() if value is not None}
+    return {**plain, **tokens, "CRONOQ_TEST_TARGET": target, "CRONOQ_TEST_CA_FILE": str(tls_dir / "ca.crt")}
+
+
+HELM_TEST = CHART / "files" / "helm_test.py"
+
+
+def test_servers_and_router_started_from_the_rendered_config_route_to_the_leaders(
     helm: Path, tmp_path: Path, postgres_url: str, pg_schema: str
 ) -> None:
+    """The chart's config run for real: each shard's servers lead and stand by, the router finds each
+    leader among the members (never the standby), a task submitted through the router or forwarded by
+    another shard lands on its shard, and the helm test's script, run as its pod runs it against the
+    router, brings its worker and gets its task done."""
     values = merge(
         SHARDED_TLS,
-        {"store": {"postgres": {"schema": f"{pg_schema}_{{shard}}"}}, "metrics": {"enabled": False}},
+        {
+            "store": {"postgres": {"schema": f"{pg_schema}_{{shard}}"}},
+            "metrics": {"enabled": False},
+            "shards": [{**shard, "replicas": 2} for shard in SHARDED_TLS["shards"]],
+        },
     )
     rendered = render(helm, values)
-    hosts = [re.sub(r"^https://|:7070$", "", s["endpoint"]) for s in rendered.config["shards"]]
-    tls_dir = _pki(tmp_path / "tls", hosts)
+    tls_dir = _pki(tmp_path / "tls", [])
     env = {**_tokens(), DATABASE_URL_ENV: postgres_url}
-    with _cluster_from_chart(rendered, tmp_path, tls_dir, env) as procs:
+    numbers = {s["name"]: s["number"] for s in rendered.config["shards"]}
+    with _cluster_from_chart(rendered, tmp_path, tls_dir, env) as (procs, router):
         for leader, standby in procs.values():
             assert (leader.probe("/readyz"), leader.probe("/healthz")) == (200, 200)
             assert (standby.probe("/readyz"), standby.probe("/healthz")) == (503, 200)
+        # The router found each shard's leader among its members (the rendered members, here on
+        # loopback): the standby of each shard is never where its calls go.
+        deadline = time.monotonic() + 10
+        while _router_view(router, env["CRONOQ_METRICS_TOKEN"]).keys() != procs.keys():
+            assert time.monotonic() < deadline, router.logs()
+            time.sleep(0.1)
+        assert _router_view(router, env["CRONOQ_METRICS_TOKEN"]) == {
+            shard: f"https://127.0.0.1:{leader.grpc_port}" for shard, (leader, _) in procs.items()
+        }
+        for shard, pool in SHARD_POOLS.items():
+            status, answer = _submit(router, env["CRONOQ_CLIENT_TOKEN"], pool[0])
+            assert status == 200, answer
+            assert int(answer["id"]) >> SHARD_SHIFT == numbers[shard]
         # A task for the gpu shard's pool, sent to the cpu shard's leader, is forwarded over https to
         # the gpu leader (verified with ca.crt, as [server.peer_tls] says) and gets a gpu task id.
         status, answer = _submit(procs["cpu"][0], env["CRONOQ_CLIENT_TOKEN"], "llm")
         assert status == 200, answer
-        gpu_number = next(s["number"] for s in rendered.config["shards"] if s["name"] == "gpu")
-        assert int(answer["id"]) >> SHARD_SHIFT == gpu_number
-        assert _submit(procs["gpu"][0], "not-a-token-at-all-0000", "llm")[0] == 401
+        assert int(answer["id"]) >> SHARD_SHIFT == numbers["gpu"]
+        assert _submit(router, "not-a-token-at-all-0000", "llm")[0] == 401
+        test_env = _helm_test_env(rendered, f"https://127.0.0.1:{router.grpc_port}", tls_dir, env)
+        done = subprocess.run(
+            [sys.executable, str(HELM_TEST)],
+            env={**{k: v for k, v in os.environ.items() if k not in OWN_ENV}, **test_env},
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert done.returncode == 0, done.stdout + done.stderr
+        assert f"in pool default through https://127.0.0.1:{router.grpc_port}" in done.stdout
