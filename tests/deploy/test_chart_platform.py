@@ -294,6 +294,15 @@ def test_the_helm_test_is_a_hook_that_talks_to_the_main_service_with_its_own_wor
     assert render(helm, merge(REQUIRED, {"helmTest": {"enabled": False}})).of_kind("Pod") == []
 
 
+def test_the_helm_test_uses_the_first_declared_pool_unless_told(helm: Path) -> None:
+    """So that a release whose pools have other names renders (and tests) without a helmTest value."""
+    values = merge(REQUIRED, {"config": '[[pools]]\nname = "gpu"\n[[pools]]\nname = "cpu"\n'})
+    for extra, pool in (({}, "gpu"), ({"helmTest": {"pool": "cpu"}}, "cpu")):
+        (pod,) = render(helm, merge(values, extra)).of_kind("Pod")
+        env = {var["name"]: var.get("value") for var in pod["spec"]["containers"][0]["env"]}
+        assert env["CRONOQ_TEST_POOL"] == pool
+
+
 def test_the_notes_send_clients_to_the_routers_never_to_a_shard(helm: Path, tmp_path: Path) -> None:
     notes = render_notes(helm, SHARDED_TLS, tmp_path)
     assert "port-forward svc/rel-cronoq 7071:7071" in notes

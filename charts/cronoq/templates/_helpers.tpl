@@ -298,3 +298,17 @@ cronoq.io/shard: {{ .group.shard }}
     secretName: {{ . }}
 {{- end }}
 {{- end }}
+
+{{/* The pools `config` declares, in order (without [[pools]] the server has the one pool "default"). */}}
+{{- define "cronoq.declaredPools" -}}
+{{- $declared := list -}}
+{{- range (fromToml .Values.config).pools | default (list (dict "name" "default")) -}}
+{{- $declared = append $declared (toString .name) -}}
+{{- end -}}
+{{- $declared | toJson -}}
+{{- end }}
+
+{{/* The helm test's pool: helmTest.pool, or the first pool `config` declares. */}}
+{{- define "cronoq.helmTestPool" -}}
+{{- .Values.helmTest.pool | default (first (include "cronoq.declaredPools" . | fromJsonArray)) -}}
+{{- end }}

@@ -112,11 +112,8 @@ owning an undeclared pool).
 {{- fail (printf "config must not contain [%s]: the chart writes it from its values (see values.yaml)" $table) -}}
 {{- end -}}
 {{- end -}}
-{{- $declared := list -}}
-{{- range $config.pools | default (list (dict "name" "default")) -}}
-{{- $declared = append $declared (toString .name) -}}
-{{- end -}}
-{{- if and $v.helmTest.enabled (not (has $v.helmTest.pool $declared)) -}}
+{{- $declared := include "cronoq.declaredPools" . | fromJsonArray -}}
+{{- if and $v.helmTest.enabled (not (has $v.helmTest.pool (append $declared ""))) -}}
 {{- fail (printf "helmTest.pool %q is not declared in config (pools: %s); name one of them, or set helmTest.enabled: false" $v.helmTest.pool (join ", " $declared)) -}}
 {{- end -}}
 {{- range $i, $scaled := $v.keda.scaledObjects -}}
