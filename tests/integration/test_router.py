@@ -1,6 +1,6 @@
 """The router in front of a real cluster: two shards, each a leader and a standby on its own Postgres
 schema, and a ``cronoq-router`` process. Producers use only the router; workers start at the router and
-are redirected to their shard's leader."""
+are redirected to their shard's leader. What needs no failover runs in front of two memory-store shards."""
 
 from __future__ import annotations
 
@@ -13,7 +13,9 @@ from pathlib import Path
 from typing import TypeVar
 
 import aiohttp
+import grpc
 import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from cronoq.client import Client, Lease, task
 from cronoq.cluster.shards import SHARD_SHIFT
@@ -22,7 +24,7 @@ from tests.ports import free_ports
 
 from .helpers import postgres_store, scrape_metrics, watch_while, worker
 from .serverproc import ServerProcess, write_config
-from .shardproc import ShardSpec, cluster_tables, router_process
+from .shardproc import ShardSpec, cluster_tables, routed_cluster, router_process
 
 pytestmark = pytest.mark.asyncio
 T = TypeVar("T")
@@ -244,3 +246,17 @@ async def test_a_watch_through_the_router_sees_every_shard(
 
             seen = await watch_while(client, leaders, len(queued), workers)
         assert sorted(seen) == sorted((task_id, "succeeded") for task_id in queued)
+
+
+async def test_the_routers_health_service_answers_for_every_service_it_serves(tmp_path: Path) -> None:
+    """A gRPC health checker asks about the service it uses: the router serves Tasks, Workers (to
+    redirect them) and Admin, and says SERVING for each, as a leading server does."""
+    with routed_cluster(tmp_path, SPECS, "") as (router, _):
+        async with grpc.aio.insecure_channel(router.target) as channel:
+            health = health_pb2_grpc.HealthStub(channel)
+            for service in ("", "cronoq.v1.Tasks", "cronoq.v1.Workers", "cronoq.v1.Admin"):
+                answer = await health.Check(health_pb2.HealthCheckRequest(service=service), timeout=5)
+                assert answer.status == health_pb2.HealthCheckResponse.SERVING, service
+            with pytest.raises(grpc.aio.AioRpcError) as unknown:
+                await health.Check(health_pb2.HealthCheckRequest(service="cronoq.v1.Nothing"), timeout=5)
+            assert unknown.value.code() == grpc.StatusCode.NOT_FOUND
