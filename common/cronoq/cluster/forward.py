@@ -144,15 +144,16 @@ class Peers:
         return self._resolve(shard) if self._resolve is not None else shard.endpoint
 
     def check(self, shard: Shard, caller: Principal, url: str, last_hop: bool = False) -> None:
-        """Refuse (WrongShard) when this call may not be forwarded to ``shard`` at ``url``. A call that
-        was forwarded here is not forwarded again, unless it is a ``last_hop``: one a shard makes on its
-        own account while it serves a forwarded call (a key probe before a submission, the wait for a
-        duplicate held elsewhere), which the target answers itself, since it comes marked forwarded."""
+        """Refuse (WrongShard, naming ``url``: the shard's leader as found, where the caller may go
+        itself) when this call may not be forwarded to ``shard`` at ``url``. A call that was forwarded
+        here is not forwarded again, unless it is a ``last_hop``: one a shard makes on its own account
+        while it serves a forwarded call (a key probe before a submission, the wait for a duplicate held
+        elsewhere), which the target answers itself, since it comes marked forwarded."""
         if caller.forwarded and not last_hop:
-            raise WrongShard(shard, "this call was forwarded here already and is not forwarded again")
+            raise WrongShard(shard, "this call was forwarded here already and is not forwarded again", url)
         if caller.certificate:
             raise WrongShard(
-                shard, "a caller known by its client certificate cannot be forwarded (it cannot travel)"
+                shard, "a caller known by its client certificate cannot be forwarded (it cannot travel)", url
             )
         parts = urlsplit(url)
         if (
@@ -164,6 +165,7 @@ class Peers:
                 shard,
                 "forwarding would send the call (and its credential) over plain http to another host "
                 "(server.insecure_peer_http allows it)",
+                url,
             )
 
     def _connection(self, url: str) -> _Connection:
