@@ -125,6 +125,7 @@ class Runtime:
         store: Store | None = None,
         on_store_failure: Callable[[str], None] | None = None,
         on_scale: Callable[[str, int], None] | None = None,
+        first_worker_id: int = 1,
     ) -> None:
         self.engine = engine
         self.outputs = outputs
@@ -152,7 +153,7 @@ class Runtime:
         # Leases or aborts went to worker streams since the last sync() (read with the memory store only).
         self._handed = False
         self.accepting = True
-        self._next_worker_id = 1
+        self._next_worker_id = first_worker_id  # ShardMap.first_worker_id: the shard's range
         self._waiters: dict[int, list[asyncio.Future[None]]] = {}
         self._watchers: list[Watcher] = []
         self._space: dict[str, asyncio.Event] = {}

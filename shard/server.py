@@ -284,6 +284,7 @@ class ShardServer:
             store=self.store,
             on_store_failure=leadership.lose,
             on_scale=self.scalers.desired,
+            first_worker_id=self.shards.first_worker_id(),
         )
         runtime.max_id = recovered.max_id
         runtime.start_committer()

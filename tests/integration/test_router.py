@@ -260,3 +260,20 @@ async def test_the_routers_health_service_answers_for_every_service_it_serves(tm
             with pytest.raises(grpc.aio.AioRpcError) as unknown:
                 await health.Check(health_pb2.HealthCheckRequest(service="cronoq.v1.Nothing"), timeout=5)
             assert unknown.value.code() == grpc.StatusCode.NOT_FOUND
+
+
+async def test_workers_listed_through_the_router_have_ids_that_name_their_shard(tmp_path: Path) -> None:
+    """Each shard numbers its workers: listed together, two shards' first workers shared id 1 and
+    nothing told their shards apart. A worker id carries its shard's number in the top 8 bits, as a
+    task id does."""
+    with routed_cluster(tmp_path, SPECS, "") as (router, _):
+        async with (
+            worker(router.target, echo, pool="a1") as wa,
+            worker(router.target, echo, pool="b1") as wb,
+            Client(router.target) as client,
+        ):
+            listed = {w.pool: w.id for w in await client.list_workers()}
+            assert listed == {"a1": wa.worker_id, "b1": wb.worker_id}
+            assert {pool: wid >> SHARD_SHIFT for pool, wid in listed.items()} == {"a1": 1, "b1": 2}
+            async with aiohttp.ClientSession(base_url=router.http) as http, http.get("/v1/workers") as resp:
+                assert {w["pool"]: int(w["id"]) for w in (await resp.json())["workers"]} == listed
