@@ -10,7 +10,8 @@ that changed and the actions that followed are held, one committer task writes e
 transaction (group commit: whatever piles up while a commit is in flight goes into the next one), and
 only then are leases sent, events published and callers of :meth:`Runtime.sync` answered. Recurring
 schedules the engine added, advanced or removed (``ScheduleChanged``) ride in the same batch as the
-tasks, so a schedule's advance and the occurrence it created are durable together. The memory store
+tasks, so a schedule's advance and the occurrence it created are durable together, and so do the
+engine's totals, so that the next leader counts on from exactly what it recovers. The memory store
 skips all of that and delivers at once. Autoscaler targets (``Scale``) are not state: they go to
 ``on_scale`` (the webhook scalers) as soon as the engine emits them.
 """
@@ -309,7 +310,7 @@ class Runtime:
             synced, self._synced = self._synced, []
             self._inflight = synced
             self.max_id = max(self.max_id, self.engine.last_id)
-            batch = Batch(list(changed.values()), outputs, self.max_id, schedules)
+            batch = Batch(list(changed.values()), outputs, self.max_id, schedules, self.engine.totals())
             self._committing = True
             began = time.perf_counter()
             try:

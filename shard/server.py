@@ -277,7 +277,7 @@ class ShardServer:
             first_id=self.shards.first_id(leadership.epoch, recovered.max_id),
             resources=self.engine_resources,
         )
-        engine.restore(recovered.tasks, now, recovered.schedules)
+        engine.restore(recovered.tasks, now, recovered.schedules, recovered.totals)
         runtime = Runtime(
             engine,
             self.outputs,
