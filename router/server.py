@@ -23,7 +23,7 @@ from cronoq.config import Config
 from cronoq.errors import NotFound, PermissionDenied, shown
 from cronoq.logs import get_logger
 from cronoq.process import open_file_limit, running_loop_name
-from cronoq.serving import api_app, grpc_server, listen_grpc
+from cronoq.serving import api_app, grpc_server, listen_grpc, set_health
 from cronoq.tls import load_server_tls
 from cronoq.v1 import cronoq_pb2_grpc as pbg
 
@@ -88,6 +88,7 @@ class RouterServer:
         # The server-wide [limits] gates both listeners share; hits counted with the service's.
         self.request_limits = RequestLimits(limits, self.service.limit_hits)
         self.grpc_server: Any = None
+        self.health = health.aio.HealthServicer()
         self.http = HttpListeners(HttpBounds.from_config(config.server, 1, open_file_limit()))
 
     def render_metrics(self) -> str:
@@ -101,13 +102,14 @@ class RouterServer:
         pbg.add_TasksServicer_to_server(TasksServicer(self.service), server)
         pbg.add_AdminServicer_to_server(AdminServicer(self.service), server)
         pbg.add_WorkersServicer_to_server(RedirectWorkers(self.service), server)
-        health_servicer = health.aio.HealthServicer()
-        health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+        health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
         tls = load_server_tls(cfg.server.tls) if cfg.server.tls is not None else None
         listen_grpc(server, "router.grpc_addr", cfg.router.grpc_addr, tls)
         await server.start()
         self.grpc_server = server
-        await health_servicer.set("", health_pb2.HealthCheckResponse.SERVING)
+        # SERVING for each service it serves, as a leading server says: a checker asking about the one
+        # it uses (cronoq.v1.Tasks, say) would otherwise be told NOT_FOUND.
+        await set_health(self.health, health_pb2.HealthCheckResponse.SERVING)
         app = api_app(self.service, cfg, cfg.router.http_addr, tls, self.render_metrics, self.request_limits)
         try:
             await self.http.open(
@@ -125,6 +127,7 @@ class RouterServer:
         )
 
     async def shutdown(self) -> None:
+        await set_health(self.health, health_pb2.HealthCheckResponse.NOT_SERVING)  # balancers: go elsewhere
         if self.grpc_server is not None:
             await self.grpc_server.stop(DRAIN_S)
         await self.http.close()

@@ -10,7 +10,8 @@ that changed and the actions that followed are held, one committer task writes e
 transaction (group commit: whatever piles up while a commit is in flight goes into the next one), and
 only then are leases sent, events published and callers of :meth:`Runtime.sync` answered. Recurring
 schedules the engine added, advanced or removed (``ScheduleChanged``) ride in the same batch as the
-tasks, so a schedule's advance and the occurrence it created are durable together. The memory store
+tasks, so a schedule's advance and the occurrence it created are durable together, and so do the
+engine's totals, so that the next leader counts on from exactly what it recovers. The memory store
 skips all of that and delivers at once. Autoscaler targets (``Scale``) are not state: they go to
 ``on_scale`` (the webhook scalers) as soon as the engine emits them.
 """
@@ -125,6 +126,7 @@ class Runtime:
         store: Store | None = None,
         on_store_failure: Callable[[str], None] | None = None,
         on_scale: Callable[[str, int], None] | None = None,
+        first_worker_id: int = 1,
     ) -> None:
         self.engine = engine
         self.outputs = outputs
@@ -152,7 +154,7 @@ class Runtime:
         # Leases or aborts went to worker streams since the last sync() (read with the memory store only).
         self._handed = False
         self.accepting = True
-        self._next_worker_id = 1
+        self._next_worker_id = first_worker_id  # ShardMap.first_worker_id: the shard's range
         self._waiters: dict[int, list[asyncio.Future[None]]] = {}
         self._watchers: list[Watcher] = []
         self._space: dict[str, asyncio.Event] = {}
@@ -308,7 +310,7 @@ class Runtime:
             synced, self._synced = self._synced, []
             self._inflight = synced
             self.max_id = max(self.max_id, self.engine.last_id)
-            batch = Batch(list(changed.values()), outputs, self.max_id, schedules)
+            batch = Batch(list(changed.values()), outputs, self.max_id, schedules, self.engine.totals())
             self._committing = True
             began = time.perf_counter()
             try:

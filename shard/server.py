@@ -55,7 +55,7 @@ from cronoq.limit_hits import LimitHits
 from cronoq.logs import get_logger
 from cronoq.process import open_file_limit, running_loop_name
 from cronoq.prometheus import Writer
-from cronoq.serving import api_app, bind_grpc, grpc_server, listen_grpc
+from cronoq.serving import api_app, bind_grpc, grpc_server, listen_grpc, set_health
 from cronoq.tls import ServerTls, load_server_tls
 from cronoq.v1 import cronoq_pb2_grpc as pbg
 
@@ -76,7 +76,6 @@ PRUNE_EVERY_S = 60.0
 # After losing leadership, wait this long before competing for it again, so that a healthy standby
 # (polling every 0.5 s) takes over rather than the instance that just failed.
 REACQUIRE_AFTER_S = 2.0
-GRPC_SERVICES = ("", "cronoq.v1.Tasks", "cronoq.v1.Workers", "cronoq.v1.Admin")
 # A standby closes connections about this long after accepting them (gRPC: max_connection_age, which
 # gRPC jitters by 10 %; HTTP: a sweep every STANDBY_SWEEP_S), so clients go back to their balancer.
 STANDBY_CONNECTION_S = 1.0
@@ -278,13 +277,14 @@ class ShardServer:
             first_id=self.shards.first_id(leadership.epoch, recovered.max_id),
             resources=self.engine_resources,
         )
-        engine.restore(recovered.tasks, now, recovered.schedules)
+        engine.restore(recovered.tasks, now, recovered.schedules, recovered.totals)
         runtime = Runtime(
             engine,
             self.outputs,
             store=self.store,
             on_store_failure=leadership.lose,
             on_scale=self.scalers.desired,
+            first_worker_id=self.shards.first_worker_id(),
         )
         runtime.max_id = recovered.max_id
         runtime.start_committer()
@@ -296,8 +296,7 @@ class ShardServer:
         await self._use_grpc(leading=True)
         self.runtime = runtime
         self.service.serve(runtime)
-        for name in GRPC_SERVICES:
-            await self.health.set(name, health_pb2.HealthCheckResponse.SERVING)
+        await set_health(self.health, health_pb2.HealthCheckResponse.SERVING)
         for pool in engine.snapshot(runtime.clock()).pools:  # a new leader states every target once
             if pool.name in self.scalers.pools:
                 self.scalers.desired(pool.name, pool.desired)
@@ -318,8 +317,7 @@ class ShardServer:
         self.service.serve(None)
         self.runtime = None
         self._serving.clear()
-        for name in GRPC_SERVICES:
-            await self.health.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
+        await set_health(self.health, health_pb2.HealthCheckResponse.NOT_SERVING)
         if self._pruner is not None:
             self._pruner.cancel()
             self._pruner = None
@@ -419,8 +417,7 @@ class ShardServer:
         await server.start()
         self.grpc_server = server
         self._grpc_leading = leading
-        for name in GRPC_SERVICES:
-            await self.health.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
+        await set_health(self.health, health_pb2.HealthCheckResponse.NOT_SERVING)
 
         app = api_app(self.service, cfg, cfg.server.http_addr, tls, self.render_metrics, self.request_limits)
         app.on_response_prepare.append(self._close_unless_serving)
@@ -485,8 +482,7 @@ class ShardServer:
             return
         self._stopping = True
         runtime = self.runtime
-        for name in GRPC_SERVICES:
-            await self.health.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
+        await set_health(self.health, health_pb2.HealthCheckResponse.NOT_SERVING)
         if runtime is not None:
             runtime.stop_accepting()
             runtime.stop_dispatching()

@@ -24,6 +24,7 @@ from typing import Any
 
 import grpc
 from aiohttp import web
+from grpc_health.v1 import health
 
 from cronoq import __version__
 from cronoq.api.handler import RequestHandler
@@ -34,6 +35,10 @@ from cronoq.config.model import SqliteStoreSection
 from cronoq.process import choose_event_loop, raise_open_file_limit
 from cronoq.tls import ServerTls, load_peer_credentials, load_server_tls
 
+# The names a cronoq process's gRPC health service answers for: the process as a whole ("") and each
+# cronoq.v1 service it serves (a shard server and a router serve all three). A client or balancer may
+# ask for the one it uses; an unknown name answers NOT_FOUND, which health checkers take for a failure.
+GRPC_SERVICES = ("", "cronoq.v1.Tasks", "cronoq.v1.Workers", "cronoq.v1.Admin")
 # Calls a gRPC listener takes at once beyond the cronoq.v1 ones its LimitsInterceptor counts (health,
 # reflection): grpc's own backstop.
 UNLIMITED_RPCS = 64
@@ -200,6 +205,12 @@ def grpc_server(
         + limits.max_concurrent_streams
         + UNLIMITED_RPCS,
     )
+
+
+async def set_health(servicer: health.aio.HealthServicer, status: int) -> None:
+    """Say ``status`` (SERVING, NOT_SERVING) for every name in :data:`GRPC_SERVICES`."""
+    for name in GRPC_SERVICES:
+        await servicer.set(name, status)
 
 
 def bind_grpc(server: grpc.aio.Server, addr: str, tls: ServerTls | None) -> int:

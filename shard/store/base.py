@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from cronoq.engine.model import Recurring, Task
+from cronoq.engine.snapshot import Totals
 
 
 class StoreError(Exception):
@@ -49,24 +50,29 @@ class Batch:
     engine's ScheduleChanged actions, in order): (name, the whole schedule to write, or None to delete
     it); the last write for a name wins. They share the transaction, and its fence, with the tasks, so
     that an occurrence's task and the schedule's advance past it are durable together or not at all.
+    ``totals`` are the engine's counters as of this batch (None: keep those stored), kept with it so that
+    the next leader counts on from them, exactly as far as what it recovers got.
     """
 
     tasks: list[Task] = field(default_factory=list)
     outputs: list[tuple[int, bytes, str]] = field(default_factory=list)
     max_id: int = 0
     schedules: list[tuple[str, Recurring | None]] = field(default_factory=list)
+    totals: Totals | None = None
 
 
 @dataclass(slots=True)
 class Recovered:
     """What a new leader rebuilds its engine from: every live task, every task that finished at or
     after the retention cutoff, and every task a live task depends on (by id, or as the newest task
-    holding a key), however long ago it finished, in ascending id order; the id high-water mark; and
-    every recurring schedule, by name."""
+    holding a key), however long ago it finished, in ascending id order; the id high-water mark;
+    every recurring schedule, by name; and the totals the last commit kept (None when no commit kept
+    any, or they no longer decode: the counters start at zero)."""
 
     tasks: list[Task]
     max_id: int
     schedules: list[Recurring] = field(default_factory=list)
+    totals: Totals | None = None
 
 
 @dataclass(slots=True)

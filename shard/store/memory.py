@@ -36,6 +36,8 @@ from .rows import (
     schedule_changes,
     task_from_row,
     text,
+    totals_from_text,
+    totals_text,
 )
 
 log = get_logger("cronoq.store")
@@ -60,8 +62,8 @@ class _Record:
 @dataclass(slots=True)
 class MemoryDatabase:
     """What the replicas of one in-memory cluster share: the task rows, the schedule rows (by stored
-    name, in SCHEDULE_COLUMNS order), the epoch, the id high-water mark and which store leads
-    (``holder``). Pass one to several :class:`MemoryStore` instances to run a leader and standbys in
+    name, in SCHEDULE_COLUMNS order), the epoch, the id high-water mark, the totals the last commit
+    kept (as text, as the SQL stores keep them) and which store leads (``holder``). Pass one to several :class:`MemoryStore` instances to run a leader and standbys in
     one process."""
 
     tasks: dict[int, _Record] = field(default_factory=dict)
@@ -69,6 +71,7 @@ class MemoryDatabase:
     # -1 so that the first acquire bumps it to 0: ids then start at 1, as without a store.
     epoch: int = -1
     max_id: int = 0
+    totals: str | None = None
     holder: MemoryStore | None = None
 
     def take_over(self) -> int:
@@ -136,7 +139,8 @@ class MemoryStore:
                 schedules.append(recurring_from_row(row))
             except ValueError as err:
                 log.error("schedule_row_undecodable", name=name, error=str(err), store="memory")
-        return Recovered(tasks, max(self._db.max_id, max(records, default=0)), schedules)
+        max_id = max(self._db.max_id, max(records, default=0))
+        return Recovered(tasks, max_id, schedules, totals_from_text(self._db.totals))
 
     def _decode(self, task_ids: Iterable[int]) -> list[Task]:
         """The tasks of ``task_ids``; a row that does not decode is quarantined instead."""
@@ -180,6 +184,8 @@ class MemoryStore:
         for name in deletes:
             db.schedules.pop(name, None)
         db.max_id = max(db.max_id, batch.max_id)
+        if batch.totals is not None:
+            db.totals = totals_text(batch.totals)
 
     async def fetch(self, ref: int | str) -> StoredTask | None:
         self._check_open()

@@ -72,11 +72,13 @@ from .rows import (
     state_of,
     task_from_row,
     text,
+    totals_from_text,
+    totals_text,
 )
 
 log = get_logger("cronoq.store")
 
-SCHEMA_VERSION: Final = 2
+SCHEMA_VERSION: Final = 3
 
 # Advisory lock classes (first key of the two-int form): "cqld" and "cqmg" in ASCII, both below 2**31.
 LEADER_LOCK_CLASS: Final = 0x63716C64
@@ -183,7 +185,7 @@ class _Statements:
     recover: sql.Composed
     recover_targets: sql.Composed
     recover_schedules: sql.Composed
-    max_id: sql.Composed
+    recover_marks: sql.Composed
     quarantine: sql.Composed
     fetch_id: sql.Composed
     fetch_key: sql.Composed
@@ -233,6 +235,8 @@ def _statements(schema: str) -> _Statements:
     # Fixed starts, dependencies and resources. cronoq_recurring already has the columns schedules need.
     # The clauses are composed, not formatted: their defaults hold braces ('{}').
     v2 = tuple(q("ALTER TABLE {s}.cronoq_tasks ") + sql.SQL(c) for c in columns_added_in_v2(_TYPES))
+    # The engine's totals as of the last commit, for the next leader to count on from.
+    v3 = (q("ALTER TABLE {s}.cronoq_leader ADD COLUMN totals TEXT"),)
     return _Statements(
         create_schema=sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(sql.Identifier(schema)),
         create_version_table=q(
@@ -240,7 +244,7 @@ def _statements(schema: str) -> _Statements:
         ),
         read_version=q("SELECT COALESCE(max(version), 0) FROM {s}.cronoq_schema_version"),
         record_version=q("INSERT INTO {s}.cronoq_schema_version (version) VALUES (%s)"),
-        migrations={1: v1, 2: v2},
+        migrations={1: v1, 2: v2, 3: v3},
         bump_epoch=q(
             "UPDATE {s}.cronoq_leader SET epoch = epoch + 1, commit_seq = 0, holder = %s,"
             " expires_unix_ns = NULL WHERE id = 1 RETURNING epoch"
@@ -260,6 +264,7 @@ def _statements(schema: str) -> _Statements:
         # at every commit cost 0.7 ms).
         commit=q(
             "WITH fence AS (UPDATE {s}.cronoq_leader SET max_id = GREATEST(max_id, %(max_id)s),"
+            " totals = COALESCE(%(totals)s::TEXT, totals),"
             " commit_seq = %(commit_seq)s WHERE id = 1 AND epoch = %(epoch)s AND commit_seq < %(commit_seq)s RETURNING epoch),"
             f" updated AS (UPDATE {{s}}.cronoq_tasks AS t SET {state_sets},"
             " output = COALESCE(u.output, t.output),"
@@ -303,8 +308,8 @@ def _statements(schema: str) -> _Statements:
             " AND terminal AND (finished_ns < %(since)s OR finished_ns IS NULL) ORDER BY id"
         ),
         recover_schedules=q(f"SELECT {SELECT_SCHEDULE_COLUMNS} FROM {{s}}.cronoq_recurring ORDER BY name"),
-        max_id=q(
-            "SELECT GREATEST(max_id, (SELECT COALESCE(max(id), 0) FROM {s}.cronoq_tasks))"
+        recover_marks=q(
+            "SELECT GREATEST(max_id, (SELECT COALESCE(max(id), 0) FROM {s}.cronoq_tasks)), totals"
             " FROM {s}.cronoq_leader WHERE id = 1"
         ),
         quarantine=q(
@@ -367,6 +372,7 @@ def _commit_params(
     params["other_output"] = [bytes(data) for data, _ in outputs.values()]
     params["other_type"] = [text(kind) for _, kind in outputs.values()]
     params["max_id"] = batch.max_id
+    params["totals"] = None if batch.totals is None else totals_text(batch.totals)
     params["epoch"] = epoch
     params["commit_seq"] = seq
     if not batch.schedules:
@@ -810,8 +816,8 @@ class PostgresStore:
                     await cur.execute(self._q.recover_targets, targets)
                     tasks += _decode(await cur.fetchall(), broken)
                     tasks.sort(key=lambda task: task.id)
-                mark = await (await conn.execute(self._q.max_id)).fetchone()
-                max_id = int(mark[0]) if mark else 0
+                marks = await (await conn.execute(self._q.recover_marks)).fetchone()
+                max_id, totals = (int(marks[0]), marks[1]) if marks else (0, None)
                 await cur.execute(self._q.recover_schedules)
                 for row in await cur.fetchall():
                     try:
@@ -835,7 +841,7 @@ class PostgresStore:
             max_id=max_id,
         )
         self._live_rows.reset(tasks)
-        return Recovered(tasks, max_id, schedules)
+        return Recovered(tasks, max_id, schedules, totals_from_text(totals))
 
     async def _quarantine(self, conn: Conn, broken: Sequence[tuple[int, str]]) -> None:
         """Mark rows that do not decode as failed, so they stop being live, and say so in the log."""

@@ -12,6 +12,7 @@ values as one JSON object, so that a template and a task spec cannot drift apart
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Final, TypeVar
@@ -29,6 +30,10 @@ from cronoq.engine.model import (
     Task,
     TaskSpec,
 )
+from cronoq.engine.snapshot import Totals
+from cronoq.logs import get_logger
+
+log = get_logger("cronoq.store")
 
 # Insert order of the columns; the spec columns are written once, the state columns on every change.
 # A column is only ever appended to either list (and added to the schema by a migration).
@@ -365,6 +370,26 @@ def schedule_changes(schedules: Sequence[tuple[str, Recurring | None]]) -> tuple
     upserts = [schedule_row(name, r) for name, r in final.values() if r is not None]
     deletes = [stored for stored, (_, r) in final.items() if r is None]
     return upserts, deletes
+
+
+def totals_text(totals: Totals) -> str:
+    """The engine's counters as a commit keeps them: a JSON object by counter name."""
+    return json.dumps(dataclasses.asdict(totals), separators=(",", ":"))
+
+
+def totals_from_text(value: str | None) -> Totals | None:
+    """The counters a commit kept: None when none were, or when they no longer decode (logged; the
+    counters then start at zero, which is all they cost). A counter this version does not know is left
+    out and one it does not find starts at 0, so versions that count more or fewer read each other's."""
+    if value is None:
+        return None
+    known = {f.name for f in dataclasses.fields(Totals)}
+    try:
+        stored = _of(dict, json.loads(value))
+        return Totals(**{name: _integer(count) for name, count in stored.items() if name in known})
+    except ValueError as err:
+        log.warning("totals_undecodable", error=str(err))
+        return None
 
 
 # ------------------------------------------------------------------------------------- type checks

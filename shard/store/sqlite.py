@@ -57,6 +57,8 @@ from .rows import (
     state_of,
     task_from_row,
     text,
+    totals_from_text,
+    totals_text,
 )
 
 log = get_logger("cronoq.store")
@@ -129,6 +131,8 @@ _MIGRATIONS: tuple[tuple[str, ...], ...] = (
             }
         )
     ),
+    # The engine's totals as of the last commit, for the next leader to count on from.
+    ("ALTER TABLE cronoq_leader ADD COLUMN totals TEXT",),
 )
 SCHEMA_VERSION = len(_MIGRATIONS)
 
@@ -354,7 +358,9 @@ class SqliteStore:
             outputs = [(output, kind, task_id) for task_id, (output, kind) in new.items()]
             schedules = schedule_changes(batch.schedules)
             max_id = batch.max_id if batch.max_id > self._stored_max_id else None
-            await self._run(lambda: self._commit(updates, rows, outputs, schedules, max_id, leadership.epoch))
+            totals = None if batch.totals is None else totals_text(batch.totals)
+            marks = (max_id, totals)
+            await self._run(lambda: self._commit(updates, rows, outputs, schedules, marks, leadership.epoch))
             self._live_rows.committed(batch.tasks)
             if max_id is not None:
                 self._stored_max_id = max_id
@@ -673,12 +679,12 @@ class SqliteStore:
         rows: list[Row],
         outputs: list[tuple[bytes, str, int]],
         schedules: tuple[list[Row], list[str]],
-        max_id: int | None,
+        marks: tuple[int | None, str | None],
         epoch: int,
     ) -> None:
-        """One commit. Empty parts are skipped, and the id high-water mark is written only when it
-        rose (``max_id`` None otherwise): most commits carry outcomes alone, and each statement, and the
-        leader row's page in the write-ahead log, cost every commit."""
+        """One commit. Empty parts are skipped. The leader row keeps the id high-water mark, written only
+        when it rose (None otherwise), and the engine's totals (None: unchanged), in one statement: each
+        statement, and the leader row's page in the write-ahead log, cost every commit."""
         with self._write() as conn:
             current = conn.execute("SELECT epoch FROM cronoq_leader WHERE id = 1").fetchone()[0]
             if current != epoch:
@@ -694,8 +700,12 @@ class SqliteStore:
             ):
                 if params:
                     conn.executemany(statement, params)
-            if max_id is not None:
-                conn.execute("UPDATE cronoq_leader SET max_id = max(max_id, ?) WHERE id = 1", (max_id,))
+            max_id, totals = marks
+            if max_id is not None or totals is not None:
+                conn.execute(
+                    "UPDATE cronoq_leader SET max_id = max(max_id, ?), totals = coalesce(?, totals) WHERE id = 1",
+                    (max_id or 0, totals),
+                )
 
     def _recover(
         self, since_ns: int | None
@@ -710,9 +720,10 @@ class SqliteStore:
                 targets = (json.dumps(sorted(target_ids)), json.dumps(sorted(target_keys)), since_ns)
                 tasks += self._decode(conn, conn.execute(_RECOVER_TARGETS, targets).fetchall(), quarantined)
                 tasks.sort(key=lambda task: task.id)
-            max_id = conn.execute(
-                "SELECT max(l.max_id, coalesce((SELECT max(id) FROM cronoq_tasks), 0)) FROM cronoq_leader l WHERE l.id = 1"
-            ).fetchone()[0]
+            max_id, totals = conn.execute(
+                "SELECT max(l.max_id, coalesce((SELECT max(id) FROM cronoq_tasks), 0)), l.totals"
+                " FROM cronoq_leader l WHERE l.id = 1"
+            ).fetchone()
             schedules = []
             undecodable: list[tuple[str, str]] = []
             for row in conn.execute(f"SELECT {SELECT_SCHEDULE_COLUMNS} FROM cronoq_recurring ORDER BY name"):
@@ -720,7 +731,7 @@ class SqliteStore:
                     schedules.append(recurring_from_row(row))
                 except ValueError as err:
                     undecodable.append((row[0], str(err)))
-        return Recovered(tasks, int(max_id), schedules), quarantined, undecodable
+        return Recovered(tasks, int(max_id), schedules, totals_from_text(totals)), quarantined, undecodable
 
     def _decode(
         self, conn: sqlite3.Connection, rows: list[Row], quarantined: list[tuple[int, str]]

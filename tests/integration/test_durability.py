@@ -175,6 +175,35 @@ async def test_a_standby_takes_over_from_a_killed_leader_before_its_lease_runs_o
             assert (await client.submit(b"y")).id >> EPOCH_SHIFT == 2
 
 
+async def echo(lease: Lease) -> bytes:
+    return lease.payload
+
+
+async def test_snapshot_totals_count_on_across_a_failover(tmp_path: Path) -> None:
+    """Each commit keeps the engine's totals with its tasks, and a new leader counts on from the last
+    ones: the totals a snapshot shows never go back when a standby takes over. (A new leader counted
+    from zero: work submitted before the failover and finished after it then showed more tasks
+    succeeded than submitted.)"""
+    with leader_and_standby(tmp_path, durable_config(sqlite_store(tmp_path / "cronoq.db"))) as (
+        leader,
+        standby,
+    ):
+        async with Client(leader.target) as client:
+            async with worker(leader.target, echo):
+                await wait_all_done(client, [(await client.submit(b"ran")).id for _ in range(5)])
+            queued = [(await client.submit(b"queued")).id for _ in range(3)]  # no worker now
+            before = (await client.snapshot()).totals
+        assert (before.submitted, before.dispatched, before.succeeded) == (8, 5, 5)
+        leader.kill()  # what counts is what was committed: nothing is written at a shutdown
+        standby.wait_probe("/readyz", 200, timeout=20)
+        async with Client(standby.target) as client:
+            assert (await client.snapshot()).totals == before
+            async with worker(standby.target, echo):
+                await wait_all_done(client, queued)
+            after = (await client.snapshot()).totals
+        assert (after.submitted, after.dispatched, after.succeeded) == (8, 8, 8)
+
+
 async def test_finished_tasks_are_pruned_after_keep_finished_s(tmp_path: Path) -> None:
     body = durable_config(sqlite_store(tmp_path / "cronoq.db", keep_finished_s=1))
     server = new_server(tmp_path / "a", body)

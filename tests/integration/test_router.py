@@ -1,6 +1,6 @@
 """The router in front of a real cluster: two shards, each a leader and a standby on its own Postgres
 schema, and a ``cronoq-router`` process. Producers use only the router; workers start at the router and
-are redirected to their shard's leader."""
+are redirected to their shard's leader. What needs no failover runs in front of two memory-store shards."""
 
 from __future__ import annotations
 
@@ -13,16 +13,18 @@ from pathlib import Path
 from typing import TypeVar
 
 import aiohttp
+import grpc
 import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from cronoq.client import Client, Lease, task
 from cronoq.cluster.shards import SHARD_SHIFT
-from cronoq.errors import NotFound, Unavailable
+from cronoq.errors import ApiError, NotFound, Unavailable
 from tests.ports import free_ports
 
 from .helpers import postgres_store, scrape_metrics, watch_while, worker
 from .serverproc import ServerProcess, write_config
-from .shardproc import ShardSpec, cluster_tables, router_process
+from .shardproc import ShardSpec, cluster_tables, routed_cluster, router_process
 
 pytestmark = pytest.mark.asyncio
 T = TypeVar("T")
@@ -244,3 +246,97 @@ async def test_a_watch_through_the_router_sees_every_shard(
 
             seen = await watch_while(client, leaders, len(queued), workers)
         assert sorted(seen) == sorted((task_id, "succeeded") for task_id in queued)
+
+
+LOCK_TTL_S = 10.0  # a paused Postgres leader's lock session ends this long after its last word
+
+
+async def answer_in_time(call: Awaitable[T], paused_at: float) -> tuple[float, T | ApiError]:
+    """Seconds from the pause to ``call``'s answer (or its error), bounded by the lock TTL plus a second."""
+    try:
+        async with asyncio.timeout(paused_at + LOCK_TTL_S + 1.0 - time.monotonic()):
+            outcome: T | ApiError = await call
+    except TimeoutError:
+        raise AssertionError(f"no answer within {LOCK_TTL_S + 1.0:g} s of the pause") from None
+    except ApiError as err:
+        outcome = err
+    return time.monotonic() - paused_at, outcome
+
+
+async def test_a_paused_leader_is_given_up_naming_its_shard_within_the_lock_ttl(
+    tmp_path: Path, postgres_url: str, pg_schema: str
+) -> None:
+    """A SIGSTOPped leader keeps its connections open and answers nothing. The router must not wait out
+    the request timeout on it (30 s, then a bare "Deadline Exceeded"): its leader search finds the
+    leader silent, and the router answers from the new leader or UNAVAILABLE naming the shard. A watch
+    open there ends the same way rather than go quiet."""
+    with cluster(tmp_path, postgres_url, pg_schema) as (router, shards):
+        leader = shards["a"][0]
+        async with Client(router.target) as client, aiohttp.ClientSession(base_url=router.http) as http:
+            await client.submit(b"x", pool="a1", key="before")  # the router found the leader
+            events = client.watch()
+            assert await events.unavailable_shards() == []
+
+            async def over_http() -> tuple[int, str]:
+                async with http.post("/v1/tasks", json={"pool": "a1", "key": "http"}) as resp:
+                    return resp.status, await resp.text()
+
+            leader.signal(signal.SIGSTOP)
+            paused_at = time.monotonic()
+            try:
+                answers = await asyncio.gather(
+                    answer_in_time(client.submit(b"k", pool="a1", key="keyed"), paused_at),
+                    answer_in_time(client.submit(b"n", pool="a1"), paused_at),
+                    answer_in_time(client.get("before"), paused_at),
+                    answer_in_time(anext(events), paused_at),
+                )
+                took, answer = await answer_in_time(over_http(), paused_at)
+            finally:
+                leader.signal(signal.SIGCONT)
+            for seconds, outcome in answers:
+                print(f"answered {seconds:.2f} s after the pause: {outcome!r}")
+                if isinstance(outcome, ApiError):
+                    assert isinstance(outcome, Unavailable) and "shard 'a'" in outcome.message, outcome
+                else:  # answered by the new leader
+                    assert getattr(outcome, "id", 0) >> 48 & 0xFF == 2, outcome
+            assert not isinstance(answer, ApiError)
+            status, body = answer
+            print(f"HTTP answered {took:.2f} s after the pause: {status} {body}")
+            assert status == 200 or (status == 503 and "shard 'a'" in body), (status, body)
+            assert isinstance(answers[-1][1], Unavailable)  # the watch ended; no event was sent
+            await events.aclose()
+            # Shard b was never in doubt; shard a's leader, woken before its lock session ended, leads
+            # on, and the router sends there again once it answers.
+            assert (await client.submit(b"b", pool="b1")).id >> SHARD_SHIFT == 2
+            await until_routed(client, "before")
+
+
+async def test_the_routers_health_service_answers_for_every_service_it_serves(tmp_path: Path) -> None:
+    """A gRPC health checker asks about the service it uses: the router serves Tasks, Workers (to
+    redirect them) and Admin, and says SERVING for each, as a leading server does."""
+    with routed_cluster(tmp_path, SPECS, "") as (router, _):
+        async with grpc.aio.insecure_channel(router.target) as channel:
+            health = health_pb2_grpc.HealthStub(channel)
+            for service in ("", "cronoq.v1.Tasks", "cronoq.v1.Workers", "cronoq.v1.Admin"):
+                answer = await health.Check(health_pb2.HealthCheckRequest(service=service), timeout=5)
+                assert answer.status == health_pb2.HealthCheckResponse.SERVING, service
+            with pytest.raises(grpc.aio.AioRpcError) as unknown:
+                await health.Check(health_pb2.HealthCheckRequest(service="cronoq.v1.Nothing"), timeout=5)
+            assert unknown.value.code() == grpc.StatusCode.NOT_FOUND
+
+
+async def test_workers_listed_through_the_router_have_ids_that_name_their_shard(tmp_path: Path) -> None:
+    """Each shard numbers its workers: listed together, two shards' first workers shared id 1 and
+    nothing told their shards apart. A worker id carries its shard's number in the top 8 bits, as a
+    task id does."""
+    with routed_cluster(tmp_path, SPECS, "") as (router, _):
+        async with (
+            worker(router.target, echo, pool="a1") as wa,
+            worker(router.target, echo, pool="b1") as wb,
+            Client(router.target) as client,
+        ):
+            listed = {w.pool: w.id for w in await client.list_workers()}
+            assert listed == {"a1": wa.worker_id, "b1": wb.worker_id}
+            assert {pool: wid >> SHARD_SHIFT for pool, wid in listed.items()} == {"a1": 1, "b1": 2}
+            async with aiohttp.ClientSession(base_url=router.http) as http, http.get("/v1/workers") as resp:
+                assert {w["pool"]: int(w["id"]) for w in (await resp.json())["workers"]} == listed

@@ -652,9 +652,14 @@ async def test_a_forwarded_call_reaches_the_other_shards_leader_past_its_standby
             submitted = await via_a.submit(b"", pool="b1", key="past-the-standby", call_timeout=10)
             assert shard_number(submitted.id) == 2
             assert (await via_a.get(submitted.id)).key == "past-the-standby"
-        # Workers are sent to the leader found, not to the endpoint that reaches a standby.
+        # Workers are sent to the leader found, not to the endpoint that reaches a standby; so is a call
+        # that was forwarded here already (refused, not forwarded again).
         async with grpc.aio.insecure_channel(procs["a"].target) as channel:
             assert_redirect(await register_raw(channel, "b1"), "b", leader_url)
+            again = pb.SubmitRequest(task=task(b"x", pool="b1"))
+            assert_redirect(
+                await rpc_error(pbg.TasksStub(channel).Submit(again, metadata=FORWARDED)), "b", leader_url
+            )
         async with Client(procs["b-leader"].target) as on_b:
             assert (await on_b.get("past-the-standby")).id == submitted.id
     except BaseException:

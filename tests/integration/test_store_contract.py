@@ -41,6 +41,7 @@ from cronoq.engine.model import (
     Task,
     TaskSpec,
 )
+from cronoq.engine.snapshot import Totals
 from shard.store import Batch, Fenced, Leadership, SchemaTooNew, Store
 from shard.store import postgres as postgres_store
 from shard.store import sqlite as sqlite_store
@@ -279,6 +280,7 @@ async def test_fresh_store_leads_with_first_epoch_and_is_empty(backend: Backend)
     assert recovered.tasks == []
     assert recovered.schedules == []
     assert recovered.max_id == 0
+    assert recovered.totals is None  # no leader counted anything yet
     await store.commit(Batch())  # an empty batch is a valid commit
     assert await store.fetch(1) is None
     assert await store.fetch("absent") is None
@@ -467,6 +469,20 @@ async def test_prune_keeps_what_live_tasks_depend_on(backend: Backend) -> None:
     await store.commit(Batch([replace(batch[-1], status=Status.SKIPPED, finished=old)], max_id=7))
     assert await store.prune(NOW) == 3
     assert ids((await store.recover(0)).tasks) == []
+
+
+async def test_the_totals_of_the_last_commit_survive_a_handover(backend: Backend) -> None:
+    """Each commit keeps the engine's counters with its tasks, so that the next leader counts on from
+    them and a snapshot never goes back across a failover; a batch without totals keeps those stored."""
+    counted = Totals(submitted=35, dispatched=33, succeeded=30, failed=2, retries=4, recurring_skipped=1)
+    first, _ = await leader(backend)
+    await first.commit(Batch([task(1)], max_id=1, totals=Totals(submitted=1)))
+    await first.commit(Batch([task(2)], max_id=2, totals=counted))
+    await first.commit(Batch([task(3)], max_id=3))
+    await first.release()
+
+    second, _ = await leader(backend)
+    assert (await second.recover(0)).totals == counted
 
 
 async def test_max_id_is_a_high_water_mark(backend: Backend) -> None:

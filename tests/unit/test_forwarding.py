@@ -8,6 +8,8 @@ import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
+from functools import partial
+from typing import Any
 
 import grpc
 import pytest
@@ -19,8 +21,8 @@ from cronoq.cluster.shards import Shard, ShardMap, WrongShard
 from cronoq.config import parse_config
 from cronoq.engine import Engine
 from cronoq.engine.model import PoolConfig
-from cronoq.errors import Unavailable
-from cronoq.transport import NOT_RECEIVED_KEY, SUBMIT, never_received
+from cronoq.errors import DeadlineExceeded, Unavailable
+from cronoq.transport import NOT_RECEIVED_KEY, SUBMIT, UNAVAILABLE_SHARDS_KEY, never_received
 from cronoq.v1 import cronoq_pb2 as pb
 from cronoq.v1 import cronoq_pb2_grpc as pbg
 from shard.outputs import OutputCache
@@ -52,6 +54,34 @@ class Leader:
                 await asyncio.sleep(0.005)
 
 
+class Search:
+    """A leader search whose verdicts the test gives: a shard's calls go to its endpoint; ``on_suspect``
+    runs when a call failed there; :meth:`go_silent` makes a URL silent, giving up the calls in flight."""
+
+    def __init__(self, on_suspect: Callable[[], None] = lambda: None) -> None:
+        self.on_suspect = on_suspect
+        self.silenced: set[str] = set()
+        self.in_flight: set[Callable[[], None]] = set()
+
+    def endpoint(self, shard: Shard) -> str:
+        return shard.endpoint
+
+    def suspect(self, shard: Shard, url: str) -> None:
+        self.on_suspect()
+
+    def silent(self, shard: Shard, url: str) -> bool:
+        return url in self.silenced
+
+    def on_silence(self, shard: Shard, url: str, give_up: Callable[[], None]) -> Callable[[], None]:
+        self.in_flight.add(give_up)
+        return partial(self.in_flight.discard, give_up)
+
+    def go_silent(self, url: str) -> None:
+        self.silenced.add(url)
+        for give_up in list(self.in_flight):
+            give_up()
+
+
 @contextlib.asynccontextmanager
 async def leader(on_suspect: Callable[[ShardService, Runtime], None]) -> AsyncIterator[Leader]:
     """A leader of shard 'a' and Peers forwarding to it with retries; ``on_suspect`` runs when a call
@@ -63,13 +93,8 @@ async def leader(on_suspect: Callable[[ShardService, Runtime], None]) -> AsyncIt
     port = server.add_insecure_port("127.0.0.1:0")
     await server.start()
     shard = Shard("a", 1, f"http://127.0.0.1:{port}", frozenset({"a1"}))
-    peers = Peers(
-        ShardMap([shard]),
-        insecure_peer_http=False,
-        timeout=5.0,
-        suspect=lambda _shard, _url: on_suspect(service, runtime),
-        retries=3,
-    )
+    search = Search(lambda: on_suspect(service, runtime))
+    peers = Peers(ShardMap([shard]), insecure_peer_http=False, timeout=5.0, search=search, retries=3)
     try:
         yield Leader(service, runtime, peers, shard)
     finally:
@@ -228,3 +253,97 @@ async def test_calls_to_a_shard_open_another_connection_when_those_open_are_near
         assert peers._connection(shard.endpoint) is first[0]
     finally:
         await peers.close()
+
+
+class Hung(pbg.TasksServicer):
+    """A shard's leader that takes calls and never answers them (a paused process, as its peers see it:
+    the connection stays open). A Watch opens, then sends nothing."""
+
+    def __init__(self) -> None:
+        self.arrived = 0
+        self._never = asyncio.Event()
+
+    async def Submit(self, request: pb.SubmitRequest, context: Any) -> pb.SubmitResponse:
+        self.arrived += 1
+        await self._never.wait()
+        raise AssertionError("never answers")
+
+    async def Watch(self, request: pb.WatchRequest, context: Any) -> None:  # type: ignore[override]
+        await context.send_initial_metadata(((UNAVAILABLE_SHARDS_KEY, ""),))
+        await self._never.wait()
+
+    async def until_arrived(self, count: int) -> None:
+        async with asyncio.timeout(5):
+            while self.arrived < count:  # noqa: ASYNC110 - the calls travel through a real socket
+                await asyncio.sleep(0.005)
+
+
+@contextlib.asynccontextmanager
+async def hung_shard(timeout: float = 30.0) -> AsyncIterator[tuple[Hung, Shard, Search, Peers]]:
+    # The generated base class answers the methods not written here UNIMPLEMENTED; its stub calls them abstract.
+    hung = Hung()  # type: ignore[abstract]
+    server = grpc.aio.server()
+    pbg.add_TasksServicer_to_server(hung, server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    shard = Shard("a", 1, f"http://127.0.0.1:{port}", frozenset({"a1"}))
+    search = Search()
+    peers = Peers(ShardMap([shard]), insecure_peer_http=False, timeout=timeout, search=search, retries=3)
+    try:
+        yield hung, shard, search, peers
+    finally:
+        await peers.close()
+        await server.stop(None)
+
+
+async def test_calls_in_flight_at_a_member_gone_silent_are_given_up_and_none_is_sent_there() -> None:
+    """A paused leader answers nothing within the 30 s forwarding timeout: once the leader search finds
+    it silent, a keyless Submit in flight there fails UNAVAILABLE naming the shard (it may have run, so
+    it is unmarked and not sent again); a keyed one is retried, but never sent to the silent member: it
+    fails UNAVAILABLE marked not received."""
+    async with hung_shard() as (hung, shard, search, peers):
+        keyless = asyncio.ensure_future(peers.call(shard, SUBMIT, pb.SubmitRequest(), CALLER))
+        keyed = asyncio.ensure_future(
+            peers.call(shard, SUBMIT, pb.SubmitRequest(task=pb.TaskSpec(key="k")), CALLER)
+        )
+        await hung.until_arrived(2)
+        search.go_silent(shard.endpoint)
+        async with asyncio.timeout(5):
+            with pytest.raises(
+                Unavailable,
+                match=r"^unavailable: shard 'a': .* given up in flight \(one that changes something may have run\)$",
+            ) as in_flight:
+                await keyless
+            with pytest.raises(
+                Unavailable, match=r"^unavailable: shard 'a': .* nothing was sent, retry$"
+            ) as not_sent:
+                await keyed
+        assert not in_flight.value.metadata and not_sent.value.metadata == ((NOT_RECEIVED_KEY, "1"),)
+        assert hung.arrived == 2 and peers.retried == {("a", "Submit"): RETRIES}
+        assert peers.calls[("a", "Submit", "unavailable")] == 2
+
+
+async def test_a_watch_whose_member_goes_silent_ends_unavailable_naming_the_shard() -> None:
+    async with hung_shard() as (_, shard, search, peers):
+        stream = peers.watch(shard, pb.WatchRequest(), CALLER)
+        await stream.open()
+        search.go_silent(shard.endpoint)
+        async with asyncio.timeout(5):
+            with pytest.raises(Unavailable, match=r"^unavailable: shard 'a': .* given up in flight"):
+                await anext(stream)
+        assert peers.calls[("a", "Watch", "unavailable")] == 1
+        with pytest.raises(Unavailable, match="nothing was sent"):
+            await peers.watch(shard, pb.WatchRequest(), CALLER).open()  # not opened there again
+
+
+async def test_a_call_that_runs_out_of_time_names_the_shard_and_has_its_leader_looked_for() -> None:
+    """gRPC ends a call past its deadline with a bare "Deadline Exceeded": the forwarder says which shard
+    did not answer, and has the leader search look again (a stuck member is no better than a down one)."""
+    async with hung_shard(timeout=0.3) as (hung, shard, search, peers):
+        suspected: list[str] = []
+        search.on_suspect = lambda: suspected.append(shard.endpoint)
+        with pytest.raises(
+            DeadlineExceeded, match=rf"^deadline_exceeded: shard 'a' at {shard.endpoint} did not"
+        ):
+            await peers.call(shard, SUBMIT, pb.SubmitRequest(task=pb.TaskSpec(key="k")), CALLER)
+        assert hung.arrived == 1 and suspected == [shard.endpoint] and not peers.retried

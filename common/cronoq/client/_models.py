@@ -236,7 +236,8 @@ class PoolSnapshot:
 
 @dataclass(frozen=True, slots=True)
 class Totals:
-    """Counters since the serving leader started."""
+    """The scheduler's counters; a new leader counts on from those the last one committed, so they
+    never go back across a failover (with the memory store: since the server started)."""
 
     submitted: int
     dispatched: int

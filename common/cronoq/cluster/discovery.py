@@ -14,7 +14,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 import grpc
@@ -25,7 +27,7 @@ from cronoq.logs import get_logger
 from cronoq.tls import peer_credentials
 from cronoq.transport import Endpoint, open_channel
 
-from .forward import PEER_CHANNEL_OPTIONS, RETRIES, Peers
+from .forward import PEER_CHANNEL_OPTIONS, RETRIES, Peers, unwatched
 from .shards import Shard, ShardMap
 
 log = get_logger("cronoq.cluster.discovery")
@@ -43,6 +45,9 @@ class _Member:
     health: Any  # a HealthStub on ``channel``
     serving_since: float | None = None  # when the check that first found it serving (this time) began
     suspected_at: float | None = None  # a call to it failed then: checks begun earlier prove nothing
+    silent: bool = False  # its latest check got no answer at all
+    # What to tell when a check gets no answer: one callback per call in flight there (Peers' watchdogs).
+    in_flight: set[Callable[[], None]] = field(default_factory=set)
 
 
 def forwarding(shards: ShardMap, config: Config) -> tuple[LeaderFinder, Peers]:
@@ -55,8 +60,7 @@ def forwarding(shards: ShardMap, config: Config) -> tuple[LeaderFinder, Peers]:
         shards,
         insecure_peer_http=config.server.insecure_peer_http,
         timeout=config.limits.request_timeout_s,
-        resolve=finder.endpoint,
-        suspect=finder.suspect,
+        search=finder,
         retries=RETRIES,
         credentials=credentials,
         streams_per_connection=config.server.grpc_max_streams_per_connection,
@@ -124,6 +128,26 @@ class LeaderFinder:
                     self._settle(shard.name)
         self._wake.set()
 
+    def silent(self, shard: Shard, url: str) -> bool:
+        """Whether ``url``, a member of ``shard``, got no answer to its latest check: a call sent there
+        now would only hang (a member that is down refuses it at once, but is no use either)."""
+        member = self._member(shard, url)
+        return member is not None and member.silent
+
+    def on_silence(self, shard: Shard, url: str, give_up: Callable[[], None]) -> Callable[[], None]:
+        """Call ``give_up`` (a call in flight at ``url``) if a check of that member gets no answer before
+        the returned function is called (when the call ended). The check may have begun before the call
+        was sent: the member then said nothing for as long as a check waits, which it never does while
+        it runs. Nothing is watched at a URL that is not a member of a shard this finder tracks."""
+        member = self._member(shard, url)
+        if member is None:
+            return unwatched
+        member.in_flight.add(give_up)
+        return partial(member.in_flight.discard, give_up)
+
+    def _member(self, shard: Shard, url: str) -> _Member | None:
+        return next((m for m in self._members.get(shard.name, ()) if m.url == url), None)
+
     async def start(self) -> None:
         """Open one channel per member (bound to the running loop) and start polling in the background."""
         for name, shard in self._shards.items():
@@ -163,6 +187,13 @@ class LeaderFinder:
         members = self._members[name]
         answers = await asyncio.gather(*(self._serving(m) for m in members))
         for member, (began, serving) in zip(members, answers, strict=True):
+            member.silent = serving is None
+            if member.silent and member.in_flight:
+                log.warning(
+                    "shard_member_silent", shard=name, endpoint=member.url, calls=len(member.in_flight)
+                )
+                for give_up in list(member.in_flight):
+                    give_up()
             if member.suspected_at is not None and began <= member.suspected_at:
                 continue  # asked before the failure that made it suspect
             member.suspected_at = None
@@ -172,14 +203,15 @@ class LeaderFinder:
                 member.serving_since = began
         self._settle(name)
 
-    async def _serving(self, member: _Member) -> tuple[float, bool]:
-        """When the check began and whether the member said SERVING (an error means it is not the leader)."""
+    async def _serving(self, member: _Member) -> tuple[float, bool | None]:
+        """When the check began and whether the member said SERVING; None when it did not answer within
+        the timeout, or could not be reached (it is not the leader either way)."""
         began = asyncio.get_running_loop().time()
         request = health_pb2.HealthCheckRequest(service="")
         try:
             answer = await member.health.Check(request, timeout=self._timeout)
         except grpc.aio.AioRpcError:
-            return began, False
+            return began, None
         return began, answer.status == SERVING
 
     def _settle(self, name: str) -> None:

@@ -13,7 +13,7 @@ import asyncio
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 from urllib.parse import urlsplit
 
 import grpc
@@ -36,6 +36,7 @@ from cronoq.transport import (
     metadata_value,
     never_received,
     open_channel,
+    unadmitted,
 )
 from cronoq.v1 import cronoq_pb2 as pb
 from cronoq.v1 import cronoq_pb2_grpc as pbg
@@ -98,12 +99,73 @@ def retry_safe(method: str, request: Message, received: bool) -> bool:
     return False
 
 
+class LeaderSearch(Protocol):
+    """Where each shard's leader is, as :class:`~cronoq.cluster.discovery.LeaderFinder` finds it."""
+
+    def endpoint(self, shard: Shard) -> str:
+        """The URL to send ``shard``'s calls to now."""
+        ...
+
+    def suspect(self, shard: Shard, url: str) -> None:
+        """A call to ``url`` failed UNAVAILABLE (or was given up): look again."""
+        ...
+
+    def silent(self, shard: Shard, url: str) -> bool:
+        """Whether ``url`` answers nothing now (a call sent there would hang)."""
+        ...
+
+    def on_silence(self, shard: Shard, url: str, give_up: Callable[[], None]) -> Callable[[], None]:
+        """Call ``give_up`` if ``url`` is found silent until the returned function is called."""
+        ...
+
+
+@dataclass(slots=True, eq=False)
+class _Watchdog:
+    """Gives up a call in flight at a member its shard's leader search found silent (a paused or hung
+    process keeps the connection open and never answers): the call is cancelled, and :attr:`fired` tells
+    the caller that this, not its own cancellation, ended it."""
+
+    call: Any  # a grpc.aio call
+    fired: bool = False
+
+    def __call__(self) -> None:
+        self.fired = True
+        self.call.cancel()
+
+    def ended_it(self) -> bool:
+        """Whether a CancelledError just raised by the call is this watchdog's doing (and not the
+        cancellation of the task awaiting it, which must go on)."""
+        task = asyncio.current_task()
+        return self.fired and (task is None or not task.cancelling())
+
+
+def _silent(shard: Shard, url: str, in_flight: bool) -> Unavailable:
+    """The error of a call to a member that answers nothing: given up in flight (it may have run), or not
+    sent at all (marked not received)."""
+    why = f"shard '{shard.name}': its member at {url} answers nothing (its health check went unanswered)"
+    if in_flight:
+        return Unavailable(
+            f"{why}; the call was given up in flight (one that changes something may have run)"
+        )
+    return unadmitted(f"{why} and no other member serves yet; nothing was sent, retry")
+
+
+@dataclass(slots=True)
+class _Failed:
+    """How one attempt of a forwarded call failed, and whether the shard may have received it."""
+
+    error: ApiError
+    received: bool
+
+
 class Peers:
     """Channels to the other shards, opened on first use and kept (one per endpoint URL).
 
-    ``resolve`` gives the URL to use for a shard now (leader discovery, :mod:`cronoq.cluster.discovery`;
-    default: its configured endpoint); ``suspect(shard, url)`` hears of a call there that failed UNAVAILABLE, and
-    ``retries`` bounds how often such a call is tried again (only when that cannot run it twice).
+    ``search`` finds each shard's leader (:mod:`cronoq.cluster.discovery`; without it a shard's calls go to its
+    configured endpoint): it gives the URL to use for a shard now, hears of calls there that failed
+    UNAVAILABLE, and gives up calls in flight at a member that went silent, which fail UNAVAILABLE too
+    (a member known silent is not sent any). ``retries`` bounds how often such a call is tried again
+    (only when that cannot run it twice).
     ``credentials`` (from ``[server.peer_tls]``) are used for ``https://`` endpoints; without them the
     system trust store verifies peers and no client certificate is presented.
 
@@ -118,8 +180,7 @@ class Peers:
         *,
         insecure_peer_http: bool,
         timeout: float,
-        resolve: Callable[[Shard], str] | None = None,
-        suspect: Callable[[Shard, str], None] | None = None,
+        search: LeaderSearch | None = None,
         retries: int = 0,
         credentials: Any = None,
         streams_per_connection: int = GRPC_STREAMS_PER_CONNECTION,
@@ -128,8 +189,7 @@ class Peers:
         self.credentials = credentials
         self.insecure_peer_http = insecure_peer_http
         self.timeout = timeout
-        self._resolve = resolve
-        self._suspect = suspect
+        self._search = search
         self.retries = min(retries, len(RETRY_DELAYS_S))
         # Calls one connection carries before another is opened: the shards' own limit per connection
         # (server.grpc_max_streams_per_connection), less a tenth, as grpc lets go of a stream a moment
@@ -141,18 +201,29 @@ class Peers:
         self.retried: Counter[tuple[str, str]] = Counter()
 
     def url(self, shard: Shard) -> str:
-        return self._resolve(shard) if self._resolve is not None else shard.endpoint
+        return self._search.endpoint(shard) if self._search is not None else shard.endpoint
+
+    def silent(self, shard: Shard, url: str) -> bool:
+        return self._search is not None and self._search.silent(shard, url)
+
+    def watchdog(self, shard: Shard, url: str, call: Any) -> tuple[_Watchdog, Callable[[], None]]:
+        """A :class:`_Watchdog` for ``call`` to ``url``, and the function that stops it (when it ended)."""
+        watchdog = _Watchdog(call)
+        if self._search is None:
+            return watchdog, unwatched
+        return watchdog, self._search.on_silence(shard, url, watchdog)
 
     def check(self, shard: Shard, caller: Principal, url: str, last_hop: bool = False) -> None:
-        """Refuse (WrongShard) when this call may not be forwarded to ``shard`` at ``url``. A call that
-        was forwarded here is not forwarded again, unless it is a ``last_hop``: one a shard makes on its
-        own account while it serves a forwarded call (a key probe before a submission, the wait for a
-        duplicate held elsewhere), which the target answers itself, since it comes marked forwarded."""
+        """Refuse (WrongShard, naming ``url``: the shard's leader as found, where the caller may go
+        itself) when this call may not be forwarded to ``shard`` at ``url``. A call that was forwarded
+        here is not forwarded again, unless it is a ``last_hop``: one a shard makes on its own account
+        while it serves a forwarded call (a key probe before a submission, the wait for a duplicate held
+        elsewhere), which the target answers itself, since it comes marked forwarded."""
         if caller.forwarded and not last_hop:
-            raise WrongShard(shard, "this call was forwarded here already and is not forwarded again")
+            raise WrongShard(shard, "this call was forwarded here already and is not forwarded again", url)
         if caller.certificate:
             raise WrongShard(
-                shard, "a caller known by its client certificate cannot be forwarded (it cannot travel)"
+                shard, "a caller known by its client certificate cannot be forwarded (it cannot travel)", url
             )
         parts = urlsplit(url)
         if (
@@ -164,6 +235,7 @@ class Peers:
                 shard,
                 "forwarding would send the call (and its credential) over plain http to another host "
                 "(server.insecure_peer_http allows it)",
+                url,
             )
 
     def _connection(self, url: str) -> _Connection:
@@ -232,30 +304,66 @@ class Peers:
                 timeout = min(timeout, deadline - loop.time())
                 if timeout <= 0:
                     raise DeadlineExceeded(f"shard '{shard.name}' did not answer in time")
-            connection = self._connection(url)
-            call = rpc.on(connection.tasks, connection.admin)(
-                request, metadata=self._metadata(caller, extra), timeout=timeout
+            outcome = await self._attempt(
+                shard, rpc, request, url, self._metadata(caller, extra), (timeout, wait)
             )
-            try:
-                response: Resp = await call
-                if not wait:  # only answers that waited for a task carry an output
-                    return response, None
-                return response, metadata_value(await call.trailing_metadata(), OUTPUT_TYPE_KEY)
-            except grpc.aio.AioRpcError as err:
-                error, received = _error(err, shard, url), not never_received(err)
-            finally:
-                connection.open -= 1
-            if not isinstance(error, Unavailable):
-                raise error
-            if not await self._again(shard, method, url, attempt, retry_safe(method, request, received)):
-                raise error
+            if not isinstance(outcome, _Failed):
+                return outcome
+            if not isinstance(outcome.error, Unavailable):
+                raise outcome.error
+            safe = retry_safe(method, request, outcome.received)
+            if not await self._again(shard, method, url, attempt, safe):
+                raise outcome.error
             attempt += 1
 
+    async def _attempt(
+        self,
+        shard: Shard,
+        rpc: Rpc[Req, Resp],
+        request: Req,
+        url: str,
+        metadata: Metadata,
+        bounds: tuple[float, float],
+    ) -> tuple[Resp, str | None] | _Failed:
+        """Send the call to ``url`` once (within ``timeout``; ``wait`` when it waits for a task): its answer
+        and output type, or how it failed. Not sent to a member known silent; given up when its member
+        goes silent while it runs."""
+        timeout, wait = bounds
+        if self.silent(shard, url):
+            return _Failed(_silent(shard, url, in_flight=False), received=False)
+        loop = asyncio.get_running_loop()
+        ends = loop.time() + timeout  # no later than gRPC's deadline for the call
+        connection = self._connection(url)
+        call = rpc.on(connection.tasks, connection.admin)(request, metadata=metadata, timeout=timeout)
+        watchdog, unwatch = self.watchdog(shard, url, call)
+        try:
+            response: Resp = await call
+            if not wait:  # only answers that waited for a task carry an output
+                return response, None
+            return response, metadata_value(await call.trailing_metadata(), OUTPUT_TYPE_KEY)
+        except grpc.aio.AioRpcError as err:
+            if err.code() == grpc.StatusCode.DEADLINE_EXCEEDED and loop.time() >= ends:
+                # This attempt's own deadline, not an answer: gRPC says only "Deadline Exceeded". The
+                # shard may be stuck: look for its leader again, as after UNAVAILABLE.
+                if self._search is not None:
+                    self._search.suspect(shard, url)
+                late = DeadlineExceeded(f"shard '{shard.name}' at {url} did not answer within {timeout:g} s")
+                return _Failed(late, received=True)
+            return _Failed(_error(err, shard, url), received=not never_received(err))
+        except asyncio.CancelledError:
+            if not watchdog.ended_it():
+                raise
+            return _Failed(_silent(shard, url, in_flight=True), received=True)
+        finally:
+            unwatch()
+            connection.open -= 1
+
     async def _again(self, shard: Shard, method: str, url: str, attempt: int, safe: bool) -> bool:
-        """After a call to ``url`` failed UNAVAILABLE: tell the leader search (``suspect``), then whether
-        to send it again, after a pause: only when ``safe`` and fewer than ``retries`` retries were made."""
-        if self._suspect is not None:
-            self._suspect(shard, url)
+        """After a call to ``url`` failed UNAVAILABLE: tell the leader search (``suspect``, unless it knows
+        ``url`` silent already: calls not sent there teach it nothing), then whether to send it again,
+        after a pause: only when ``safe`` and fewer than ``retries`` retries were made."""
+        if self._search is not None and not self._search.silent(shard, url):
+            self._search.suspect(shard, url)
         if attempt >= self.retries or not safe:
             return False
         await asyncio.sleep(RETRY_DELAYS_S[attempt])
@@ -314,7 +422,9 @@ class PeerStream:
     :meth:`open` returns once the shard said the stream is open: its Watch sends its initial metadata
     (``UNAVAILABLE_SHARDS_KEY``) as soon as it is subscribed, so a healthy shard with nothing to report
     is told from one that is stuck, and a refusal, which comes as a status alone, is raised from here.
-    Then ``anext()`` gives its messages; :meth:`aclose` cancels the call.
+    Then ``anext()`` gives its messages; :meth:`aclose` cancels the call. A stream whose member the leader
+    search finds silent ends UNAVAILABLE, as one that failed: it would otherwise go quiet for as long as
+    the member is paused, while a new leader's events go unseen.
     """
 
     def __init__(self, peers: Peers, shard: Shard, request: pb.WatchRequest, caller: Principal) -> None:
@@ -323,6 +433,8 @@ class PeerStream:
         self._request = request
         self._caller = caller
         self._call: Any = None  # the grpc.aio call, once started
+        self._watchdog: _Watchdog | None = None  # on the call, while it counts on its connection
+        self._unwatch: Callable[[], None] = unwatched
         self._connection: _Connection | None = None  # the connection it counts on while open
         self._url = ""
         self._ended = False
@@ -334,8 +446,7 @@ class PeerStream:
         try:
             async with asyncio.timeout(peers.timeout):
                 attempt = 0
-                while not await self._start():
-                    error = await self._refusal()
+                while (error := await self._start()) is not None:
                     if not isinstance(error, Unavailable):
                         raise error
                     if not await peers._again(shard, "Watch", self._url, attempt, True):
@@ -353,20 +464,33 @@ class PeerStream:
             self._end("cancelled")
             raise
 
-    async def _start(self) -> bool:
-        """Send the call to the shard's current URL; whether the shard opened it (else it ended)."""
-        peers = self._peers
-        self._url = peers.url(self._shard)
-        peers.check(self._shard, self._caller, self._url)
+    async def _start(self) -> ApiError | None:
+        """Send the call to the shard's current URL: None once the shard opened it, else the error it
+        ended with (naming the shard)."""
+        peers, shard = self._peers, self._shard
+        self._url = url = peers.url(shard)
+        peers.check(shard, self._caller, url)
         self._let_go()
-        self._connection = connection = peers._connection(self._url)
+        if peers.silent(shard, url):
+            return _silent(shard, url, in_flight=False)
+        self._connection = connection = peers._connection(url)
         self._call = connection.tasks.Watch(self._request, metadata=peers._metadata(self._caller))
-        opened = await self._call.initial_metadata()
-        return metadata_value(opened, UNAVAILABLE_SHARDS_KEY) is not None
+        self._watchdog, self._unwatch = peers.watchdog(shard, url, self._call)
+        try:
+            opened = await self._call.initial_metadata()
+        except asyncio.CancelledError:
+            if not self._watchdog.ended_it():
+                raise
+            return _silent(shard, url, in_flight=True)
+        if metadata_value(opened, UNAVAILABLE_SHARDS_KEY) is not None:
+            return None
+        return await self._refusal()
 
     async def _refusal(self) -> ApiError:
         """The error of a call that ended without opening (its status, naming the shard)."""
         call = self._call
+        if self._watchdog is not None and self._watchdog.fired:
+            return _silent(self._shard, self._url, in_flight=True)
         code, details = await call.code(), await call.details()
         if code == grpc.StatusCode.OK:  # ended without a word: neither opened nor refused
             return Unavailable(f"shard '{self._shard.name}' ended the Watch stream without opening it")
@@ -380,6 +504,12 @@ class PeerStream:
             message: pb.StatusEvent = await self._call.read()
         except grpc.aio.AioRpcError as err:
             error = _error(err, self._shard, self._url)
+            self._end(error.code)
+            raise error from None
+        except asyncio.CancelledError:
+            if self._watchdog is None or not self._watchdog.ended_it():
+                raise
+            error = _silent(self._shard, self._url, in_flight=True)
             self._end(error.code)
             raise error from None
         if message is grpc.aio.EOF:
@@ -402,10 +532,17 @@ class PeerStream:
         self._peers.calls[(self._shard.name, "Watch", outcome)] += 1
 
     def _let_go(self) -> None:
-        """The call ended (or is being sent again): it no longer counts on its connection."""
+        """The call ended (or is being sent again): it no longer counts on its connection, nor is it
+        watched."""
+        self._unwatch()
+        self._unwatch = unwatched
         connection, self._connection = self._connection, None
         if connection is not None:
             connection.open -= 1
+
+
+def unwatched() -> None:
+    """Stops watching nothing: what :meth:`LeaderSearch.on_silence` returns for a URL it does not watch."""
 
 
 def write_forwarding(w: Writer, peers: Peers, prefix: str) -> None:

@@ -2,7 +2,7 @@
 
 Every process of a cluster reads the same map, so any of them (a shard server or a router) can tell
 where a call belongs without asking anyone: by the pool it names, or by the shard number carried in
-the top 8 bits of a task id (docs/operations.md, Sharding).
+the top 8 bits of a task id (docs/operations.md, Sharding), which worker ids carry too.
 """
 
 from __future__ import annotations
@@ -87,6 +87,13 @@ class ShardMap:
         else:
             base = (self.local.number << SHARD_SHIFT) | ((epoch & 0xFF) << EPOCH_SHIFT)
         return max(base + 1, max_id + 1)
+
+    def first_worker_id(self) -> int:
+        """The first worker id a leader gives out: with the local shard's number in the top 8 bits when
+        sharded, as task ids carry it, so that workers of different shards listed together (a fan-out
+        of ListWorkers) never share an id, and each id names its shard. A worker id is only ever shown
+        (``Registered.worker_id``, ``WorkerInfo.id``): no message sends it back."""
+        return 1 if self.local is None else (self.local.number << SHARD_SHIFT) + 1
 
 
 class WrongShard(FailedPrecondition):

@@ -33,13 +33,23 @@ from .model import (
     Task,
     TaskSpec,
 )
-from .snapshot import EngineSnapshot, GroupStats, PoolStats, WorkerView
+from .snapshot import EngineSnapshot, GroupStats, PoolStats, Totals, WorkerView
 from .timers import TimerKind
 from .workers import label_set
 
 DISCONNECTED: Final = "worker disconnected"
 LOST_IN_FAILOVER: Final = "attempt lost in failover"
 LOST_EXHAUSTED: Final = "attempt lost in failover; retries exhausted"
+# The totals that count tasks ending in a status (kept in EngineCore._ended, by status).
+ENDED_TOTALS: Final = (
+    ("succeeded", SUCCEEDED),
+    ("failed", FAILED),
+    ("dead_lettered", Status.DEAD_LETTERED),
+    ("cancelled", CANCELLED),
+    ("skipped", Status.SKIPPED),
+    ("missed", Status.MISSED),
+    ("shed", Status.SHED),
+)
 
 
 class Engine(EngineCore):
@@ -90,9 +100,17 @@ class Engine(EngineCore):
         self._dispatch(pool, now)
         return True
 
-    def restore(self, tasks: Iterable[Task], now: float, schedules: Iterable[Recurring] = ()) -> None:
-        """Take over the tasks and recurring schedules a previous leader left in the store (tasks in
-        ascending ids, all below this engine's ``first_id``), before any other input.
+    def restore(
+        self,
+        tasks: Iterable[Task],
+        now: float,
+        schedules: Iterable[Recurring] = (),
+        totals: Totals | None = None,
+    ) -> None:
+        """Take over the tasks, recurring schedules and ``totals`` a previous leader left in the store
+        (tasks in ascending ids, all below this engine's ``first_id``), before any other input. The
+        totals count on from the previous leader's, so that they never go back across a failover; what
+        restoring itself counts (lost attempts) comes on top.
 
         Pending tasks queue again (READY ones keep their place in time, so their wait keeps counting);
         BLOCKED ones judge their edges again and SCHEDULED ones wait for their start again; an attempt
@@ -103,6 +121,8 @@ class Engine(EngineCore):
         staying pending for ever. A schedule whose cron no longer parses is dropped and counted in
         ``totals.recurring_invalid``; a schedule's pending occurrence keeps its ``overlap`` check.
         """
+        if totals is not None:
+            self._count_on(totals)
         table = self._table
         live: list[Task] = []
         finished: list[Task] = []
@@ -431,26 +451,31 @@ class Engine(EngineCore):
                     run_p99=window.run_p99,
                 )
             )
-        ended = self._ended
-        totals = dataclasses.replace(
-            self._totals,
-            succeeded=ended[SUCCEEDED],
-            failed=ended[FAILED],
-            dead_lettered=ended[Status.DEAD_LETTERED],
-            cancelled=ended[CANCELLED],
-            skipped=ended[Status.SKIPPED],
-            missed=ended[Status.MISSED],
-            shed=ended[Status.SHED],
-        )
         return EngineSnapshot(
             pools=pools,
             live_tasks=self._table.live,
             running=len(self._leases),
             pending=self._pending_total,
-            totals=totals,
+            totals=self.totals(),
             workers_connected=len(self._workers),
             resources=self._resources.stats(now, self._parking.waiting()),
         )
+
+    def totals(self) -> Totals:
+        """The counters as of now (a copy): a store keeps them with each commit, for the next leader."""
+        ended = self._ended
+        totals = dataclasses.replace(self._totals)
+        for name, status in ENDED_TOTALS:
+            setattr(totals, name, ended[status])
+        return totals
+
+    def _count_on(self, totals: Totals) -> None:
+        """Start the counters at ``totals`` (in place: the features count into the same object)."""
+        for field in dataclasses.fields(Totals):
+            setattr(self._totals, field.name, getattr(totals, field.name))
+        for name, status in ENDED_TOTALS:
+            self._ended[status] = getattr(totals, name)
+            setattr(self._totals, name, 0)  # these live in _ended
 
     def workers(self) -> list[WorkerView]:
         """Connected workers in the order they connected."""

@@ -2,7 +2,8 @@
 
 Field names follow the wire messages (PoolSnapshot, WorkerGroup, Totals, SnapshotResponse, WorkerInfo)
 so the server converts them field by field. Windowed fields cover the last ``limits.metrics_window``
-seconds; totals count since the engine started.
+seconds; totals count on from those the previous leader left in the store (``Engine.restore``), so they
+never go back across a failover (with the memory store: since the server started).
 """
 
 from __future__ import annotations
@@ -57,7 +58,7 @@ class PoolStats:
 
 @dataclass(slots=True)
 class Totals:
-    """Counters since the engine started."""
+    """Counters since the store's first leader (see the module docstring)."""
 
     submitted: int = 0
     dispatched: int = 0

@@ -6,7 +6,17 @@ import copy
 import dataclasses
 import random
 
-from cronoq.engine import DepEdge, Engine, EngineLimits, PoolConfig, RetryRule, Semaphore, Status, Task
+from cronoq.engine import (
+    DepEdge,
+    Engine,
+    EngineLimits,
+    PoolConfig,
+    RetryRule,
+    Semaphore,
+    Status,
+    Task,
+    Totals,
+)
 
 from .helpers import FIXED, drain, spec, task_of
 
@@ -176,3 +186,25 @@ def test_restored_finished_tasks_are_retained_from_when_they_finished() -> None:
     assert new.get("early") is None and task_of(new, "late").status is Status.SUCCEEDED
     new.tick(150.0)
     assert new.get("late") is None
+
+
+def test_totals_count_on_from_the_previous_leaders() -> None:
+    """A new leader's totals start where the previous leader's last commit left them, so a snapshot
+    never goes back across a failover; what restoring counts itself (a lost attempt, a task of a pool
+    that is gone) comes on top, and counting goes on from there."""
+    before = Totals(
+        submitted=35, dispatched=30, succeeded=20, failed=3, dead_lettered=1, cancelled=2, skipped=1,
+        missed=1, shed=1, retries=4, timeouts=1, lease_expiries=2, stale_completions=3,
+        recurring_conflicts=1, recurring_invalid=1, recurring_skipped=2,
+    )  # fmt: skip
+    alone = new_leader()
+    alone.restore(left_behind(), 10.0)
+    engine = new_leader()
+    engine.restore(left_behind(), 10.0, totals=before)
+    restored = alone.totals()
+    assert restored.dead_lettered == 1 and restored.failed == 1  # c's attempt was lost; e's pool is gone
+    assert engine.totals() == Totals(
+        **{f.name: getattr(before, f.name) + getattr(restored, f.name) for f in dataclasses.fields(Totals)}
+    )
+    engine.submit([spec(key="z")], 10.0)
+    assert engine.snapshot(10.0).totals.submitted == 36
