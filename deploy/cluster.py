@@ -527,14 +527,13 @@ def _interrupted(signum: int, frame: FrameType | None) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, _interrupted)
     program = None if args.no_prometheus else prometheus_program()
     skipped = (
         "--no-prometheus"
         if args.no_prometheus
         else "no prometheus program on PATH or in /usr/bin (Debian, Ubuntu: apt-get install prometheus)"
     )
+    previous = {sig: signal.signal(sig, _interrupted) for sig in (signal.SIGINT, signal.SIGTERM)}
     print("make cluster: starting Postgres, the servers, the router, the workers ...", flush=True)
     try:
         with running(published=not args.free_ports, prometheus=program) as (cluster, notes):
@@ -548,6 +547,9 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     except KeyboardInterrupt:
         pass
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
     print("make cluster: stopped", flush=True)
     return 0
 

@@ -185,8 +185,8 @@ def server_programs() -> tuple[str, str]:
     initdb, pg_ctl = _binary("initdb"), _binary("pg_ctl")
     if initdb is None or pg_ctl is None:
         raise LookupError(
-            "no Postgres server programs (initdb, pg_ctl) on PATH or in /usr/lib/postgresql/*/bin: "
-            "install them (Debian, Ubuntu: apt-get install postgresql)"
+            "the Postgres server programs (initdb, pg_ctl) are neither on PATH nor in "
+            "/usr/lib/postgresql/*/bin: install them (Debian, Ubuntu: apt-get install postgresql)"
         )
     return initdb, pg_ctl
 
@@ -215,7 +215,7 @@ def running_postgres() -> Iterator[PostgresServer]:
     try:
         programs = server_programs()
     except LookupError as err:
-        raise LookupError(f"no Postgres: set DATABASE_URL, or {err}") from None
+        raise LookupError(f"no Postgres: DATABASE_URL is not set, and {err}") from None
     with throwaway_postgres(*programs) as url:
         yield PostgresServer(url, local=True)
 

@@ -36,11 +36,13 @@ from deploy.cluster import (
     ClusterError,
     allocate,
     cronoq_services,
+    main,
     prometheus_process,
     prometheus_program,
     published_ports,
     replicas,
 )
+from tests import postgres
 
 from .compose_image import REPO, Image
 from .compose_model import COMPOSE_DIR, Project, read_env_file
@@ -214,6 +216,19 @@ def test_make_cluster_runs_compose_and_ctrl_c_stops_everything(launcher: Launche
     assert [pid for pid in running if Path(f"/proc/{pid}").exists()] == []
     assert all(_refused(address) for address in [*http, postgres[1]])
     assert not Path(directory["directory"]).exists()
+
+
+def test_without_postgres_it_says_what_to_install(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setattr(postgres, "_binary", lambda name: None)  # found neither on PATH nor in /usr/lib
+    before = signal.getsignal(signal.SIGINT)
+    assert main(["--free-ports", "--no-prometheus"]) == 1
+    assert capsys.readouterr().err == (
+        "make cluster: cannot start Postgres: the Postgres server programs (initdb, pg_ctl) are neither on "
+        "PATH nor in /usr/lib/postgresql/*/bin: install them (Debian, Ubuntu: apt-get install postgresql)\n"
+    )
+    assert signal.getsignal(signal.SIGINT) is before  # its Ctrl-C handling ends with it
 
 
 # --- how it reads compose/ ------------------------------------------------------------------------------
