@@ -433,20 +433,21 @@ def banner(cluster: Cluster, notes: list[str], skipped: str | None) -> str:
     router = next(name for name, s in services.items() if _is_router(s))
     grpc, http = cluster.address(router, GRPC_PORT), cluster.address(router, HTTP_PORT)
     lines = ["", "cronoq cluster (compose/compose.yaml on this machine) is up. Ctrl-C stops everything.", ""]
-    lines.append(f"  {router:<18} gRPC {grpc:<17} HTTP http://{http:<17} the front door")
+    (front,) = cluster.processes[router]
+    lines.append(f"  {router:<18} gRPC {grpc:<17} HTTP http://{http:<17} {_pid(front)}, the front door")
     for shard, members in servers_by_shard(cluster.project).items():
         for name in members:
+            (process,) = cluster.processes[name]
             role = "leads" if _up(_readyz(cluster.loopback, name)) else "stands by"
             lines.append(
                 f"  {name:<18} gRPC {cluster.address(name, GRPC_PORT):<17} "
-                f"HTTP http://{cluster.address(name, HTTP_PORT):<17} shard {shard}, {role}"
+                f"HTTP http://{cluster.address(name, HTTP_PORT):<17} shard {shard}, {_pid(process)}, {role}"
             )
     for name, service in services.items():
         if is_worker(service):
             for process in cluster.processes[name]:
-                lines.append(
-                    f"  {process.name:<18} pool {service.environment['CRONOQ_POOL']}, through the router"
-                )
+                pool = service.environment["CRONOQ_POOL"]
+                lines.append(f"  {process.name:<18} pool {pool}, {_pid(process)}, through the router")
     if cluster.prometheus is not None:
         lines.append(f"  {PROMETHEUS:<18} http://{cluster.address(PROMETHEUS, PROMETHEUS_PORT)}")
     else:
@@ -490,6 +491,12 @@ def banner(cluster: Cluster, notes: list[str], skipped: str | None) -> str:
     return "\n".join(lines)
 
 
+def _pid(process: LocalProcess) -> str:
+    """Which process it is, to ``kill`` (a failover): every server's command line is the same."""
+    assert process.proc is not None
+    return f"pid {process.proc.pid}"
+
+
 def _without_password(url: str) -> str:
     return re.sub(r"(//[^:/@]+):[^@]*@", r"\1@", url)
 
@@ -520,7 +527,7 @@ def _interrupted(signum: int, frame: FrameType | None) -> None:
     # Straight to the file descriptor: a print() here could interrupt one in progress, and fail.
     os.write(
         sys.stdout.fileno(),
-        b"\nmake cluster: stopping Prometheus, the workers, the router, the servers, Postgres\n",
+        b"\nmake cluster: stopping everything, in the reverse of the start order\n",
     )
     raise KeyboardInterrupt
 

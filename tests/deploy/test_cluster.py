@@ -160,6 +160,10 @@ def test_make_cluster_runs_compose_and_ctrl_c_stops_everything(launcher: Launche
     running = children(launcher.proc.pid)
     prometheus = prometheus_program()
     assert len(running) == len(expected) + (prometheus is not None), running
+    # The pid of each cronoq process is printed (to kill a leader, say).
+    assert {int(pid) for pid in re.findall(r" pid (\d+), ", text)} == {
+        pid for pid, command in running.items() if "prometheus" not in command
+    }
     # Each in a process group of its own, out of reach of the terminal's Ctrl-C: the launcher stops them.
     assert all(os.getpgid(pid) == pid for pid in running), running
 
