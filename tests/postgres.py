@@ -179,24 +179,45 @@ class _Cluster:
         shutil.rmtree(self.root, ignore_errors=True)
 
 
-@contextlib.contextmanager
-def running_postgres() -> Iterator[PostgresServer]:
-    """``DATABASE_URL`` if set, else a throwaway local server for the duration of the block. Also used by
-    ``bench/pg_commit.py``. Raises LookupError when neither is available."""
-    external = os.environ.get("DATABASE_URL")
-    if external:
-        yield PostgresServer(external, local=False)
-        return
+def server_programs() -> tuple[str, str]:
+    """``initdb`` and ``pg_ctl``; LookupError, saying where they were looked for and how to install
+    them, when either is missing."""
     initdb, pg_ctl = _binary("initdb"), _binary("pg_ctl")
     if initdb is None or pg_ctl is None:
-        raise LookupError("no Postgres: set DATABASE_URL or install the server (initdb, pg_ctl)")
+        raise LookupError(
+            "the Postgres server programs (initdb, pg_ctl) are neither on PATH nor in "
+            "/usr/lib/postgresql/*/bin: install them (Debian, Ubuntu: apt-get install postgresql)"
+        )
+    return initdb, pg_ctl
+
+
+@contextlib.contextmanager
+def throwaway_postgres(initdb: str, pg_ctl: str) -> Iterator[str]:
+    """A server on a new data directory for the duration of the block, and its URL; stopped and its
+    directory removed afterwards. Also what ``make cluster`` runs (``deploy/cluster.py``)."""
     cluster = _Cluster(initdb, pg_ctl)
     try:
         cluster.init()
         cluster.start()
-        yield PostgresServer(cluster.url, local=True)
+        yield cluster.url
     finally:
         cluster.stop()
+
+
+@contextlib.contextmanager
+def running_postgres() -> Iterator[PostgresServer]:
+    """``DATABASE_URL`` if set, else a :func:`throwaway_postgres` for the duration of the block. Also
+    used by ``bench/pg_commit.py``. Raises LookupError when neither is available."""
+    external = os.environ.get("DATABASE_URL")
+    if external:
+        yield PostgresServer(external, local=False)
+        return
+    try:
+        programs = server_programs()
+    except LookupError as err:
+        raise LookupError(f"no Postgres: DATABASE_URL is not set, and {err}") from None
+    with throwaway_postgres(*programs) as url:
+        yield PostgresServer(url, local=True)
 
 
 @pytest.fixture(scope="session")

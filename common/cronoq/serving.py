@@ -125,8 +125,11 @@ def file_problems(config: Config, *, router: bool = False) -> list[str]:
             problems.append(str(err))
     store = config.store
     if not router and isinstance(store, SqliteStoreSection):
-        directory = os.path.dirname(os.path.abspath(store.path))
-        if not os.path.isdir(directory):
+        # A server opens its own shard's file; the whole file (--check without a shard) every shard's.
+        shard = config.server.shard
+        shards = [shard] if shard is not None or not config.shards else [s.name for s in config.shards]
+        directories = (os.path.dirname(os.path.abspath(store.path_for(name))) for name in shards)
+        for directory in dict.fromkeys(d for d in directories if not os.path.isdir(d)):
             problems.append(
                 f"store.path: directory {directory} does not exist (the database file is created in it, "
                 "the directory is not)"

@@ -9,7 +9,8 @@ from .base import Store
 
 
 def make_store(config: Config) -> Store:
-    """Build (not open) the store of ``[store]``; Postgres tables go in the shard's schema."""
+    """Build (not open) the store of ``[store]``; Postgres tables go in the shard's schema, SQLite's in
+    the shard's file."""
     section = config.store
     if isinstance(section, MemoryStoreSection):
         from .memory import MemoryStore
@@ -21,4 +22,4 @@ def make_store(config: Config) -> Store:
         return PostgresStore(section.resolved_url, schema=section.schema_for(config.server.shard))
     from .sqlite import SqliteStore
 
-    return SqliteStore(section.path)
+    return SqliteStore(section.path_for(config.server.shard))

@@ -201,9 +201,16 @@ class LocalProcess:
         )
 
     def start(self) -> None:
+        """Start in a process group of its own, as a container is: a terminal's Ctrl-C reaches whoever
+        started it (``make cluster``), which stops it in its turn."""
         with self.log.open("ab") as log:
             self.proc = subprocess.Popen(
-                self.argv, env=self.env, cwd=self.cwd, stdout=log, stderr=subprocess.STDOUT
+                self.argv,
+                env=self.env,
+                cwd=self.cwd,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
             )
 
     def healthy(self) -> bool:

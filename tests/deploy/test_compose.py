@@ -13,7 +13,6 @@ import tomllib
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
-from functools import partial
 from pathlib import Path, PurePosixPath
 from typing import Any
 
@@ -23,10 +22,11 @@ import pytest
 import yaml
 
 from cronoq.client import Client
+from deploy.cluster import allocate, local_processes, start_in_order, stop_in_order
 
 from .compose_image import REPO, VENV_BIN, Image, local_program
 from .compose_model import COMPOSE_DIR, Project, Service, load_raw, read_env_file
-from .compose_run import Container, LocalProcess, Loopback, stop_all
+from .compose_run import Container, LocalProcess, Loopback
 
 ENV = read_env_file()
 CLUSTER_TOML = COMPOSE_DIR / "cronoq.toml"
@@ -219,32 +219,15 @@ def test_every_process_accepts_the_shared_configuration(
 # --- the cluster, run ---------------------------------------------------------------------------------
 
 
-def start_order(services: dict[str, Service]) -> list[list[str]]:
-    """Compose's start order: each wave once everything it depends on has started (and, where asked,
-    is healthy); dependencies outside ``services`` (Postgres) are taken as ready."""
-    waves: list[list[str]] = []
-    started: set[str] = set()
-    while len(started) < len(services):
-        wave = [
-            name
-            for name, s in services.items()
-            if name not in started and all(d in started or d not in services for d in s.depends_on)
-        ]
-        assert wave, "a dependency cycle"
-        waves.append(wave)
-        started |= set(wave)
-    return waves
-
-
 @pytest.fixture
 def running(
     project: Project, image: Image, tmp_path: Path, postgres_url: str, pg_schema: str
-) -> Iterator[tuple[dict[str, LocalProcess], Loopback]]:
-    """Every cronoq container of the Compose file, started in Compose's order, each waited for by its
-    own healthcheck. Changed from the file, besides addresses: DATABASE_URL is the test's Postgres,
-    and the schema prefix is this test's (``pg_schema``) so that tests do not share tables."""
-    aliases = {alias: name for name, s in reversed(of_image(project).items()) for alias in s.aliases}
-    loopback = Loopback.allocate(of_image(project), image.exposed, aliases)
+) -> Iterator[tuple[dict[str, list[LocalProcess]], Loopback]]:
+    """Every cronoq container of the Compose file, started as ``make cluster`` starts them (in
+    Compose's order, each waited for by its own healthcheck; ``deploy/cluster.py``). Changed from the
+    file, besides addresses: DATABASE_URL is the test's Postgres, and the schema prefix is this test's
+    (``pg_schema``) so that tests do not share tables."""
+    loopback, _ = allocate(project, image, published=False)
 
     def own_schema(source: Path, text: str) -> str:
         if source != CLUSTER_TOML:
@@ -252,31 +235,16 @@ def running(
         assert text.count(SHARD_SCHEMA) == 1
         return text.replace(SHARD_SCHEMA, f'"{pg_schema}_{{shard}}"')
 
-    processes: dict[str, LocalProcess] = {}
-    for name, service in of_image(project).items():
-        overrides = {"DATABASE_URL": postgres_url} if "DATABASE_URL" in service.environment else {}
-        container = Container.of_service(project, image, service)
-        processes[name] = container.local(loopback, tmp_path / name, overrides=overrides, edit=own_schema)
+    processes = local_processes(project, image, loopback, tmp_path, postgres_url, edit=own_schema)
     try:
-        for wave in start_order(of_image(project)):
-            for name in wave:
-                processes[name].start()
-            for name in wave:
-                if processes[name].healthcheck is not None:
-                    processes[name].wait_healthy(
-                        partial(_up, f"http://{loopback.address(name, 7071)}/healthz")
-                    )
+        start_in_order(project, processes)
         yield processes, loopback
     except BaseException:
-        for name, process in processes.items():
-            print(f"----- {name} -----\n{process.logs()}")
+        for process in (p for group in processes.values() for p in group):
+            print(f"----- {process.name} -----\n{process.logs()}")
         raise
     finally:
-        stop_all(processes.values())
-
-
-def _up(url: str) -> bool:
-    return _status(url) == 200
+        stop_in_order(project, processes)
 
 
 def _status(url: str) -> int:
@@ -292,7 +260,7 @@ def _status(url: str) -> int:
 
 @pytest.mark.slow
 async def test_cluster_runs_tasks_of_both_shards_through_the_router(
-    running: tuple[dict[str, LocalProcess], Loopback], postgres_url: str, pg_schema: str
+    running: tuple[dict[str, list[LocalProcess]], Loopback], postgres_url: str, pg_schema: str
 ) -> None:
     processes, loopback = running
     # One leader and one standby per shard (the leader may still be recovering when both are up).
@@ -318,5 +286,5 @@ async def test_cluster_runs_tasks_of_both_shards_through_the_router(
                 0,
             )
             assert count == 1, shard
-    assert all(p.proc is not None and p.proc.poll() is None for p in processes.values())
-    assert "serving pool llm" in processes["worker-llm"].logs()
+    assert all(p.proc is not None and p.proc.poll() is None for group in processes.values() for p in group)
+    assert "serving pool llm" in processes["worker-llm"][0].logs()

@@ -48,7 +48,7 @@ from .helpers import (
     worker,
 )
 from .serverproc import ServerProcess, write_config
-from .shardproc import ShardSpec, cluster_tables, routed_cluster, router_process, running_cluster
+from .shardproc import ShardSpec, cluster_tables, new_cluster, routed_cluster, router_process, running_cluster
 
 pytestmark = pytest.mark.asyncio
 
@@ -623,6 +623,28 @@ async def test_a_watch_with_a_shard_down_names_it_and_serves_the_rest(
         router.stop()
 
 
+async def test_sqlite_shards_each_lead_in_their_own_file_and_never_share_one(tmp_path: Path) -> None:
+    """``{shard}`` in a SQLite path gives each shard its file, as in a Postgres schema: both shards lead.
+    On one file the second shard's server used to stand by behind the first forever; now every server
+    refuses to start, naming both shards."""
+    own_files = {spec.name: sqlite_store(tmp_path / "{shard}.db") for spec in SHARDS}
+    with running_cluster(tmp_path / "own", SHARDS, extra=own_files) as procs:  # each started as a leader
+        files = sorted(p.name for p in tmp_path.glob("*.db"))  # noqa: ASYNC240 - a directory listing
+        assert files == ["a.db", "b.db"]
+        assert all(proc.probe("/readyz") == 200 for proc in procs.values())
+    one_file = {spec.name: sqlite_store(tmp_path / "state.db") for spec in SHARDS}
+    for name, proc in new_cluster(tmp_path / "shared", SHARDS, extra=one_file).items():
+        try:
+            with pytest.raises(RuntimeError, match="exited with 1"):
+                proc.start(ready=False)
+        finally:
+            proc.stop()
+        assert (
+            f"store.path: shards 'a' and 'b' would share the SQLite file '{tmp_path / 'state.db'}'"
+        ) in proc.logs(), name
+    assert not (tmp_path / "state.db").exists()
+
+
 async def test_a_forwarded_call_reaches_the_other_shards_leader_past_its_standby(tmp_path: Path) -> None:
     """A shard's endpoint may be a Service in front of its leader and standbys, which can hand a call to
     a standby: a server finds the other shard's leader among its ``members``, as the router does, and
@@ -632,7 +654,7 @@ async def test_a_forwarded_call_reaches_the_other_shards_leader_past_its_standby
     leader_url, standby_url, a_url = (f"http://127.0.0.1:{grpc}" for grpc, _ in (b_leader, b_standby, a))
     # Everyone reaches shard b at its standby, as a balancer in front of both may.
     tables = cluster_tables(SHARDS, {"a": a_url, "b": standby_url}, {"b": [standby_url, leader_url]})
-    b_body = f'[server]\nshard = "b"\n\n{sqlite_store(tmp_path / "b.db")}{tables}'
+    b_body = f'[server]\nshard = "b"\n\n{sqlite_store(tmp_path / "{shard}.db")}{tables}'
     procs: dict[str, ServerProcess] = {}
     for name, body, (grpc_port, http_port) in (
         ("b-leader", b_body, b_leader),

@@ -565,6 +565,55 @@ def test_sharded_postgres_defaults_to_a_schema_per_shard() -> None:
     assert unsharded.resolved_url == "postgres://x"
 
 
+def sqlite_at(path: str, shards: str = "abc") -> str:
+    """A SQLite store at ``path`` for shards named by the letters of ``shards``, a pool each."""
+    return f'[store]\nkind = "sqlite"\npath = "{path}"\n' + "".join(
+        f'[[pools]]\nname = "{n}1"\n[[shards]]\nname = "{n}"\nnumber = {i}\nendpoint = "http://{n}:7070"\n'
+        f'pools = ["{n}1"]\n'
+        for i, n in enumerate(shards, 1)
+    )
+
+
+def test_a_sqlite_path_takes_the_shard_name() -> None:
+    """As the Postgres schema does: one file for the whole cluster, a database per shard."""
+    text = sqlite_at("/var/lib/cronoq/{shard}.db")
+    for reader in ({}, {"shard": "b"}, {"router": True}):
+        store = parse_config(text, env={}, **reader).store
+        assert isinstance(store, SqliteStoreSection), reader
+        assert [store.path_for(s) for s in "abc"] == [f"/var/lib/cronoq/{s}.db" for s in "abc"]
+    unsharded = parse_config('[store]\nkind = "sqlite"\npath = "state.db"\n', env={}).store
+    assert isinstance(unsharded, SqliteStoreSection) and unsharded.path_for(None) == "state.db"
+
+
+def test_shards_on_one_sqlite_file_are_refused_naming_them() -> None:
+    """Servers on one file are one leader group: every shard's server but the first would stand by
+    forever. Every server refuses the file (whichever shard it serves), and --check of the whole file;
+    a file spelled two ways is one file. The router keeps no store."""
+    shared = (
+        "store.path: shards 'a', 'b' and 'c' would share the SQLite file '/var/lib/cronoq/state.db', "
+        "where only one server leads: put {shard} in the path to give each shard its own file "
+        '(e.g. path = "/var/lib/cronoq/{shard}.db")'
+    )
+    for path in ("/var/lib/cronoq/state.db", "/var/lib/cronoq/{shard}/../state.db"):
+        for reader in ({}, {"shard": "a"}, {"shard": "c"}):
+            assert [str(p) for p in problems(sqlite_at(path), env={}, **reader)] == [shared], (path, reader)
+        parse_config(sqlite_at(path), env={}, router=True)
+    assert [p.message for p in problems(sqlite_at("state.db", "ab"), env={})] == [
+        "shards 'a' and 'b' would share the SQLite file 'state.db', where only one server leads: put "
+        '{shard} in the path to give each shard its own file (e.g. path = "/var/lib/cronoq/{shard}.db")'
+    ]
+
+
+def test_the_sqlite_directory_checked_is_the_shards_own(tmp_path: Path) -> None:
+    """A server needs its own shard's directory; --check of the whole file every shard's."""
+    text = sqlite_at(f"{tmp_path}/{{shard}}/state.db", "ab")
+    (tmp_path / "a").mkdir()
+    assert file_problems(parse_config(text, env={}, shard="a")) == []
+    for shard in ("b", None):
+        (problem,) = file_problems(parse_config(text, env={}, shard=shard))
+        assert problem.startswith(f"store.path: directory {tmp_path / 'b'} does not exist"), shard
+
+
 def test_load_config_reports_unreadable_files(tmp_path: Path) -> None:
     with pytest.raises(ConfigError) as caught:
         load_config(tmp_path / "missing.toml", env={})
@@ -816,6 +865,7 @@ BAD: list[tuple[str, str, str]] = [
     ),
     ("[store]\nkind = 'postgres'\nurl_env = 'PG_URL'\nschema = 'a_{shard}'", "store.schema", "no [[shards]]"),
     (f"[store]\nkind = 'postgres'\nurl_env = 'PG_URL'\nschema = '{'s' * 64}'", "store.schema", "at most 63"),
+    ("[store]\nkind = 'sqlite'\npath = '/d/{shard}.db'", "store.path", "uses {shard} but no [[shards]]"),
     # shards and resources
     ("[server]\nshard = 'cpu'", "server.shard", "no [[shards]] are configured"),
     (

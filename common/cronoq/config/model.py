@@ -46,8 +46,8 @@ from .rules import (
     ORIGIN,
     RESOLVED,
     SCHEMA,
-    SCHEMA_PLACEHOLDER,
     SECRET_NOT_EMPTY,
+    SHARD_PLACEHOLDER,
     TOKEN,
     U32_MAX,
     above,
@@ -58,7 +58,7 @@ from .rules import (
 DEFAULT_POOL = "default"
 DEFAULT_URL_ENV = "DATABASE_URL"
 DEFAULT_SCHEMA = "public"
-DEFAULT_SHARDED_SCHEMA = "cronoq_" + SCHEMA_PLACEHOLDER
+DEFAULT_SHARDED_SCHEMA = "cronoq_" + SHARD_PLACEHOLDER
 KEEP_FINISHED_S = 7 * 86_400.0
 MIB = 1 << 20
 # UTF-8 bytes a task key or a schedule's name may take, whatever ``max_key_len`` allows: the stores
@@ -216,11 +216,17 @@ class MemoryStoreSection:
 
 @dataclass(frozen=True, slots=True)
 class SqliteStoreSection:
-    """``kind = "sqlite"``: a file on a local disk; a second process on it is a standby."""
+    """``kind = "sqlite"``: a file on a local disk; a second process on it is a standby. Every process on
+    one file is one leader group, so with ``[[shards]]`` the path takes ``{shard}``, as the Postgres
+    schema does, to give each shard a file of its own."""
 
     KIND: ClassVar[str] = "sqlite"
     path: str = field(metadata=NOT_EMPTY)
     keep_finished_s: float = field(default=KEEP_FINISHED_S, metadata=DURATION)
+
+    def path_for(self, shard: str | None) -> str:
+        """The database file a server of ``shard`` (None: unsharded) opens."""
+        return self.path.replace(SHARD_PLACEHOLDER, shard or "")
 
 
 @dataclass(frozen=True, slots=True)
@@ -239,7 +245,7 @@ class PostgresStoreSection:
         template = self.schema
         if template is None:
             template = DEFAULT_SCHEMA if shard is None else DEFAULT_SHARDED_SCHEMA
-        return template.replace(SCHEMA_PLACEHOLDER, shard or "")
+        return template.replace(SHARD_PLACEHOLDER, shard or "")
 
 
 StoreSection = MemoryStoreSection | SqliteStoreSection | PostgresStoreSection

@@ -75,8 +75,9 @@ _HOST = re.compile(r"[A-Za-z0-9]([A-Za-z0-9.-]*[A-Za-z0-9])?")
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _DNS_LABEL = r"(\*|[A-Za-z0-9_]([A-Za-z0-9_-]{0,61}[A-Za-z0-9_])?)"
 _DNS_NAME = re.compile(rf"{_DNS_LABEL}(\.{_DNS_LABEL})*")
-SCHEMA_PLACEHOLDER = "{shard}"
-_SCHEMA = re.compile(rf"([A-Za-z0-9_]|{re.escape(SCHEMA_PLACEHOLDER)})+")
+# Replaced by a server's shard name in [store] schema (Postgres) and path (SQLite): one file, a store per shard.
+SHARD_PLACEHOLDER = "{shard}"
+_SCHEMA = re.compile(rf"([A-Za-z0-9_]|{re.escape(SHARD_PLACEHOLDER)})+")
 MAX_SCHEMA_LEN = 63  # Postgres truncates longer identifiers, which would silently merge clusters
 
 
@@ -144,7 +145,7 @@ def check_schema(value: str) -> str | None:
 
 def check_schema_name(value: str) -> str | None:
     """The schema after ``{shard}`` was replaced, as Postgres will see it."""
-    if not _SCHEMA.fullmatch(value) or SCHEMA_PLACEHOLDER in value:
+    if not _SCHEMA.fullmatch(value) or SHARD_PLACEHOLDER in value:
         return "may contain only letters, digits and _"
     if len(value) > MAX_SCHEMA_LEN:
         return f"must be at most {MAX_SCHEMA_LEN} characters"

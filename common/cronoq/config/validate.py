@@ -27,6 +27,7 @@ from .model import (
     Config,
     PoolSection,
     PostgresStoreSection,
+    SqliteStoreSection,
     StoreSection,
     TokenSection,
     WebhookScaler,
@@ -35,7 +36,7 @@ from .problems import Problems, key_path, show
 from .rules import (
     RESOLVED_KEY,
     RULE,
-    SCHEMA_PLACEHOLDER,
+    SHARD_PLACEHOLDER,
     Check,
     Range,
     check_schema_name,
@@ -309,6 +310,8 @@ def _token_value(index: int, token: TokenSection, env: Mapping[str, str], proble
 
 def _resolve_store(config: Config, env: Mapping[str, str], problems: Problems) -> StoreSection:
     store = config.store
+    if isinstance(store, SqliteStoreSection):
+        _check_sqlite_path(config, store, problems)
     if not isinstance(store, PostgresStoreSection):
         return store
     _check_schema(config, store, problems)
@@ -321,13 +324,36 @@ def _resolve_store(config: Config, env: Mapping[str, str], problems: Problems) -
     )
 
 
+def _check_sqlite_path(config: Config, store: SqliteStoreSection, problems: Problems) -> None:
+    """Every shard needs a file of its own. The servers on one SQLite file are one leader group, so
+    the second shard's servers would stand by behind the first shard's leader forever, serving nothing
+    while looking healthy: refused, naming the shards."""
+    if problems.failed("store.path"):
+        return
+    if SHARD_PLACEHOLDER in store.path and not config.shards:
+        problems.add("store.path", f"uses {SHARD_PLACEHOLDER} but no [[shards]] are configured")
+        return
+    sharing: dict[str, list[str]] = {}
+    for name in dict.fromkeys(shard.name for shard in config.shards):
+        sharing.setdefault(os.path.normpath(store.path_for(name)), []).append(name)
+    for path, names in sharing.items():
+        if len(names) > 1:
+            shards = ", ".join(show(name) for name in names[:-1]) + f" and {show(names[-1])}"
+            problems.add(
+                "store.path",
+                f"shards {shards} would share the SQLite file {show(path)}, where only one server "
+                "leads: put {shard} in the path to give each shard its own file "
+                '(e.g. path = "/var/lib/cronoq/{shard}.db")',
+            )
+
+
 def _check_schema(config: Config, store: PostgresStoreSection, problems: Problems) -> None:
     """Every shard's schema, after ``{shard}`` is replaced, must be a usable Postgres identifier."""
     if problems.failed("store.schema"):
         return
     template = store.schema or ""
-    if SCHEMA_PLACEHOLDER in template and not config.shards:
-        problems.add("store.schema", f"uses {SCHEMA_PLACEHOLDER} but no [[shards]] are configured")
+    if SHARD_PLACEHOLDER in template and not config.shards:
+        problems.add("store.schema", f"uses {SHARD_PLACEHOLDER} but no [[shards]] are configured")
         return
     shards: list[str | None] = [shard.name for shard in config.shards] or [None]
     for shard in shards:
