@@ -123,8 +123,8 @@ class Rendered:
 
     @property
     def config_text(self) -> str:
-        """The ``cronoq.toml`` of the chart's ConfigMap."""
-        (config_map,) = self.of_kind("ConfigMap")
+        """The ``cronoq.toml`` of the chart's ConfigMap (the dashboards' ConfigMaps are others)."""
+        (config_map,) = [doc for doc in self.of_kind("ConfigMap") if "cronoq.toml" in doc["data"]]
         text: str = config_map["data"]["cronoq.toml"]
         return text
 
