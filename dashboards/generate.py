@@ -227,10 +227,8 @@ def router(scope: str, *, fan_outs: bool) -> list[Panel]:
             "member serving (for a minute: CronoqShardUnreachable).",
             f"min by (shard) ({metric('cronoq_router_shard_leader', scope)})",
             "{{shard}}",
-            {
-                "0": {"text": "unreachable", "color": "red", "index": 0},
-                "1": {"text": "reachable", "color": "green", "index": 1},
-            },
+            ("unreachable", "red"),
+            ("reachable", "green"),
         ),
         series(
             "Calls forwarded",
@@ -273,7 +271,14 @@ def router(scope: str, *, fan_outs: bool) -> list[Panel]:
     ]
 
 
-def leaders(title: str, description: str, expr: str, legend: str, mapping: dict[str, Any]) -> Panel:
+def leaders(
+    title: str, description: str, expr: str, legend: str, zero: tuple[str, str], one: tuple[str, str]
+) -> Panel:
+    """A stat panel of a 0-or-1 gauge, each value shown as a (text, color)."""
+    mapping = {
+        str(value): {"text": text, "color": color, "index": value}
+        for value, (text, color) in enumerate((zero, one))
+    }
     return Panel(
         "stat",
         title,
@@ -298,10 +303,8 @@ def overview() -> dict[str, Any]:
                     "minute: CronoqShardWithoutLeader).",
                     f"sum by (shard) ({metric('cronoq_leader', SCOPE)})",
                     "{{shard}}",
-                    {
-                        "0": {"text": "no leader", "color": "red", "index": 0},
-                        "1": {"text": "leader", "color": "green", "index": 1},
-                    },
+                    ("no leader", "red"),
+                    ("leader", "green"),
                 )
             ],
         ),
@@ -333,10 +336,8 @@ def shard() -> dict[str, Any]:
                     "a standby for 10 minutes fires CronoqStandbyMissing.",
                     metric("cronoq_leader", selector(SCOPE, 'shard="$shard", instance=~"$instance"')),
                     "{{instance}}",
-                    {
-                        "0": {"text": "standby", "color": "blue", "index": 0},
-                        "1": {"text": "leader", "color": "green", "index": 1},
-                    },
+                    ("standby", "blue"),
+                    ("leader", "green"),
                 )
             ],
         ),

@@ -228,7 +228,7 @@ def routed_ha_cluster(
             )
     router = router_process(directory / "router", tables)
     started: list[ServerProcess] = []
-    try:
+    with stopped_after(started):
         for procs in servers.values():
             procs[0].start()
             started.append(procs[0])
@@ -237,6 +237,14 @@ def routed_ha_cluster(
         router.start()
         started.append(router)
         yield router, servers
+
+
+@contextlib.contextmanager
+def stopped_after(started: list[ServerProcess]) -> Iterator[None]:
+    """Stop every process in ``started`` (which the block may fill as it starts them) when the block
+    ends, and print each one's log first when it ends on a failure."""
+    try:
+        yield
     except BaseException:
         for proc in started:
             print(f"----- {proc.log_path} -----\n{proc.logs()}")
