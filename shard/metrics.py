@@ -14,7 +14,7 @@ from cronoq.engine.model import Priority, Status
 from cronoq.engine.snapshot import EngineSnapshot
 from cronoq.prometheus import Writer as _Writer
 
-from .runtime import CommitStats
+from .runtime import CommitFailures, CommitStats
 
 OUTCOMES = (
     Status.SUCCEEDED,
@@ -31,6 +31,19 @@ def render_standby(shard: str) -> str:
     """A standby has no engine to report; it says that it is not the leader."""
     w = _Writer()
     _leader(w, shard, False)
+    return w.text()
+
+
+def render_commit_failures(failures: CommitFailures) -> str:
+    """The store's failed commits (durable stores), on a leader's page and a standby's alike: the
+    failure that made a leader step down is counted by the process that now stands by."""
+    w = _Writer()
+    w.family(
+        "cronoq_store_commit_failures_total",
+        "counter",
+        "Commits that failed: retried after a passing failure, or fatal (the leader stepped down).",
+        [({"kind": "retried"}, float(failures.retried)), ({"kind": "fatal"}, float(failures.fatal))],
+    )
     return w.text()
 
 
@@ -67,6 +80,13 @@ def render(
     )
     w.family("cronoq_pool_capacity", "gauge", "Worker slots connected to the pool.", per_pool("capacity"))
     w.family("cronoq_pool_busy", "gauge", "Slots running an attempt.", per_pool("busy"))
+    w.family(
+        "cronoq_pool_ready",
+        "gauge",
+        "Tasks ready to run now, waiting for a slot (or for a resource): pending minus those that wait "
+        "for a start, their dependencies or a retry's backoff.",
+        per_pool("ready"),
+    )
     w.family("cronoq_pool_held", "gauge", "Slots held for upcoming fixed starts.", per_pool("held"))
     w.family(
         "cronoq_pool_reservations",

@@ -113,6 +113,17 @@ class CommitStats:
         self.recent_sizes.append(size)
 
 
+@dataclass(slots=True)
+class CommitFailures:
+    """Commits that failed, for ``cronoq_store_commit_failures_total``: ``retried`` after a passing
+    failure, ``fatal`` when the store failed and the leader stepped down. The server keeps one for the
+    process and hands it to each term's runtime, so a failure that ended a term still shows on the
+    standby's page that follows it, and the counter never goes back while the process runs."""
+
+    retried: int = 0
+    fatal: int = 0
+
+
 class Runtime:
     """Owns the engine of one serving leader and everything that reacts to its actions."""
 
@@ -127,6 +138,7 @@ class Runtime:
         on_store_failure: Callable[[str], None] | None = None,
         on_scale: Callable[[str, int], None] | None = None,
         first_worker_id: int = 1,
+        commit_failures: CommitFailures | None = None,
     ) -> None:
         self.engine = engine
         self.outputs = outputs
@@ -150,6 +162,7 @@ class Runtime:
         self._committer: asyncio.Task[None] | None = None
         self.max_id = 0  # highest task id issued, for the store's high-water mark
         self.commit_stats = CommitStats()
+        self.commit_failures = commit_failures if commit_failures is not None else CommitFailures()
         self.sessions: dict[int, WorkerSink] = {}
         # Leases or aborts went to worker streams since the last sync() (read with the memory store only).
         self._handed = False
@@ -322,6 +335,7 @@ class Runtime:
                     log.exception("commit_failed_unexpectedly")
                     err = StoreError(f"{type(err).__name__}: {err}")
                 self._failed = reason = f"store failure: {err}"
+                self.commit_failures.fatal += 1
                 for fut in synced + self._synced:
                     if not fut.done():
                         fut.set_exception(Unavailable(f"{reason}; this server stepped down"))
@@ -347,6 +361,7 @@ class Runtime:
             except StoreUnavailable as err:
                 delay = RETRY_COMMIT_S[min(attempt, len(RETRY_COMMIT_S) - 1)]
                 attempt += 1
+                self.commit_failures.retried += 1
                 log.warning("commit_retry", error=str(err), attempt=attempt, retry_in_s=delay)
                 await asyncio.sleep(delay)
 

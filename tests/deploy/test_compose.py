@@ -176,6 +176,14 @@ def test_prometheus_scrapes_every_server_and_the_router(project: Project) -> Non
     assert {"cronoq-router:7071", "cronoq-gpu-2:7071"} <= targets
 
 
+def test_prometheus_evaluates_the_charts_alert_rules(project: Project) -> None:
+    """The one rules file, the chart's: mounted where prometheus.yml's rule_files names it."""
+    config = yaml.safe_load((COMPOSE_DIR / "prometheus" / "prometheus.yml").read_text())
+    mounts = {m.target: m.source for m in project.mounts(project.services["prometheus"])}
+    (rules,) = config["rule_files"]
+    assert mounts[PurePosixPath(rules)] == REPO / "charts" / "cronoq" / "files" / "alerts.yaml"
+
+
 def test_grafana_is_provisioned_with_the_dashboards(project: Project) -> None:
     grafana = project.services["grafana"]
     mounts = {m.source: m.target for m in project.mounts(grafana) if m.source is not None}

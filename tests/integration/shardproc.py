@@ -16,7 +16,7 @@ from pathlib import Path
 
 from tests.ports import free_ports
 
-from .helpers import toml_table
+from .helpers import postgres_store, toml_table
 from .serverproc import ServerProcess, assert_clean_log, running_server, write_config
 
 
@@ -195,3 +195,60 @@ def server_or_router(
         yield router
     for proc in procs.values():
         assert_clean_log(proc)
+
+
+@contextlib.contextmanager
+def routed_ha_cluster(
+    directory: Path, shards: Sequence[ShardSpec], postgres_url: str, schema: str
+) -> Iterator[tuple[ServerProcess, dict[str, list[ServerProcess]]]]:
+    """The cluster as users run it (Compose, ``make cluster``): per shard a leader and a standby on the
+    shard's own Postgres schema (``<schema>_<shard>``), both listed as the shard's ``members``, and a
+    router in front. Yields the router and, per shard, [leader, standby], all started (the standbys
+    standing by); every log is printed on a failure inside the block."""
+    picked = iter(free_ports(4 * len(shards)))
+    ports = {spec.name: [(next(picked), next(picked)) for _ in range(2)] for spec in shards}
+    urls = {name: [f"http://127.0.0.1:{grpc}" for grpc, _ in pairs] for name, pairs in ports.items()}
+    tables = cluster_tables(shards, {name: members[0] for name, members in urls.items()}, urls)
+    body = postgres_store(f"{schema}_{{shard}}") + tables
+    servers: dict[str, list[ServerProcess]] = {}
+    for name, pairs in ports.items():
+        servers[name] = []
+        for i, (grpc_port, http_port) in enumerate(pairs):
+            folder = directory / f"{name}{i}"
+            folder.mkdir(parents=True)
+            config = write_config(folder, f'[server]\nshard = "{name}"\n{body}', grpc_port, http_port)
+            servers[name].append(
+                ServerProcess(
+                    config,
+                    folder / "server.log",
+                    env={"DATABASE_URL": postgres_url},
+                    grpc_port=grpc_port,
+                    http_port=http_port,
+                )
+            )
+    router = router_process(directory / "router", tables)
+    started: list[ServerProcess] = []
+    with stopped_after(started):
+        for procs in servers.values():
+            procs[0].start()
+            started.append(procs[0])
+            procs[1].start(ready=False)
+            started.append(procs[1])
+        router.start()
+        started.append(router)
+        yield router, servers
+
+
+@contextlib.contextmanager
+def stopped_after(started: list[ServerProcess]) -> Iterator[None]:
+    """Stop every process in ``started`` (which the block may fill as it starts them) when the block
+    ends, and print each one's log first when it ends on a failure."""
+    try:
+        yield
+    except BaseException:
+        for proc in started:
+            print(f"----- {proc.log_path} -----\n{proc.logs()}")
+        raise
+    finally:
+        for proc in started:
+            proc.stop()

@@ -22,7 +22,7 @@ from tests.ports import free_ports
 
 from .helpers import token
 from .serverproc import ServerProcess, write_config
-from .shardproc import ShardSpec, cluster_tables
+from .shardproc import ShardSpec, cluster_tables, stopped_after
 from .test_tls import Pki, _https, _tls_config
 
 pytestmark = pytest.mark.asyncio
@@ -104,17 +104,10 @@ def tls_cluster(
         module="cronoq.router.main",
     )
     started = [*procs.values(), router]
-    try:
+    with stopped_after(started):
         for proc in started:
             proc.start()
         yield procs, router
-    except BaseException:
-        for proc in started:
-            print(f"----- {proc.log_path} -----\n{proc.logs()}")
-        raise
-    finally:
-        for proc in started:
-            proc.stop()
 
 
 def _credentials(pki: PeerPki) -> grpc.ChannelCredentials:

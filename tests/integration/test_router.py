@@ -8,7 +8,7 @@ import asyncio
 import contextlib
 import signal
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import TypeVar
 
@@ -20,11 +20,10 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from cronoq.client import Client, Lease, task
 from cronoq.cluster.shards import SHARD_SHIFT
 from cronoq.errors import ApiError, NotFound, Unavailable
-from tests.ports import free_ports
 
-from .helpers import postgres_store, scrape_metrics, watch_while, worker
-from .serverproc import ServerProcess, write_config
-from .shardproc import ShardSpec, cluster_tables, routed_cluster, router_process
+from .helpers import scrape_metrics, watch_while, worker
+from .serverproc import ServerProcess
+from .shardproc import ShardSpec, routed_cluster, routed_ha_cluster
 
 pytestmark = pytest.mark.asyncio
 T = TypeVar("T")
@@ -35,50 +34,11 @@ SHARDS = {"a": (1, "a1"), "b": (2, "b1")}  # name -> (number, its one pool)
 SPECS = [ShardSpec(name, number, (pool,)) for name, (number, pool) in SHARDS.items()]
 
 
-@contextlib.contextmanager
 def cluster(
     tmp_path: Path, postgres_url: str, schema: str
-) -> Iterator[tuple[ServerProcess, dict[str, list[ServerProcess]]]]:
-    """The router and, per shard, [leader, standby] (all started; the standbys standing by)."""
-    picked = iter(free_ports(4 * len(SHARDS)))
-    ports = {name: [(next(picked), next(picked)) for _ in range(2)] for name in SHARDS}
-    urls = {name: [f"http://127.0.0.1:{grpc}" for grpc, _ in pairs] for name, pairs in ports.items()}
-    tables = cluster_tables(SPECS, {name: members[0] for name, members in urls.items()}, urls)
-    body = postgres_store(f"{schema}_{{shard}}") + tables
-    shards: dict[str, list[ServerProcess]] = {}
-    for name, pairs in ports.items():
-        shards[name] = []
-        for i, (grpc_port, http_port) in enumerate(pairs):
-            folder = tmp_path / f"{name}{i}"
-            folder.mkdir()
-            config = write_config(folder, f'[server]\nshard = "{name}"\n{body}', grpc_port, http_port)
-            shards[name].append(
-                ServerProcess(
-                    config,
-                    folder / "server.log",
-                    env={"DATABASE_URL": postgres_url},
-                    grpc_port=grpc_port,
-                    http_port=http_port,
-                )
-            )
-    router = router_process(tmp_path / "router", tables)
-    started: list[ServerProcess] = []
-    try:
-        for procs in shards.values():
-            procs[0].start()
-            started.append(procs[0])
-            procs[1].start(ready=False)
-            started.append(procs[1])
-        router.start()
-        started.append(router)
-        yield router, shards
-    except BaseException:
-        for proc in started:
-            print(f"----- {proc.log_path} -----\n{proc.logs()}")
-        raise
-    finally:
-        for proc in started:
-            proc.stop()
+) -> contextlib.AbstractContextManager[tuple[ServerProcess, dict[str, list[ServerProcess]]]]:
+    """The router and, per shard of :data:`SPECS`, [leader, standby] (all started)."""
+    return routed_ha_cluster(tmp_path, SPECS, postgres_url, schema)
 
 
 async def echo(lease: Lease) -> str:

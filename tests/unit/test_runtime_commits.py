@@ -25,7 +25,7 @@ from cronoq.engine.model import (
 from cronoq.errors import Unavailable
 from cronoq.v1 import cronoq_pb2 as pb
 from shard.outputs import OutputCache
-from shard.runtime import Runtime
+from shard.runtime import CommitFailures, Runtime
 from shard.store import Batch, Fenced, Leadership, Recovered, StoredTask, StoreUnavailable
 from tests.shardkit import service_over
 
@@ -281,6 +281,8 @@ async def test_a_transient_store_failure_is_retried_and_the_caller_answered_afte
         service.submit(caller, pb.SubmitRequest(task=pb.TaskSpec(pool="default"))), 5
     )
     assert store.attempts == 3 and [t.id for t in store.batches[0].tasks] == [answer.id]
+    # Counted for cronoq_store_commit_failures_total, which the CronoqStoreCommitsFailing alert reads.
+    assert runtime.commit_failures == CommitFailures(retried=2, fatal=0)
     runtime.cancel_timer()
 
 
@@ -296,6 +298,7 @@ async def test_a_fenced_commit_answers_unavailable_delivers_nothing_and_reports_
     with pytest.raises(Unavailable, match="stepped down"):
         await asyncio.wait_for(service.submit(caller, pb.SubmitRequest(task=pb.TaskSpec(pool="default"))), 5)
     assert failures and "epoch 2" in failures[0]
+    assert runtime.commit_failures == CommitFailures(retried=0, fatal=1)
     assert sink.leases == [] and store.batches == []  # the lease held for that commit never left
     with pytest.raises(Unavailable, match="stepped down"):  # nothing later is acknowledged either
         await service.submit(caller, pb.SubmitRequest(task=pb.TaskSpec(pool="default")))
