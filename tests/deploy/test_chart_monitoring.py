@@ -36,10 +36,19 @@ def alert_names(rendered: Rendered) -> list[str]:
     return [rule["alert"] for group in rule_of(rendered)["spec"]["groups"] for rule in group["rules"]]
 
 
+def installed_config_maps(rendered: Rendered) -> list[Doc]:
+    """The ConfigMaps an install keeps (not the ``helm test`` hook's, created only while it runs)."""
+    return [
+        doc
+        for doc in rendered.of_kind("ConfigMap")
+        if "helm.sh/hook" not in doc["metadata"].get("annotations", {})
+    ]
+
+
 def test_off_by_default(helm: Path) -> None:
     rendered = render(helm, REQUIRED)
     assert not rendered.of_kind("PrometheusRule")
-    assert [doc["metadata"]["name"] for doc in rendered.of_kind("ConfigMap")] == ["rel-cronoq-config"]
+    assert [doc["metadata"]["name"] for doc in installed_config_maps(rendered)] == ["rel-cronoq-config"]
 
 
 @pytest.mark.parametrize("values", [REQUIRED, SHARDED], ids=["default", "sharded"])
@@ -112,7 +121,7 @@ def test_the_standby_alert_is_left_out_where_no_server_has_a_standby(
 
 def test_dashboards_are_configmaps_for_the_grafana_sidecar(helm: Path) -> None:
     values = merge(REQUIRED, {"dashboards": {"enabled": True, "annotations": {"grafana_folder": "cronoq"}}})
-    maps = {doc["metadata"]["name"]: doc for doc in render(helm, values).of_kind("ConfigMap")}
+    maps = {doc["metadata"]["name"]: doc for doc in installed_config_maps(render(helm, values))}
     dashboards = {name: doc for name, doc in maps.items() if "cronoq.toml" not in doc["data"]}
     assert set(dashboards) == {"rel-cronoq-dashboard-overview", "rel-cronoq-dashboard-shard"}
     for doc in dashboards.values():
