@@ -32,6 +32,10 @@ PRIORITIES = ("critical", "high", "normal", "low")
 MISS_POLICIES = ("run_late", "skip", "fail")
 OVERLAPS = ("skip", "allow", "queue", "queue_on_success")
 CLEAR = "\x1b[H\x1b[2J"  # cursor home, clear screen: redraws ``top`` in place without curses
+# Fields of the printed objects that hold task or worker ids. Ids are 64-bit, and every id of a shard
+# numbered 1 or more is above 2^53, where a JSON number loses digits in most readers (jq, JavaScript): they
+# are printed as strings of digits, as the HTTP API does, and every command takes them back as given.
+ID_FIELDS = frozenset({"id", "last_task_id", "next_after"})
 
 
 class UsageError(Exception):
@@ -49,7 +53,7 @@ def _ref(text: str) -> int | str:
 
 def _jsonable(value: Any) -> Any:
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return {f.name: _jsonable(getattr(value, f.name)) for f in dataclasses.fields(value)}
+        return {f.name: _field(f.name, getattr(value, f.name)) for f in dataclasses.fields(value)}
     if isinstance(value, bytes):
         try:
             return json.loads(value)
@@ -60,6 +64,13 @@ def _jsonable(value: Any) -> Any:
     if isinstance(value, dict):
         return {str(k): _jsonable(v) for k, v in value.items()}
     return value
+
+
+def _field(name: str, value: Any) -> Any:
+    """A dataclass field as printed: an id as a string (see :data:`ID_FIELDS`)."""
+    if name in ID_FIELDS and isinstance(value, int):
+        return str(value)
+    return _jsonable(value)
 
 
 def _print(value: Any) -> None:
