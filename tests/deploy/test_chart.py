@@ -678,7 +678,7 @@ def _check(config: Path, env: Mapping[str, str], shard: str | None) -> subproces
 
 def test_rendered_config_passes_the_servers_check(helm: Path, tmp_path: Path) -> None:
     """Each distinct config of the scenarios, checked as the pods run it (each shard with
-    CRONOQ_SHARD), all at once. A control run without one token variable must fail, so the check is a
+    CRONOQ_SHARD), all at once. A control run with one token too short must fail, so the check is a
     real one."""
     env = {**_tokens(), DATABASE_URL_ENV: "postgres://cronoq:secret@db:5432/cronoq?sslmode=verify-full"}
     tls_dir = _pki(tmp_path / "tls", [])
@@ -699,14 +699,13 @@ def test_rendered_config_passes_the_servers_check(helm: Path, tmp_path: Path) ->
             config.write_text(config.read_text().replace("/var/lib/cronoq/", f"{tmp_path}/"))
         for shard in [s["name"] for s in rendered.config.get("shards", [])] or [None]:
             checks[f"{name}/{shard}"] = _check(config, env, shard)
-    without_worker_token = {k: v for k, v in env.items() if k != "CRONOQ_WORKER_TOKEN"}
-    control = _check(tmp_path / "default.toml", without_worker_token, None)
+    control = _check(tmp_path / "default.toml", {**env, "CRONOQ_WORKER_TOKEN": "short"}, None)
     for label, proc in checks.items():
         output, _ = proc.communicate(timeout=60)
         assert proc.returncode == 0, f"{label}: {output}"
         assert "configuration ok" in output
     output, _ = control.communicate(timeout=60)
-    assert control.returncode == 1 and "CRONOQ_WORKER_TOKEN is not set" in output
+    assert control.returncode == 1 and "the token in CRONOQ_WORKER_TOKEN must be at least" in output
 
 
 # ---------------------------------------------------------------- the real servers run it

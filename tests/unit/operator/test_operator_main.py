@@ -35,19 +35,44 @@ def test_check_accepts_a_valid_file(
     path = tmp_path / "operator.toml"
     path.write_text(VALID)
     assert main(["--config", str(path), "--check"]) == 0
-    assert capsys.readouterr().out == "configuration ok: 1 server(s): main\n"
+    assert capsys.readouterr().out.splitlines() == [
+        "configuration ok: 1 server(s): main",
+        "note: servers[0].token_env: cronoq-operator needs environment variable OPERATOR_TEST_TOKEN at "
+        "start (set here, its value checked)",
+    ]
 
 
 def test_check_lists_every_problem(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    monkeypatch.delenv("OPERATOR_TEST_TOKEN", raising=False)
+    monkeypatch.setenv("OPERATOR_TEST_TOKEN", "metrics-token-0123456789")
     path = tmp_path / "operator.toml"
-    path.write_text("interval_s = 0\n" + VALID)
+    path.write_text("interval_s = 0\n" + VALID.replace("cronoq.cronoq:7070", "cronoq"))
     assert main(["--config", str(path), "--check"]) == 1
     assert capsys.readouterr().err.splitlines() == [
         f"cronoq-operator: invalid configuration {path}:",
         "  - interval_s: must be at least 1 and at most 3600 (got 0)",
+        "  - servers[0].url: expected http://host:port or https://host:port (the server's gRPC port) "
+        "(got 'http://cronoq')",
+    ]
+
+
+def test_check_names_the_token_variable_that_start_up_needs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``--check`` in CI, without the Secret: it passes and names the variable; starting refuses it."""
+    monkeypatch.delenv("OPERATOR_TEST_TOKEN", raising=False)
+    path = tmp_path / "operator.toml"
+    path.write_text(VALID)
+    assert main(["--config", str(path), "--check"]) == 0
+    assert capsys.readouterr().out.splitlines() == [
+        "configuration ok: 1 server(s): main",
+        "note: servers[0].token_env: cronoq-operator needs environment variable OPERATOR_TEST_TOKEN at "
+        "start (not set here, so its value was not checked)",
+    ]
+    assert main(["--config", str(path)]) == 1
+    assert capsys.readouterr().err.splitlines() == [
+        f"cronoq-operator: invalid configuration {path}:",
         "  - servers[0].token_env: environment variable OPERATOR_TEST_TOKEN is not set",
     ]
 
