@@ -672,7 +672,7 @@ class ShardService:
         self, caller: Principal, req: pb.RemoveRecurringRequest
     ) -> pb.RemoveRecurringResponse:
         """Remove a schedule by name; with [[shards]], from every shard that has one of that name
-        (removed if any did). An occurrence it already created stays."""
+        (removed if any did). The engine cancels the occurrence it created ahead, if not started."""
         self._schedule_name(req.name)
         if self.routing is None or caller.forwarded:
             return await self._remove_local(caller, req)

@@ -137,6 +137,12 @@ def test_recurring_add_list_remove_and_task_options(server: ServerProcess) -> No
     assert json.loads(cronoq(server, "recurring", "remove", "every-hour").stdout) == {"removed": True}
     assert json.loads(cronoq(server, "recurring", "remove", "every-hour").stdout) == {"removed": False}
     assert json.loads(cronoq(server, "recurring", "list").stdout) == []
+    # Its next occurrence goes with it: left scheduled, it would run once more.
+    removed = json.loads(cronoq(server, "get", schedule["last_task_id"]).stdout)
+    assert (removed["status"], removed["message"]) == (
+        "cancelled",
+        "cancelled: its recurring schedule was removed",
+    )
 
     first = json.loads(cronoq(server, "submit", "--key", "first").stdout)
     later = cronoq(server, "submit", "--after", "first", "--start-in", "3600", "--on-miss", "skip")
