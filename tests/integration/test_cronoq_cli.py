@@ -15,8 +15,8 @@ import pytest
 from cronoq.client import Client, Lease
 
 from . import test_tls
-from .helpers import worker
-from .serverproc import ServerProcess, running_server
+from .helpers import durable_config, sqlite_store, worker
+from .serverproc import ServerProcess, leader_and_standby, running_server
 from .shardproc import ShardSpec, running_cluster
 from .test_tls import Pki, _https, _tls_config
 
@@ -86,6 +86,34 @@ async def test_ids_are_printed_as_strings_that_survive_jq(tmp_path: Path) -> Non
         assert added.returncode == 0, added.stderr
         [schedule] = as_jq(await asyncio.to_thread(cronoq, server, "recurring", "list"))
         assert int(schedule["last_task_id"]) > int(task_id)
+
+
+def test_a_standby_is_asked_again_until_it_leads(tmp_path: Path) -> None:
+    """A standby answers UNAVAILABLE (a balancer picked it, a failover is under way): the CLI asks again
+    with backoff, saying so on stderr, as the SDK's worker reconnects, and is answered once the standby
+    leads, here when the leader stops. (A standby's refusal says the call never ran, so even a keyless
+    submit is sent again.)"""
+    body = durable_config(sqlite_store(tmp_path / "state.db"))
+    with leader_and_standby(tmp_path, body) as (leader, standby):
+        cli = subprocess.Popen(
+            [sys.executable, "-m", "cronoq.cli", "--target", standby.target, "submit", "--data", "x"],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env={**os.environ, "CRONOQ_RETRY_FOR": "30"},
+        )
+        try:
+            assert cli.stderr is not None
+            first = cli.stderr.readline()  # the CLI either asks again or exits: this returns
+            assert first.startswith("cronoq: unavailable: this server is a standby"), first
+            assert first.rstrip().endswith("(asking again in 0.1 s)"), first
+            leader.stop()  # the standby takes over at once
+            out, err = cli.communicate(timeout=40)
+        finally:
+            cli.kill()
+        assert cli.returncode == 0, first + err
+        task_id = json.loads(out)["id"]
+        assert json.loads(cronoq(standby, "get", task_id).stdout)["status"] == "ready"
 
 
 def test_errors_are_reported_with_their_code(server: ServerProcess) -> None:
@@ -196,7 +224,10 @@ async def test_a_private_ca_and_a_client_certificate(tmp_path: Path, tls_pki: Pk
         assert out.returncode == 0, out.stderr
         assert json.loads(out.stdout)["status"] == "ready"
         # Without a client certificate the mTLS handshake is refused.
-        out = await asyncio.to_thread(run_cli, "--target", target, "--ca", str(pki.ca), "get", str(task))
+        # (Not asked again: a refused handshake is as "unavailable" as a server on its way back.)
+        out = await asyncio.to_thread(
+            run_cli, "--target", target, "--ca", str(pki.ca), "--retry-for", "0", "get", str(task)
+        )
         assert out.returncode == 1 and out.stderr.startswith("cronoq: unavailable:")
         out = run_cli(
             "--target",
