@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any
 
 from cronoq import __version__
 from cronoq.errors import ApiError, Unavailable
+from cronoq.grpc_settings import CLI_VERBOSITY, load_grpc
 from cronoq.process import choose_event_loop
 
 if TYPE_CHECKING:
@@ -558,6 +559,7 @@ def _duration(seconds: float) -> str:
 def main(argv: list[str] | None = None) -> int:
     p = parser()
     args = p.parse_args(argv)
+    load_grpc(CLI_VERBOSITY)  # before anything imports grpc: its core's own lines stay off stderr
     try:
         _prepare(args)
     except UsageError as err:
