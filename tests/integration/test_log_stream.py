@@ -19,7 +19,7 @@ from typing import Any
 import psycopg
 import pytest
 from psycopg import sql
-from psycopg.conninfo import conninfo_to_dict, make_conninfo
+from psycopg.conninfo import make_conninfo
 
 from cronoq.client import Client
 from cronoq.errors import ApiError
@@ -78,9 +78,8 @@ def login_role(postgres_url: str, schema: str) -> Iterator[tuple[str, str]]:
         conn.execute(
             sql.SQL("CREATE SCHEMA {} AUTHORIZATION {}").format(sql.Identifier(schema), sql.Identifier(role))
         )
-    params = conninfo_to_dict(postgres_url)
     try:
-        yield role, make_conninfo(**{**params, "user": role, "password": password})
+        yield role, make_conninfo(postgres_url, user=role, password=password)
     finally:
         with psycopg.connect(postgres_url, autocommit=True) as conn:
             conn.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE usename = %s", (role,))

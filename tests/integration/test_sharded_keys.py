@@ -132,7 +132,7 @@ async def test_a_dependency_on_a_task_of_another_shard_is_refused_naming_that_sh
     unknown, as a lookup would."""
     on_b = await clients[("router", ADMIN)].submit(b"x", pool="b1", key="on-b")
     own = "a task can depend only on tasks of its own shard, and pool 'a1' is served by shard 'a'"
-    refusals = {
+    refusals: dict[int | str, str] = {
         on_b.id: f"task.deps[0].id: task {on_b.id} is on shard 'b'; {own}",
         "on-b": f"task.deps[0].key: key 'on-b' is held by task {on_b.id} on shard 'b'; {own}",
     }
