@@ -7,3 +7,7 @@ library's module). The decision is made without I/O (:mod:`.decision`, on :mod:`
 and the Kubernetes API (:mod:`.kube`); :mod:`.config` is its configuration file, :mod:`.main` the
 ``cronoq-operator`` command.
 """
+
+from cronoq.grpc_settings import SERVER_VERBOSITY, load_grpc
+
+load_grpc(SERVER_VERBOSITY)  # before any module of the operator imports grpc (through the SDK)

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from cronoq.config import ConfigError, Problem
+from cronoq.config import ConfigError, EnvVariable, Problem
 from cronoq.config.problems import Problems, show
 from cronoq.config.reader import read_table
 from cronoq.config.rules import check_env_name, check_name
@@ -62,12 +62,17 @@ class OperatorConfig:
 
 
 def parse_operator_config(
-    text: str, *, source: str = "<string>", env: Mapping[str, str] | None = None
+    text: str,
+    *,
+    source: str = "<string>",
+    env: Mapping[str, str] | None = None,
+    needed: list[EnvVariable] | None = None,
 ) -> OperatorConfig:
     """The configuration in ``text``, checked: keys, types, ranges, names, URLs, and the secrets and
     files it names (every ``token_env`` set, every ``token_file``, ``ca_file``, ``cert_file`` and
     ``key_file`` readable), so that a file that loads is one the operator can run with. ``env``
-    defaults to the process environment."""
+    defaults to the process environment. With ``needed`` (``--check``, which runs where the secrets
+    often are not) every ``token_env`` is added to it instead, and an unset one is no problem."""
     problems = Problems()
     try:
         document = tomllib.loads(text)
@@ -75,24 +80,29 @@ def parse_operator_config(
         problems.add("", f"not valid TOML: {err}")
         raise problems.error(source) from None
     config = read_table(OperatorConfig, document, "", problems)
-    _check(config, os.environ if env is None else env, problems)
+    _check(config, os.environ if env is None else env, problems, needed)
     if problems:
         raise problems.error(source)
     return config
 
 
 def load_operator_config(
-    path: str | os.PathLike[str], *, env: Mapping[str, str] | None = None
+    path: str | os.PathLike[str],
+    *,
+    env: Mapping[str, str] | None = None,
+    needed: list[EnvVariable] | None = None,
 ) -> OperatorConfig:
     """:func:`parse_operator_config` on a file."""
     try:
         text = Path(path).read_text(encoding="utf-8-sig")
     except (OSError, UnicodeDecodeError) as err:
         raise ConfigError([Problem("", f"cannot read the configuration: {err}")], os.fspath(path)) from err
-    return parse_operator_config(text, source=os.fspath(path), env=env)
+    return parse_operator_config(text, source=os.fspath(path), env=env, needed=needed)
 
 
-def _check(config: OperatorConfig, env: Mapping[str, str], problems: Problems) -> None:
+def _check(
+    config: OperatorConfig, env: Mapping[str, str], problems: Problems, needed: list[EnvVariable] | None
+) -> None:
     _range("interval_s", config.interval_s, 1.0, MAX_INTERVAL_S, problems)
     _range("timeout_s", config.timeout_s, 0.1, MAX_TIMEOUT_S, problems)
     if not config.servers and not problems.failed("servers"):
@@ -100,7 +110,7 @@ def _check(config: OperatorConfig, env: Mapping[str, str], problems: Problems) -
     seen: dict[str, str] = {}
     for index, entry in enumerate(config.servers):
         path = f"servers[{index}]"
-        _check_server(path, entry, env, problems)
+        _check_server(path, entry, env, problems, needed)
         name = f"{path}.name"
         if not problems.failed(name):
             earlier = seen.setdefault(entry.name, name)
@@ -118,12 +128,18 @@ def _range(key: str, value: float, low: float, high: float, problems: Problems) 
         problems.add(key, f"must be at least {show(low)} and at most {show(high)} (got {show(value)})")
 
 
-def _check_server(path: str, entry: ServerEntry, env: Mapping[str, str], problems: Problems) -> None:
+def _check_server(
+    path: str,
+    entry: ServerEntry,
+    env: Mapping[str, str],
+    problems: Problems,
+    needed: list[EnvVariable] | None,
+) -> None:
     """Each key's problem, unless reading already reported that key (a wrong type, a missing name)."""
     found = [
         ("name", _quoted(check_name(entry.name), entry.name)),
         ("url", _quoted(check_server_url(entry.url), entry.url)),
-        _token_problem(entry, env),
+        _token_problem(entry, env, None if needed is None else (needed, f"{path}.token_env")),
         *_tls_problems(entry),
     ]
     # Judged before adding any: a problem about the entry as a whole is no reason to hide its keys'.
@@ -140,16 +156,22 @@ def _quoted(problem: str | None, value: str) -> str | None:
     return None if problem is None else f"{problem} (got {show(value)})"
 
 
-def _token_problem(entry: ServerEntry, env: Mapping[str, str]) -> tuple[str, str | None]:
-    """The key at fault and its problem: at most one of ``token_env`` (set in ``env``) and
-    ``token_file`` (readable, not empty), and one of them unless a client certificate stands in for
-    the token (the server then gives the operator the role its ``[[auth.certs]]`` maps the certificate
-    to; whether that certificate is usable is :func:`_tls_problems`' to say)."""
+def _token_problem(
+    entry: ServerEntry, env: Mapping[str, str], listing: tuple[list[EnvVariable], str] | None
+) -> tuple[str, str | None]:
+    """The key at fault and its problem: at most one of ``token_env`` (set in ``env``, unless the
+    variables are being ``listing``: into that list, under that key) and ``token_file`` (readable, not
+    empty), and one of them unless a client certificate stands in for the token (the server then gives
+    the operator the role its ``[[auth.certs]]`` maps the certificate to; whether that certificate is
+    usable is :func:`_tls_problems`' to say)."""
     if entry.token_env is not None and entry.token_file is not None:
         return "token_file", "token_env and token_file are exclusive: set one"
     if entry.token_env is not None:
         wrong = _quoted(check_env_name(entry.token_env), entry.token_env)
-        if wrong is None and not env.get(entry.token_env, "").strip():
+        is_set = bool(env.get(entry.token_env, "").strip())
+        if wrong is None and listing is not None:
+            listing[0].append(EnvVariable(listing[1], entry.token_env, is_set))
+        elif wrong is None and not is_set:
             wrong = f"environment variable {entry.token_env} is not set"
         return "token_env", wrong
     if entry.token_file is not None:

@@ -12,10 +12,10 @@ from collections.abc import Mapping
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from cronoq.config import ConfigError
+from cronoq.config import ConfigError, EnvVariable
 from cronoq.logs import configure, get_logger
 from cronoq.process import choose_event_loop, serve_until_signalled
-from cronoq.serving import command_line, refuse
+from cronoq.serving import command_line, refuse, secret_notes
 
 from .config import OperatorConfig, check_token_file, load_operator_config
 from .kube import KubeApi, KubeTarget, in_cluster
@@ -131,14 +131,17 @@ def main(argv: list[str] | None = None) -> int:
             f"cronoq-operator: --config (or {CONFIG_ENV}) is required: it names the servers", file=sys.stderr
         )
         return 1
+    needed: list[EnvVariable] = []  # --check names the tokens' variables instead of needing them
     try:
-        config = load_operator_config(args.config)
+        config = load_operator_config(args.config, needed=needed if args.check else None)
     except ConfigError as err:
         return refuse(f"cronoq-operator: invalid configuration {args.config}:", err.problems)
     if args.check:
         print(
             f"configuration ok: {len(config.servers)} server(s): {', '.join(e.name for e in config.servers)}"
         )
+        for note in secret_notes("cronoq-operator", needed):
+            print(f"note: {note}")
         return 0
     try:
         target = kube_target(args, os.environ)

@@ -6,10 +6,10 @@ import argparse
 import sys
 from functools import partial
 
-from cronoq.config import Config, ConfigError, load_config
+from cronoq.config import Config, ConfigError, EnvVariable, load_config
 from cronoq.logs import configure, get_logger
 from cronoq.process import serve_until_signalled
-from cronoq.serving import command_line, preflight, refuse, run
+from cronoq.serving import command_line, preflight, refuse, run, secret_notes
 
 log = get_logger("cronoq.router")
 
@@ -51,8 +51,9 @@ def main(argv: list[str] | None = None) -> int:
         )
         return 1
     invalid = f"cronoq-router: invalid configuration {args.config}:"
+    needed: list[EnvVariable] = []  # --check names the secrets' variables instead of needing them
     try:
-        config = load_config(args.config, router=True)
+        config = load_config(args.config, router=True, needed=needed if args.check else None)
     except ConfigError as err:
         return refuse(invalid, err.problems)
     failed = preflight("cronoq-router", invalid, config, problems(config), router=True)
@@ -60,6 +61,8 @@ def main(argv: list[str] | None = None) -> int:
         return failed
     if args.check:
         print(f"configuration ok: {len(config.shards)} shard(s): {', '.join(s.name for s in config.shards)}")
+        for note in secret_notes("cronoq-router", needed):
+            print(f"note: {note}")
         return 0
     return run("cronoq-router", partial(serve, config))
 

@@ -1,5 +1,5 @@
 """cronoq-server: the scheduler's server around the engine (stores, leadership, transports)."""
 
-from cronoq.grpc_settings import load_grpc
+from cronoq.grpc_settings import SERVER_VERBOSITY, load_grpc
 
-load_grpc()  # before any module of the server imports grpc
+load_grpc(SERVER_VERBOSITY)  # before any module of the server imports grpc

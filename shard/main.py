@@ -8,10 +8,10 @@ import sys
 from functools import partial
 from importlib import resources
 
-from cronoq.config import Config, ConfigError, default_config, load_config, validate_config
+from cronoq.config import Config, ConfigError, EnvVariable, default_config, load_config, validate_config
 from cronoq.logs import configure, get_logger
 from cronoq.process import serve_until_signalled
-from cronoq.serving import command_line, notes, preflight, refuse, run, server_problems
+from cronoq.serving import command_line, notes, preflight, refuse, run, secret_notes, server_problems
 
 log = get_logger("cronoq.server")
 
@@ -50,10 +50,13 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
-def read_config(args: argparse.Namespace) -> Config:
-    """Read, apply the command-line overrides, then validate (so the overrides are checked too)."""
+def read_config(args: argparse.Namespace, needed: list[EnvVariable] | None = None) -> Config:
+    """Read, apply the command-line overrides, then validate (so the overrides are checked too);
+    ``needed`` as for :func:`load_config` (``--check``)."""
     if args.config:
-        return load_config(args.config, shard=args.shard, insecure_no_auth=args.insecure_no_auth)
+        return load_config(
+            args.config, shard=args.shard, insecure_no_auth=args.insecure_no_auth, needed=needed
+        )
     return validate_config(default_config().with_overrides(args.shard, args.insecure_no_auth))
 
 
@@ -87,8 +90,10 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     configure()
     invalid = f"cronoq-server: invalid configuration{' ' + args.config if args.config else ''}:"
+    # --check runs where the secrets often are not (CI): it names the variables instead of needing them.
+    needed: list[EnvVariable] = []
     try:
-        config = read_config(args)
+        config = read_config(args, needed if args.check else None)
     except ConfigError as err:
         return refuse(invalid, err.problems)
     # One file serves every shard and CI checks it once: --check without a shard checks it for all of
@@ -98,7 +103,7 @@ def main(argv: list[str] | None = None) -> int:
         return failed
     if args.check:
         print(_checked(config))
-        for note in notes(config):
+        for note in notes(config) + secret_notes("cronoq-server", needed):
             print(f"note: {note}")
         return 0
     return run("cronoq-server", partial(serve, config))

@@ -402,11 +402,57 @@ class ShardService:
         elsewhere = await self._held_elsewhere(caller, "task", specs)
         if elsewhere:
             return await self._duplicate_elsewhere(caller, *elsewhere[0], timeout if req.wait else None)
+        await self._own_shard_deps(caller, "task", specs, [0])
         [(task_id, duplicate)] = await self._admit(specs, "task")
         response = pb.SubmitResponse(id=task_id, duplicate=duplicate)
         if req.wait:
             response.result.CopyFrom(await self._await_result(task_id, timeout))
         return response
+
+    async def _own_shard_deps(
+        self, caller: Principal, field: str, specs: Sequence[TaskSpec], positions: Sequence[int]
+    ) -> None:
+        """A task can depend only on tasks of its own shard, the only ones its engine sees. A dependency
+        of the specs at ``positions`` on a task of another shard, by id (its shard number tells) or by a
+        key another shard holds for the caller (asked only for keys neither this shard nor the batch
+        holds), is refused naming that shard, rather than as an unknown dependency or, in a pool that
+        awaits unknown keys, waited for in vain."""
+        routing = self.routing
+        if routing is None:
+            return
+        shards = routing.shards
+        engine = self.runtime.engine
+        batch_keys = {spec.key for spec in specs if spec.key}
+        keyed: dict[str, tuple[str, str]] = {}  # key -> the first dependency naming it, and its pool
+        for i in positions:
+            spec = specs[i]
+            where = field if field == "task" else f"{field}[{i}]"
+            for j, dep in enumerate(spec.deps):
+                target = dep.target
+                if isinstance(target, str):
+                    if target not in batch_keys and engine.get(target) is None:
+                        keyed.setdefault(target, (f"{where}.deps[{j}].key", spec.pool))
+                elif (owner := shards.by_id(target)) is not None and owner is not shards.local:
+                    raise self._other_shard(
+                        f"{where}.deps[{j}].id", f"task {target} is on shard '{owner.name}'", spec.pool
+                    )
+        if not keyed:
+            return
+        held = await routing.held_by_others(caller, list(keyed))
+        for key, (path, pool) in keyed.items():
+            if key in held:
+                shard, task_id = held[key]
+                raise self._other_shard(
+                    path, f"key {shown(key)} is held by task {task_id} on shard '{shard.name}'", pool
+                )
+
+    def _other_shard(self, path: str, found: str, pool: str) -> InvalidArgument:
+        """The refusal of a dependency on a task of another shard (docs/http-api.md, Dependencies)."""
+        assert self.routing is not None and self.routing.shards.local is not None
+        return InvalidArgument(
+            f"{path}: {found}; a task can depend only on tasks of its own shard, and pool {shown(pool)} "
+            f"is served by shard '{self.routing.shards.local.name}'"
+        )
 
     async def _duplicate_elsewhere(
         self, caller: Principal, shard: Shard, held: pb.TaskInfo, wait: float | None
@@ -430,6 +476,7 @@ class ShardService:
         specs = self._specs(caller, "tasks", req.tasks)
         elsewhere = await self._held_elsewhere(caller, "tasks", specs)
         positions = [i for i in range(len(specs)) if i not in elsewhere]
+        await self._own_shard_deps(caller, "tasks", specs, positions)
         admitted = iter(
             await self._admit([specs[i] for i in positions], "tasks", positions) if positions else ()
         )
@@ -672,7 +719,7 @@ class ShardService:
         self, caller: Principal, req: pb.RemoveRecurringRequest
     ) -> pb.RemoveRecurringResponse:
         """Remove a schedule by name; with [[shards]], from every shard that has one of that name
-        (removed if any did). An occurrence it already created stays."""
+        (removed if any did). The engine cancels the occurrence it created ahead, if not started."""
         self._schedule_name(req.name)
         if self.routing is None or caller.forwarded:
             return await self._remove_local(caller, req)

@@ -6,6 +6,11 @@ can be piped into ``jq``; ``top`` is for people, a table refreshed in place. Err
 ``cronoq: <code>: <message>`` with exit status 1. Usage errors exit 2, including option values that
 argparse cannot check (``--tag foo``, an unreadable ``--ca``): the whole command line is interpreted
 before connecting, so a typo never costs a round trip or half-runs a command.
+
+A server that answers UNAVAILABLE (a standby, a leader stepping down, a restart, a failover under way) is
+asked again with backoff for ``--retry-for`` seconds, as the SDK's worker reconnects, when asking again
+is safe: always for a call that provably never ran, and for any call that changes nothing or whose
+repetition changes nothing more (reads, a keyed submit, ``recurring add``).
 """
 
 from __future__ import annotations
@@ -18,11 +23,14 @@ import os
 import ssl
 import sys
 import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from cronoq import __version__
 from cronoq.errors import ApiError, Unavailable
+from cronoq.grpc_settings import CLI_VERBOSITY, load_grpc
 from cronoq.process import choose_event_loop
 
 if TYPE_CHECKING:
@@ -32,6 +40,16 @@ PRIORITIES = ("critical", "high", "normal", "low")
 MISS_POLICIES = ("run_late", "skip", "fail")
 OVERLAPS = ("skip", "allow", "queue", "queue_on_success")
 CLEAR = "\x1b[H\x1b[2J"  # cursor home, clear screen: redraws ``top`` in place without curses
+# Fields of the printed objects that hold task or worker ids. Ids are 64-bit, and every id of a shard
+# numbered 1 or more is above 2^53, where a JSON number loses digits in most readers (jq, JavaScript): they
+# are printed as strings of digits, as the HTTP API does, and every command takes them back as given.
+ID_FIELDS = frozenset({"id", "last_task_id", "next_after"})
+# Retrying an unavailable server: the first pause, the longest, and how long by default. The default
+# outlasts a failover (a standby takes over within the lock's 10 s TTL) without keeping a mistyped target
+# waiting long; a pause doubles up to RETRY_MAX_S, as the worker's reconnect backoff does.
+RETRY_FIRST_S = 0.1
+RETRY_MAX_S = 2.0
+RETRY_FOR_S = "15"
 
 
 class UsageError(Exception):
@@ -49,7 +67,7 @@ def _ref(text: str) -> int | str:
 
 def _jsonable(value: Any) -> Any:
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return {f.name: _jsonable(getattr(value, f.name)) for f in dataclasses.fields(value)}
+        return {f.name: _field(f.name, getattr(value, f.name)) for f in dataclasses.fields(value)}
     if isinstance(value, bytes):
         try:
             return json.loads(value)
@@ -60,6 +78,13 @@ def _jsonable(value: Any) -> Any:
     if isinstance(value, dict):
         return {str(k): _jsonable(v) for k, v in value.items()}
     return value
+
+
+def _field(name: str, value: Any) -> Any:
+    """A dataclass field as printed: an id as a string (see :data:`ID_FIELDS`)."""
+    if name in ID_FIELDS and isinstance(value, int):
+        return str(value)
+    return _jsonable(value)
 
 
 def _print(value: Any) -> None:
@@ -83,6 +108,15 @@ def parser() -> argparse.ArgumentParser:
         help="bearer token (env CRONOQ_TOKEN; prefer the env var: flags show up in ps)",
     )
     p.add_argument("--tls", action="store_true", help="use TLS (implied by an https:// target)")
+    p.add_argument(
+        "--retry-for",
+        type=_seconds,
+        metavar="S",
+        # A string default goes through ``type`` too: a bad CRONOQ_RETRY_FOR is a usage error naming it.
+        default=_env("CRONOQ_RETRY_FOR") or RETRY_FOR_S,
+        help="how long to keep asking a server that answers UNAVAILABLE (a standby, a failover, a "
+        f"restart), with backoff, when that is safe (env CRONOQ_RETRY_FOR; default {RETRY_FOR_S}; 0: never)",
+    )
     p.add_argument(
         "--ca",
         metavar="PATH",
@@ -163,15 +197,21 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
-def _positive(text: str) -> float:
-    """argparse type of ``--interval``: a finite number of seconds above 0."""
+def _seconds(text: str, *, zero: bool = True) -> float:
+    """argparse type of ``--retry-for``: a finite number of seconds, 0 or more (above 0 unless
+    ``zero``)."""
     try:
         value = float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected seconds (got {text!r})") from None
-    if not 0 < value < float("inf"):
-        raise argparse.ArgumentTypeError(f"must be > 0 seconds (got {text!r})")
+    if not (value >= 0 if zero else value > 0) or value == float("inf"):  # NaN fails both
+        raise argparse.ArgumentTypeError(f"must be {'>=' if zero else '>'} 0 seconds (got {text!r})")
     return value
+
+
+def _positive(text: str) -> float:
+    """argparse type of ``--interval``: a finite number of seconds above 0."""
+    return _seconds(text, zero=False)
 
 
 def _task_options(p: argparse.ArgumentParser, *, fixed_start: bool) -> None:
@@ -300,54 +340,114 @@ async def run(args: argparse.Namespace) -> None:
     from cronoq.client import Client
 
     async with Client(args.target, token=args.token, tls=args.tls, credentials=args.credentials) as client:
-        cmd = args.command
-        if cmd == "submit":
-            _print(
-                await client.submit(
-                    args.payload, wait=args.wait, wait_timeout=args.wait_timeout, **args.options
-                )
+        if (
+            args.command == "top" and not args.once
+        ):  # a live view asks again by itself, for as long as it runs
+            await _top(client, args.target, args.interval, once=False)
+            return
+        output = _Output()
+        await _retrying(lambda: _command(client, args, output), args.retry_for, _resendable(args), output)
+
+
+@dataclass(slots=True)
+class _Output:
+    """Whether a command printed anything yet: once it has (``watch``'s events), asking again would
+    print it twice."""
+
+    started: bool = False
+
+
+def _resendable(args: argparse.Namespace) -> bool:
+    """Whether the command may be sent again after an UNAVAILABLE that may have come after it ran: it
+    changes nothing (reads), or sending it again changes nothing more (a submit with a key answers the
+    same task as a duplicate; ``recurring add`` replaces the schedule with itself). A keyless submit,
+    a cancel and a removal are sent again only when they provably never ran."""
+    command: str = args.command
+    if command == "submit":
+        return "key" in args.options
+    if command == "recurring":
+        return bool(args.action != "remove")
+    return command != "cancel"
+
+
+async def _retrying(
+    attempt: Callable[[], Awaitable[None]], budget: float, resendable: bool, output: _Output
+) -> None:
+    """Run ``attempt``, asking again after an UNAVAILABLE for up to ``budget`` seconds, with pauses
+    from :data:`RETRY_FIRST_S` doubling up to :data:`RETRY_MAX_S`, each said on stderr. A standby
+    answers UNAVAILABLE (marked as never run) and closes the connection about a second later, so the
+    next attempt reaches the leader through a balancer, or the standby itself once it has taken over."""
+    from cronoq.transport import NOT_RECEIVED_KEY
+
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + budget
+    pause = RETRY_FIRST_S
+    while True:
+        try:
+            await attempt()
+            return
+        except Unavailable as err:
+            never_ran = any(key == NOT_RECEIVED_KEY for key, _ in err.metadata)
+            wait = min(pause, deadline - loop.time())
+            if wait <= 0 or output.started or not (resendable or never_ran):
+                raise
+            print(
+                f"cronoq: {err.code}: {err.message} (asking again in {wait:.1f} s)",
+                file=sys.stderr,
+                flush=True,
             )
-        elif cmd == "get":
-            _print(await client.get(_ref(args.ref), pool=args.pool))
-        elif cmd == "cancel":
-            _print({"cancelled": await client.cancel(_ref(args.ref), pool=args.pool)})
-        elif cmd == "wait":
-            _print(await client.wait(_ref(args.ref), timeout=args.timeout, pool=args.pool))
-        elif cmd == "list":
-            _print(
-                await client.list_tasks(
-                    pools=args.pool, statuses=args.status, after=args.after, limit=args.limit
-                )
+            await asyncio.sleep(wait)
+            pause = min(pause * 2, RETRY_MAX_S)
+
+
+async def _command(client: Client, args: argparse.Namespace, output: _Output) -> None:
+    """One attempt at the command: its call, and the printing of its answer."""
+    cmd = args.command
+    if cmd == "submit":
+        _print(
+            await client.submit(args.payload, wait=args.wait, wait_timeout=args.wait_timeout, **args.options)
+        )
+    elif cmd == "get":
+        _print(await client.get(_ref(args.ref), pool=args.pool))
+    elif cmd == "cancel":
+        _print({"cancelled": await client.cancel(_ref(args.ref), pool=args.pool)})
+    elif cmd == "wait":
+        _print(await client.wait(_ref(args.ref), timeout=args.timeout, pool=args.pool))
+    elif cmd == "list":
+        _print(
+            await client.list_tasks(pools=args.pool, statuses=args.status, after=args.after, limit=args.limit)
+        )
+    elif cmd == "watch":
+        events = client.watch(
+            args.pool or None, ids=args.id or None, keys=args.key or None, all_transitions=args.all
+        )
+        missing = await events.unavailable_shards()
+        if missing:
+            output.started = True
+            print(
+                f"cronoq: not watching shards {', '.join(missing)}: they could not be reached",
+                file=sys.stderr,
+                flush=True,
             )
-        elif cmd == "watch":
-            events = client.watch(
-                args.pool or None, ids=args.id or None, keys=args.key or None, all_transitions=args.all
+        async for event in events:
+            output.started = True
+            print(json.dumps(_jsonable(event)), flush=True)
+    elif cmd == "workers":
+        _print(await client.list_workers())
+    elif cmd == "recurring":
+        if args.action == "list":
+            _print(await client.list_recurring())
+        elif args.action == "add":
+            await client.add_recurring(
+                args.name, args.cron, args.payload, tz=args.tz, overlap=args.overlap, **args.options
             )
-            missing = await events.unavailable_shards()
-            if missing:
-                print(
-                    f"cronoq: not watching shards {', '.join(missing)}: they could not be reached",
-                    file=sys.stderr,
-                    flush=True,
-                )
-            async for event in events:
-                print(json.dumps(_jsonable(event)), flush=True)
-        elif cmd == "workers":
-            _print(await client.list_workers())
-        elif cmd == "recurring":
-            if args.action == "list":
-                _print(await client.list_recurring())
-            elif args.action == "add":
-                await client.add_recurring(
-                    args.name, args.cron, args.payload, tz=args.tz, overlap=args.overlap, **args.options
-                )
-                _print({"name": args.name})
-            else:
-                _print({"removed": await client.remove_recurring(args.name)})
-        elif cmd == "snapshot":
-            _print(await client.snapshot())
-        elif cmd == "top":
-            await _top(client, args.target, args.interval, once=args.once)
+            _print({"name": args.name})
+        else:
+            _print({"removed": await client.remove_recurring(args.name)})
+    elif cmd == "snapshot":
+        _print(await client.snapshot())
+    elif cmd == "top":
+        await _top(client, args.target, args.interval, once=True)
 
 
 # ------------------------------------------------------------------------------------------------ top
@@ -459,6 +559,7 @@ def _duration(seconds: float) -> str:
 def main(argv: list[str] | None = None) -> int:
     p = parser()
     args = p.parse_args(argv)
+    load_grpc(CLI_VERBOSITY)  # before anything imports grpc: its core's own lines stay off stderr
     try:
         _prepare(args)
     except UsageError as err:

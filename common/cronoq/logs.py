@@ -3,6 +3,12 @@
 structlog renders JSON lines when stdout is not a terminal (what log collectors want) and a readable
 console format on a terminal. The level comes from ``CRONOQ_LOG`` (falling back to ``RUST_LOG``, which
 the reference server's deployments already set), default ``info``.
+
+Libraries that log through the standard library (grpc's Python layer, psycopg's connection pool, asyncio,
+aiohttp) are handed to structlog too, at warning and above, so that their records are lines of the same
+stream in the same format (with the library's logger name as ``logger``), not plain ``WARNING:name:...``
+lines of another format on stderr that a collector parsing JSON would choke on. grpc's core writes to
+stderr itself; :mod:`cronoq.grpc_settings` keeps all but its errors out of a server's stream.
 """
 
 from __future__ import annotations
@@ -58,10 +64,28 @@ def configure(env: Mapping[str, str] | None = None, *, stream: object = None) ->
         logger_factory=structlog.PrintLoggerFactory(file=out),  # type: ignore[arg-type]
         cache_logger_on_first_use=True,
     )
-    logging.basicConfig(level=max(level, logging.WARNING), stream=sys.stderr)
+    root = logging.getLogger()
+    root.setLevel(max(level, logging.WARNING))
+    if not any(isinstance(h, StructlogHandler) for h in root.handlers):
+        root.addHandler(StructlogHandler())
     server_log = logging.getLogger("aiohttp.server")
     if not any(isinstance(f, MalformedHttpFilter) for f in server_log.filters):
         server_log.addFilter(MalformedHttpFilter())
+
+
+class StructlogHandler(logging.Handler):
+    """Hands each standard-library record to structlog: the message as ``event``, the level, the
+    logger's name as ``logger`` and a traceback as ``exception``. Written by structlog's own logger, the
+    line also shares its lock, so it never interleaves with one of ours from another thread (grpc logs
+    from its own threads)."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            get_logger(record.name).log(
+                record.levelno, record.getMessage(), logger=record.name, exc_info=record.exc_info or False
+            )
+        except Exception:  # as logging's own handlers do: a failing log line must not raise
+            self.handleError(record)
 
 
 class MalformedHttpFilter(logging.Filter):

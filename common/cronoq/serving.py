@@ -7,7 +7,9 @@
   (:func:`cronoq.config.parse_config`) never touches the filesystem, so it can be tested and reused
   anywhere; a process about to serve also needs the files it names (TLS certificates, the SQLite
   directory) and must refuse settings this version cannot honour. ``--check`` runs these same checks,
-  so a file that passes it does not then fail at start-up (:func:`preflight`).
+  so a file that passes it does not then fail at start-up (:func:`preflight`), with one exception: it
+  runs where the secrets often are not (CI), so the environment variables they come from are named as
+  notes, and only start-up refuses one that is unset (:func:`secret_notes`).
 - **The listeners**: the gRPC server with the ``[limits]`` gate and core options (:func:`grpc_server`,
   :func:`listen_grpc`) and the HTTP/JSON application (:func:`api_app`), as a shard server and a router
   both serve them. The router may not import the shard server, so this lives in the package both share.
@@ -30,7 +32,7 @@ from cronoq import __version__
 from cronoq.api.handler import RequestHandler
 from cronoq.api.http_api import build_http_app
 from cronoq.api.limits import LimitsInterceptor, RequestLimits, grpc_server_options
-from cronoq.config import Config
+from cronoq.config import Config, EnvVariable
 from cronoq.config.model import SqliteStoreSection
 from cronoq.process import choose_event_loop, raise_open_file_limit
 from cronoq.tls import ServerTls, load_peer_credentials, load_server_tls
@@ -166,6 +168,18 @@ def notes(config: Config) -> list[str]:
     if isinstance(config.store, SqliteStoreSection):
         return [SQLITE_FAILOVER_NOTE]
     return []
+
+
+def secret_notes(program: str, needed: Iterable[EnvVariable]) -> list[str]:
+    """The environment variables ``program`` reads secrets from at start, for ``--check`` to name
+    (``needed`` of :func:`cronoq.config.load_config`): a check in CI, without the secrets, passes and
+    says what the deployment must provide; start-up still refuses a variable that is unset."""
+    return [
+        f"{variable.path}: {program} needs environment variable {variable.name} at start ("
+        + ("set here, its value checked" if variable.set else "not set here, so its value was not checked")
+        + ")"
+        for variable in needed
+    ]
 
 
 def preflight(

@@ -844,7 +844,7 @@ def _check(
 def test_rendered_config_passes_the_servers_and_the_routers_check(helm: Path, tmp_path: Path) -> None:
     """Each distinct config of the scenarios, checked as the pods run it: by ``cronoq-server`` for each
     shard (with CRONOQ_SHARD) and, with shards, by ``cronoq-router`` with the router pod's environment
-    (no database URL), all at once. Control runs without one token variable must fail, so the checks
+    (no database URL), all at once. Control runs with one token too short must fail, so the checks
     are real ones."""
     env = {**_tokens(), DATABASE_URL_ENV: "postgres://cronoq:secret@db:5432/cronoq?sslmode=verify-full"}
     router_env = {k: v for k, v in env.items() if k != DATABASE_URL_ENV}
@@ -870,11 +870,10 @@ def test_rendered_config_passes_the_servers_and_the_routers_check(helm: Path, tm
             assert rendered.config["router"] == {"grpc_addr": "0.0.0.0:7070", "http_addr": "0.0.0.0:7071"}
             checks[f"{name}/router"] = _check(config, router_env, None, "cronoq.router.main")
     assert {"three-shards/router", "sharded-tls/router", "default/None"} <= set(checks)
-    without_worker_token = {k: v for k, v in env.items() if k != "CRONOQ_WORKER_TOKEN"}
-    control = _check(tmp_path / "default.toml", without_worker_token, None)
+    control = _check(tmp_path / "default.toml", {**env, "CRONOQ_WORKER_TOKEN": "short"}, None)
     router_control = _check(
         tmp_path / "three-shards.toml",
-        {k: v for k, v in router_env.items() if k != "CRONOQ_WORKER_TOKEN"},
+        {**router_env, "CRONOQ_WORKER_TOKEN": "short"},
         None,
         "cronoq.router.main",
     )
@@ -884,7 +883,7 @@ def test_rendered_config_passes_the_servers_and_the_routers_check(helm: Path, tm
         assert "configuration ok" in output
     for proc in (control, router_control):
         output, _ = proc.communicate(timeout=60)
-        assert proc.returncode == 1 and "CRONOQ_WORKER_TOKEN is not set" in output
+        assert proc.returncode == 1 and "the token in CRONOQ_WORKER_TOKEN must be at least" in output
 
 
 # ---------------------------------------------------------------- the real servers run it

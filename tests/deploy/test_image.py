@@ -260,14 +260,14 @@ def test_example_config_passes_check(image: Image, tmp_path: Path) -> None:
 
 
 def test_example_config_names_every_missing_token(image: Image, tmp_path: Path) -> None:
-    """It binds 0.0.0.0, so its credentials are required: without the variables --check fails and
-    names each; with all but one, it names that one only."""
+    """It binds 0.0.0.0, so its credentials are required: ``--check`` without the variables (CI) passes
+    and names each as a note; starting without one of them fails naming that one only."""
     done = docker_run(image, tmp_path / "none", "--check", env={}).run()
-    assert done.returncode == 1
+    assert done.returncode == 0, done.stdout + done.stderr
     for name in TOKENS:
-        assert f"environment variable {name} is not set" in done.stderr, done.stderr
+        assert f"needs environment variable {name} at start (not set here" in done.stdout, done.stdout
     partial = {k: v for k, v in TOKENS.items() if k != "CRONOQ_METRICS_TOKEN"}
-    done = docker_run(image, tmp_path / "one", "--check", env=partial).run()
+    done = docker_run(image, tmp_path / "one", env=partial).run()
     assert done.returncode == 1
     assert "CRONOQ_METRICS_TOKEN is not set" in done.stderr
     assert sum(f"{name} is not set" in done.stderr for name in TOKENS) == 1

@@ -301,25 +301,67 @@ SHARDED = (
 
 def test_check_without_a_shard_checks_the_file_for_every_shard(tmp_path: Path) -> None:
     """One file serves every shard and CI checks it once: without a shard ``--check`` passes a good
-    sharded file, needing every shard's secrets; only serving needs the shard (an empty CRONOQ_SHARD
+    sharded file, naming every shard's secrets; only serving needs the shard (an empty CRONOQ_SHARD
     counts as none, like an empty CRONOQ_CONFIG)."""
     cfg = tmp_path / "sharded.toml"
     cfg.write_text(SHARDED)
     unset = environment(CRONOQ_SHARD="", HOOK_TOKEN=None)
     out = run_server_cli("--config", str(cfg), "--check", env=unset)
-    assert out.returncode == 1
-    assert "  - pools[0].scaler.token_env: environment variable HOOK_TOKEN is not set" in out.stderr
-    out = run_server_cli("--config", str(cfg), "--check", env=environment(CRONOQ_SHARD="", HOOK_TOKEN="t"))
     assert out.returncode == 0, out.stderr
     assert out.stdout.startswith("configuration ok for every shard (a, b)")
+    assert (
+        "note: pools[0].scaler.token_env: cronoq-server needs environment variable HOOK_TOKEN" in out.stdout
+    )
     # Shard b never sends a1's webhook, so it runs without that secret.
     out = run_server_cli("--config", str(cfg), "--check", "--shard", "b", env=unset)
     assert out.returncode == 0, out.stderr
-    assert out.stdout.startswith("configuration ok for shard b")
+    assert out.stdout.startswith("configuration ok for shard b") and "HOOK_TOKEN" not in out.stdout
     serving = run_server_cli("--config", str(cfg), env=environment(CRONOQ_SHARD="", HOOK_TOKEN="t"))
     assert serving.returncode == 1
     assert "  - server.shard: required with [[shards]]" in serving.stderr
     assert "1 to 64 characters" not in serving.stderr
+
+
+SECRETS = (
+    '[[auth.tokens]]\ntoken_env = "T_ADMIN"\nrole = "admin"\n'
+    '[store]\nkind = "postgres"\nurl_env = "T_DB_URL"\n'
+    '[[shards]]\nname = "a"\nnumber = 1\nendpoint = "http://127.0.0.1:7070"\npools = ["default"]\n'
+)
+
+
+def test_check_names_the_secrets_variables_without_needing_them(tmp_path: Path) -> None:
+    """``--check`` in CI, where the secrets are not: each program passes a good file and names, as notes,
+    the variables it reads secrets from at start (the router no store URL); start-up still refuses them
+    unset, and a variable that is set is checked as start-up checks it."""
+    cfg = tmp_path / "secrets.toml"
+    cfg.write_text(SECRETS)
+    unset = environment(T_ADMIN=None, T_DB_URL=None, CRONOQ_SHARD="a")
+    admin, url = "auth.tokens[0].token_env", "store.url_env"
+    out = run_server_cli("--config", str(cfg), "--check", env=unset)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.splitlines()[1:] == [
+        f"note: {admin}: cronoq-server needs environment variable T_ADMIN at start (not set here, so its "
+        "value was not checked)",
+        f"note: {url}: cronoq-server needs environment variable T_DB_URL at start (not set here, so its "
+        "value was not checked)",
+    ]
+    router = run_server_cli("--config", str(cfg), "--check", env=unset, module="cronoq.router.main")
+    assert router.returncode == 0, router.stderr
+    assert router.stdout.splitlines()[1:] == [
+        f"note: {admin}: cronoq-router needs environment variable T_ADMIN at start (not set here, so its "
+        "value was not checked)"
+    ]
+    started = run_server_cli("--config", str(cfg), env=unset)
+    assert started.returncode == 1
+    assert f"  - {admin}: environment variable T_ADMIN is not set" in started.stderr
+    assert f"  - {url}: environment variable T_DB_URL is not set" in started.stderr
+    set_here = environment(T_ADMIN="too-short", T_DB_URL="postgresql://db/cronoq", CRONOQ_SHARD="a")
+    out = run_server_cli("--config", str(cfg), "--check", env=set_here)
+    assert out.returncode == 1
+    assert f"  - {admin}: the token in T_ADMIN must be at least 16 characters" in out.stderr
+    out = run_server_cli("--config", str(cfg), "--check", env={**set_here, "T_ADMIN": "a" * 16})
+    assert out.returncode == 0, out.stderr
+    assert f"note: {url}: cronoq-server needs environment variable T_DB_URL at start (set here" in out.stdout
 
 
 def test_check_reads_the_files_the_config_names(tmp_path: Path, tls_pki: Pki) -> None:

@@ -8,14 +8,16 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from cronoq.client import Client, Lease
 
 from . import test_tls
-from .helpers import worker
-from .serverproc import ServerProcess, running_server
+from .helpers import durable_config, sqlite_store, worker
+from .serverproc import ServerProcess, leader_and_standby, running_server
+from .shardproc import ShardSpec, running_cluster
 from .test_tls import Pki, _https, _tls_config
 
 tls_pki = test_tls.pki  # the fixture (a throwaway CA and its certificates), under this module's name
@@ -46,7 +48,7 @@ def test_submit_get_cancel_list_snapshot(server: ServerProcess) -> None:
     info = json.loads(cronoq(server, "get", "cli-1").stdout)
     assert info["id"] == submitted["id"] and info["status"] == "ready" and info["priority"] == "high"
 
-    assert json.loads(cronoq(server, "cancel", str(submitted["id"])).stdout) == {"cancelled": True}
+    assert json.loads(cronoq(server, "cancel", submitted["id"]).stdout) == {"cancelled": True}
     assert json.loads(cronoq(server, "get", "cli-1").stdout)["status"] == "cancelled"
 
     page = json.loads(cronoq(server, "list", "--status", "cancelled").stdout)
@@ -54,6 +56,64 @@ def test_submit_get_cancel_list_snapshot(server: ServerProcess) -> None:
 
     snap = json.loads(cronoq(server, "snapshot").stdout)
     assert snap["totals"]["submitted"] == 1 and snap["totals"]["cancelled"] == 1
+
+
+async def test_ids_are_printed_as_strings_that_survive_jq(tmp_path: Path) -> None:
+    """Every id of a shard numbered 1 or more is above 2^53, where jq (which reads every JSON number as a
+    double) changes its last digits: ids come out as strings, read back here as jq reads numbers, and
+    are taken back as given."""
+
+    def as_jq(out: subprocess.CompletedProcess[str]) -> Any:
+        assert out.returncode == 0, out.stderr
+        return json.loads(out.stdout, parse_int=float)
+
+    async def handler(lease: Lease) -> str:
+        return "done"
+
+    with running_cluster(tmp_path, [ShardSpec("a", 1, ("default",))]) as procs:
+        server = procs["a"]
+        task_id = as_jq(await asyncio.to_thread(cronoq, server, "submit", "--key", "big"))["id"]
+        assert isinstance(task_id, str) and int(task_id) > 2**53
+        assert as_jq(await asyncio.to_thread(cronoq, server, "get", task_id))["id"] == task_id
+        page = as_jq(await asyncio.to_thread(cronoq, server, "list"))
+        assert [t["id"] for t in page["tasks"]] == [task_id] and page["next_after"] == "0"
+        async with worker(server.target, handler):
+            result = as_jq(await asyncio.to_thread(cronoq, server, "wait", task_id, "--timeout", "10"))
+            assert result == {**result, "id": task_id, "status": "succeeded"}
+            [connected] = as_jq(await asyncio.to_thread(cronoq, server, "workers"))
+            assert isinstance(connected["id"], str)
+        added = await asyncio.to_thread(cronoq, server, "recurring", "add", "hourly", "0 * * * *")
+        assert added.returncode == 0, added.stderr
+        [schedule] = as_jq(await asyncio.to_thread(cronoq, server, "recurring", "list"))
+        assert int(schedule["last_task_id"]) > int(task_id)
+
+
+def test_a_standby_is_asked_again_until_it_leads(tmp_path: Path) -> None:
+    """A standby answers UNAVAILABLE (a balancer picked it, a failover is under way): the CLI asks again
+    with backoff, saying so on stderr, as the SDK's worker reconnects, and is answered once the standby
+    leads, here when the leader stops. (A standby's refusal says the call never ran, so even a keyless
+    submit is sent again.)"""
+    body = durable_config(sqlite_store(tmp_path / "state.db"))
+    with leader_and_standby(tmp_path, body) as (leader, standby):
+        cli = subprocess.Popen(
+            [sys.executable, "-m", "cronoq.cli", "--target", standby.target, "submit", "--data", "x"],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env={**os.environ, "CRONOQ_RETRY_FOR": "30"},
+        )
+        try:
+            assert cli.stderr is not None
+            first = cli.stderr.readline()  # the CLI either asks again or exits: this returns
+            assert first.startswith("cronoq: unavailable: this server is a standby"), first
+            assert first.rstrip().endswith("(asking again in 0.1 s)"), first
+            leader.stop()  # the standby takes over at once
+            out, err = cli.communicate(timeout=40)
+        finally:
+            cli.kill()
+        assert cli.returncode == 0, first + err
+        task_id = json.loads(out)["id"]
+        assert json.loads(cronoq(standby, "get", task_id).stdout)["status"] == "ready"
 
 
 def test_errors_are_reported_with_their_code(server: ServerProcess) -> None:
@@ -96,8 +156,8 @@ def test_recurring_add_list_remove_and_task_options(server: ServerProcess) -> No
         "report",
         "queue",
     )
-    assert schedule["tz"] == "Europe/Paris" and schedule["next_at"] > 0 and schedule["last_task_id"] > 0
-    occurrence = json.loads(cronoq(server, "get", str(schedule["last_task_id"])).stdout)
+    assert schedule["tz"] == "Europe/Paris" and schedule["next_at"] > 0 and int(schedule["last_task_id"]) > 0
+    occurrence = json.loads(cronoq(server, "get", schedule["last_task_id"]).stdout)
     assert occurrence["status"] == "scheduled" and occurrence["key"].startswith("hourly@")
 
     bad = cronoq(server, "recurring", "add", "x", "61 * * * *")
@@ -105,13 +165,17 @@ def test_recurring_add_list_remove_and_task_options(server: ServerProcess) -> No
     assert json.loads(cronoq(server, "recurring", "remove", "every-hour").stdout) == {"removed": True}
     assert json.loads(cronoq(server, "recurring", "remove", "every-hour").stdout) == {"removed": False}
     assert json.loads(cronoq(server, "recurring", "list").stdout) == []
+    # Its next occurrence goes with it: left scheduled, it would run once more.
+    removed = json.loads(cronoq(server, "get", schedule["last_task_id"]).stdout)
+    assert (removed["status"], removed["message"]) == (
+        "cancelled",
+        "cancelled: its recurring schedule was removed",
+    )
 
     first = json.loads(cronoq(server, "submit", "--key", "first").stdout)
     later = cronoq(server, "submit", "--after", "first", "--start-in", "3600", "--on-miss", "skip")
     assert later.returncode == 0, later.stderr
-    assert (
-        json.loads(cronoq(server, "get", str(json.loads(later.stdout)["id"])).stdout)["status"] == "blocked"
-    )
+    assert json.loads(cronoq(server, "get", json.loads(later.stdout)["id"]).stdout)["status"] == "blocked"
     unknown = cronoq(server, "submit", "--resource", "gpu=1")
     assert (
         unknown.returncode == 1
@@ -160,7 +224,10 @@ async def test_a_private_ca_and_a_client_certificate(tmp_path: Path, tls_pki: Pk
         assert out.returncode == 0, out.stderr
         assert json.loads(out.stdout)["status"] == "ready"
         # Without a client certificate the mTLS handshake is refused.
-        out = await asyncio.to_thread(run_cli, "--target", target, "--ca", str(pki.ca), "get", str(task))
+        # (Not asked again: a refused handshake is as "unavailable" as a server on its way back.)
+        out = await asyncio.to_thread(
+            run_cli, "--target", target, "--ca", str(pki.ca), "--retry-for", "0", "get", str(task)
+        )
         assert out.returncode == 1 and out.stderr.startswith("cronoq: unavailable:")
         out = run_cli(
             "--target",

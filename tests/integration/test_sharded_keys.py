@@ -20,7 +20,7 @@ import grpc
 import pytest
 
 from cronoq.client import Client, task
-from cronoq.errors import FailedPrecondition, NotFound, PermissionDenied, Unavailable
+from cronoq.errors import FailedPrecondition, InvalidArgument, NotFound, PermissionDenied, Unavailable
 from cronoq.v1 import cronoq_pb2 as pb
 from cronoq.v1 import cronoq_pb2_grpc as pbg
 
@@ -121,6 +121,39 @@ async def test_a_scoped_credential_can_never_shadow_or_reach_another_pools_key(
     assert waited.result is not None and waited.result.status == "cancelled"
     status, answer = await http(cluster[0], "POST", "/v1/tasks", ADMIN, {"pool": "a1", "key": "nightly-7"})
     assert (status, answer["id"], answer["duplicate"]) == (200, str(victim.id), True), answer
+
+
+async def test_a_dependency_on_a_task_of_another_shard_is_refused_naming_that_shard(
+    cluster: tuple[ServerProcess, dict[str, ServerProcess]], clients: dict[tuple[str, str], Client]
+) -> None:
+    """A task can depend only on tasks of its own shard: a dependency on a ``b1`` task from an ``a1`` task,
+    by id or by key, is refused naming shard b at every entry point, over gRPC and HTTP, rather than
+    answered "unknown dependency". A credential that may not see the ``b1`` task still finds it
+    unknown, as a lookup would."""
+    on_b = await clients[("router", ADMIN)].submit(b"x", pool="b1", key="on-b")
+    own = "a task can depend only on tasks of its own shard, and pool 'a1' is served by shard 'a'"
+    refusals: dict[int | str, str] = {
+        on_b.id: f"task.deps[0].id: task {on_b.id} is on shard 'b'; {own}",
+        "on-b": f"task.deps[0].key: key 'on-b' is held by task {on_b.id} on shard 'b'; {own}",
+    }
+    for name, proc in zip(("router", "a", "b"), entry_points(cluster), strict=True):
+        for ref, message in refusals.items():
+            with pytest.raises(InvalidArgument) as err:
+                await clients[(name, ADMIN)].submit(b"y", pool="a1", after=ref)
+            assert err.value.message == message, name
+            target = {"id": str(ref)} if isinstance(ref, int) else {"key": ref}
+            status, body = await http(proc, "POST", "/v1/tasks", ADMIN, {"pool": "a1", "deps": [target]})
+            assert (status, body) == (400, {"error": message, "code": "invalid_argument"}), name
+    with pytest.raises(InvalidArgument) as err:
+        await clients[("a", ADMIN)].submit_batch(
+            [task(b"1", pool="a1", key="first"), task(b"2", pool="a1", after=["first", "on-b"])]
+        )
+    assert err.value.message.startswith(f"tasks[1].deps[1].key: key 'on-b' is held by task {on_b.id} on")
+    with pytest.raises(NotFound) as unknown:
+        await clients[("router", ONLY_A1)].submit(b"z", pool="a1", after="on-b")
+    assert unknown.value.message == "task.deps[0].key: unknown dependency 'on-b'"
+    page = await clients[("router", ADMIN)].list_tasks()
+    assert [t.id for t in page.tasks] == [on_b.id]  # nothing else was admitted
 
 
 async def test_a_batch_answers_a_key_held_on_another_shard_as_its_duplicate(

@@ -115,6 +115,38 @@ def test_logs_are_json_lines_off_a_terminal() -> None:
     assert record["event"] == "hello" and record["pool"] == "default" and record["level"] == "info"
 
 
+def test_standard_library_records_are_json_lines_of_the_same_stream() -> None:
+    """grpc and psycopg.pool log through the standard library: their records come out as our own lines
+    are, naming their logger, at warning and above."""
+    out = io.StringIO()
+    root = logging.getLogger()
+    handlers, level = list(root.handlers), root.level
+    try:
+        configure({"CRONOQ_LOG": "debug"}, stream=out)
+        logging.getLogger("psycopg.pool").warning("error connecting in %r: %s", "cronoq:a", "refused")
+        logging.getLogger("psycopg.pool").info("connection requested")  # below warning: not written
+        try:
+            raise RuntimeError("core said no")
+        except RuntimeError:
+            logging.getLogger("grpc._cython.cygrpc").exception("unexpected")
+    finally:
+        structlog.reset_defaults()
+        root.handlers[:] = handlers
+        root.setLevel(level)
+    first, second = (json.loads(line) for line in out.getvalue().splitlines())
+    assert (first["logger"], first["level"], first["event"]) == (
+        "psycopg.pool",
+        "warning",
+        "error connecting in 'cronoq:a': refused",
+    )
+    assert (second["logger"], second["level"], second["event"]) == (
+        "grpc._cython.cygrpc",
+        "error",
+        "unexpected",
+    )
+    assert "RuntimeError: core said no" in second["exception"]
+
+
 def test_output_cache_bounds_entries_and_bytes() -> None:
     cache = OutputCache(max_entries=2, max_bytes=10)
     cache.put(1, b"aaaa", "text/plain")

@@ -113,7 +113,10 @@ async def test_a_schedule_and_its_first_occurrence_commit_together_before_the_an
         assert engine.remove_recurring("nightly", NOW)
         runtime.flush()
         await asyncio.wait_for(runtime.sync(), 5)
-        assert store.batches[-1].schedules == [("nightly", None)]
+        removal = store.batches[-1]
+        assert removal.schedules == [("nightly", None)]
+        # The occurrence created ahead is cancelled with the schedule, in the same transaction.
+        assert [(t.id, t.status) for t in removal.tasks] == [(recurring.last_task_id, Status.CANCELLED)]
     finally:
         await runtime.stop_committer()
         runtime.cancel_timer()

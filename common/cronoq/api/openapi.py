@@ -555,7 +555,8 @@ PATHS: Final[dict[str, Schema]] = {
     "/v1/recurring/{name}": {
         "delete": _op(
             "removeRecurring",
-            "Remove a recurring schedule (admin role); occurrences already created stay",
+            "Remove a recurring schedule (admin role) and cancel its next occurrence if that one's start "
+            "is still to come; occurrences whose start has come run to their end",
             "RecurringRemoved",
             *_API,
             parameters=[_param("name", "path", STRING, "schedule name (URL-encoded)")],

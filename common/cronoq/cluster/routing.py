@@ -403,23 +403,11 @@ class Routing:
         that may use every pool it serves, whose own duplicate a later lookup would find ambiguous,
         but refuses the submission (UNAVAILABLE, never admitted) for one scoped to fewer: it could
         otherwise shadow a key of a pool it may not see."""
-        others = [s for s in self.shards if not self.shards.is_local(s)]
-        gate = asyncio.Semaphore(_PROBES_AT_ONCE)
-
-        async def probe(key: str) -> list[pb.TaskInfo | ApiError]:
-            async with gate:
-                request = pb.GetRequest(task=pb.TaskRef(key=key))
-                return await self.peers.fan_out(
-                    others, GET, [request] * len(others), caller, extra=_PROBE, last_hop=True
-                )
-
-        answers = await asyncio.gather(*(probe(key) for _, key in keys))
         held: dict[str, tuple[Shard, pb.TaskInfo]] = {}
+        answers = await self._probe([key for _, key in keys], caller)
         for (field, key), per_shard in zip(keys, answers, strict=True):
-            found = [
-                (shard, a) for shard, a in zip(others, per_shard, strict=True) if isinstance(a, pb.TaskInfo)
-            ]
-            for shard, answer in zip(others, per_shard, strict=True):
+            found = [(shard, a) for shard, a in per_shard if isinstance(a, pb.TaskInfo)]
+            for shard, answer in per_shard:
                 if isinstance(answer, AlreadyExists):
                     raise PermissionDenied(
                         f"{field}.key: key {shown(key)} is held by a task outside this credential's pools"
@@ -431,6 +419,36 @@ class Routing:
             if found:
                 held[key] = found[0]
         return held
+
+    async def held_by_others(self, caller: Principal, keys: Sequence[str]) -> dict[str, tuple[Shard, int]]:
+        """Of ``keys``, those a task of another shard holds for this caller, with that shard and task id.
+        A shard that cannot be asked is passed over, and a task outside the caller's pools is not
+        found, as a lookup would not find it: what a submission's dependencies on keys need to know,
+        since a task can depend only on tasks of its own shard."""
+        held: dict[str, tuple[Shard, int]] = {}
+        for key, per_shard in zip(keys, await self._probe(keys, caller), strict=True):
+            for shard, answer in per_shard:
+                if isinstance(answer, pb.TaskInfo):
+                    held.setdefault(key, (shard, answer.id))
+        return held
+
+    async def _probe(
+        self, keys: Sequence[str], caller: Principal
+    ) -> list[list[tuple[Shard, pb.TaskInfo | ApiError]]]:
+        """Each key's answers from every other shard to a key probe (what its engine holds), as the
+        last hop, at most :data:`_PROBES_AT_ONCE` keys at a time."""
+        others = [s for s in self.shards if not self.shards.is_local(s)]
+        gate = asyncio.Semaphore(_PROBES_AT_ONCE)
+
+        async def probe(key: str) -> list[tuple[Shard, pb.TaskInfo | ApiError]]:
+            async with gate:
+                request = pb.GetRequest(task=pb.TaskRef(key=key))
+                answers = await self.peers.fan_out(
+                    others, GET, [request] * len(others), caller, extra=_PROBE, last_hop=True
+                )
+            return list(zip(others, answers, strict=True))
+
+        return list(await asyncio.gather(*(probe(key) for key in keys)))
 
     @staticmethod
     def _unasked(caller: Principal, field: str, key: str, shard: Shard, err: ApiError) -> None:

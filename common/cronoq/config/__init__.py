@@ -49,13 +49,14 @@ from .model import (
 )
 from .problems import ConfigError, Problem, Problems
 from .reader import read_toml
-from .validate import check_config, validate_config
+from .validate import EnvVariable, check_config, validate_config
 
 __all__ = [
     "AuthSection",
     "CertSection",
     "Config",
     "ConfigError",
+    "EnvVariable",
     "ExternalScaler",
     "GrpcWebSection",
     "Limits",
@@ -105,20 +106,24 @@ def parse_config(
     shard: str | None = None,
     insecure_no_auth: bool = False,
     router: bool = False,
+    needed: list[EnvVariable] | None = None,
 ) -> Config:
     """Read, override and validate in one go, reporting the problems of every stage together.
 
     ``source`` names the text in the error; ``env`` is where ``token_env``/``url_env`` are looked up
     (default: the process environment); ``shard`` and ``insecure_no_auth`` are the command-line flags;
     ``router=True`` is for ``cronoq-router``, which ignores ``[store]`` and sends no webhook, so it
-    needs neither's secrets.
+    needs neither's secrets. ``needed`` is for ``--check``: the variables secrets are read from are
+    listed there, and unset ones are not problems (see :func:`~cronoq.config.validate.check_config`).
     """
     problems = Problems()
     config = read_toml(text, problems)
     if config is None:
         raise problems.error(source)
     overridden = config.with_overrides(shard, insecure_no_auth)
-    checked = check_config(overridden, os.environ if env is None else env, problems, router=router)
+    checked = check_config(
+        overridden, os.environ if env is None else env, problems, router=router, needed=needed
+    )
     if problems:
         raise problems.error(source)
     return checked
@@ -131,6 +136,7 @@ def load_config(
     shard: str | None = None,
     insecure_no_auth: bool = False,
     router: bool = False,
+    needed: list[EnvVariable] | None = None,
 ) -> Config:
     """:func:`parse_config` on a file (UTF-8; a byte-order mark left by some editors is ignored)."""
     try:
@@ -139,5 +145,11 @@ def load_config(
     except (OSError, UnicodeDecodeError) as exc:
         raise ConfigError([Problem("", f"cannot read the configuration: {exc}")], os.fspath(path)) from exc
     return parse_config(
-        text, source=os.fspath(path), env=env, shard=shard, insecure_no_auth=insecure_no_auth, router=router
+        text,
+        source=os.fspath(path),
+        env=env,
+        shard=shard,
+        insecure_no_auth=insecure_no_auth,
+        router=router,
+        needed=needed,
     )

@@ -4,17 +4,19 @@
 :func:`cronoq.config.parse_config` can report type and range mistakes of one file together);
 :func:`validate_config` is the stand-alone form that raises. Secrets named by ``token_env``,
 ``url_env`` and a webhook's ``token_env`` are looked up here, in the mapping given (the process
-environment by default), so a missing variable is a config error at ``--check`` time, not a surprise
-at the first request. Only the secrets the reading process sends are looked up: the router keeps no
-store and sends no webhook, and a shard sends only its own pools' webhooks, so a secret need not be
-shipped to a process that never uses it.
+environment by default), so a missing variable is a config error at start-up, not a surprise at the
+first request. ``--check`` runs where the secrets often are not (CI): given a ``needed`` list, a variable
+that is unset is listed there instead of reported, and a set one is checked as at start-up. Only the
+secrets the reading process sends are looked up: the router keeps no store and sends no webhook, and a
+shard sends only its own pools' webhooks, so a secret need not be shipped to a process that never uses
+it.
 """
 
 from __future__ import annotations
 
 import os
 from collections.abc import Hashable, Iterable, Mapping
-from dataclasses import fields, is_dataclass, replace
+from dataclasses import dataclass, fields, is_dataclass, replace
 from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
@@ -48,6 +50,17 @@ if TYPE_CHECKING:
     from _typeshed import DataclassInstance
 
 
+@dataclass(frozen=True, slots=True)
+class EnvVariable:
+    """An environment variable a process of the configuration reads a secret from at start: the key
+    naming it (``auth.tokens[0].token_env``), its name, and whether it was set where the file was
+    checked (then its value was checked too)."""
+
+    path: str
+    name: str
+    set: bool
+
+
 def validate_config(
     config: Config, *, env: Mapping[str, str] | None = None, source: str = "<config>"
 ) -> Config:
@@ -64,13 +77,21 @@ def validate_config(
 
 
 def check_config(
-    config: Config, env: Mapping[str, str], problems: Problems, *, router: bool = False
+    config: Config,
+    env: Mapping[str, str],
+    problems: Problems,
+    *,
+    router: bool = False,
+    needed: list[EnvVariable] | None = None,
 ) -> Config:
     """Add every problem of ``config`` to ``problems``; return it with secrets resolved.
 
     ``router=True`` checks the file as ``cronoq-router`` uses it: it keeps nothing and schedules no
-    pool, so ``[store]`` and the webhook scalers' secrets are left alone.
+    pool, so ``[store]`` and the webhook scalers' secrets are left alone. With ``needed`` (``--check``)
+    every variable a secret is read from is added to it, and one that is unset or empty is no problem:
+    its secret stays "", and only start-up refuses it.
     """
+    secrets = _Secrets(env, problems, needed)
     _check_rules(config, "", problems)
     _check_listeners(config, problems)
     _check_pools(config, problems)
@@ -79,10 +100,10 @@ def check_config(
     sending = set() if router else _scheduled_pools(config)
     return replace(
         config,
-        auth=_resolve_auth(config, env, problems),
-        store=config.store if router else _resolve_store(config, env, problems),
+        auth=_resolve_auth(config, secrets, problems),
+        store=config.store if router else _resolve_store(config, secrets, problems),
         pools=tuple(
-            _resolve_scaler(i, pool, env, problems, sends=pool.name in sending)
+            _resolve_scaler(i, pool, secrets, problems, sends=pool.name in sending)
             for i, pool in enumerate(config.pools)
         ),
     )
@@ -249,23 +270,36 @@ def _check_shard_ref(config: Config, name: str | None, path: str, problems: Prob
 # ------------------------------------------------------------------------------------------ secrets
 
 
-def _from_env(env: Mapping[str, str], name: str, path: str, problems: Problems) -> str:
-    """The variable's value; "" after reporting that it is unset or empty (never its content)."""
-    if problems.failed(path):
-        return ""
-    value = env.get(name)
-    if not value:
-        problems.add(path, f"environment variable {name} is {'empty' if value == '' else 'not set'}")
-    return value or ""
+class _Secrets:
+    """Where one check looks secrets up (see :func:`check_config` for ``needed``)."""
+
+    __slots__ = ("env", "needed", "problems")
+
+    def __init__(self, env: Mapping[str, str], problems: Problems, needed: list[EnvVariable] | None) -> None:
+        self.env = env
+        self.problems = problems
+        self.needed = needed
+
+    def get(self, name: str, path: str) -> str:
+        """The variable's value; "" when it is unset or empty, reported as a problem (never its content)
+        unless the variables are being listed instead."""
+        if self.problems.failed(path):
+            return ""
+        value = self.env.get(name)
+        if self.needed is not None:
+            self.needed.append(EnvVariable(path, name, bool(value)))
+        elif not value:
+            self.problems.add(path, f"environment variable {name} is {'empty' if value == '' else 'not set'}")
+        return value or ""
 
 
-def _resolve_auth(config: Config, env: Mapping[str, str], problems: Problems) -> AuthSection:
+def _resolve_auth(config: Config, secrets: _Secrets, problems: Problems) -> AuthSection:
     auth = config.auth
     tokens = tuple(
-        replace(t, resolved_token=_token_value(i, t, env, problems)) for i, t in enumerate(auth.tokens)
+        replace(t, resolved_token=_token_value(i, t, secrets, problems)) for i, t in enumerate(auth.tokens)
     )
-    secrets = ((_token_key(i, t), t.resolved_token) for i, t in enumerate(tokens) if t.resolved_token)
-    _unique(secrets, "token", problems, secret=True)
+    values = ((_token_key(i, t), t.resolved_token) for i, t in enumerate(tokens) if t.resolved_token)
+    _unique(values, "token", problems, secret=True)
     # Certificate names match case-insensitively, so two spellings of one name would be one credential.
     _unique(
         ((f"auth.certs[{i}].dns_name", c.dns_name.lower()) for i, c in enumerate(auth.certs)),
@@ -292,7 +326,7 @@ def _token_key(index: int, token: TokenSection) -> str:
     return f"auth.tokens[{index}].{'token' if token.token is not None else 'token_env'}"
 
 
-def _token_value(index: int, token: TokenSection, env: Mapping[str, str], problems: Problems) -> str:
+def _token_value(index: int, token: TokenSection, secrets: _Secrets, problems: Problems) -> str:
     path = _token_key(index, token)
     literal, env_name = token.token, token.token_env
     if (literal is None) == (env_name is None):
@@ -300,7 +334,7 @@ def _token_value(index: int, token: TokenSection, env: Mapping[str, str], proble
         return ""
     if env_name is None:
         return "" if literal is None or problems.failed(path) else literal
-    value = _from_env(env, env_name, path, problems)
+    value = secrets.get(env_name, path)
     problem = check_token(value) if value else None
     if problem is not None:
         problems.add(path, f"the token in {env_name} {problem}")
@@ -308,7 +342,7 @@ def _token_value(index: int, token: TokenSection, env: Mapping[str, str], proble
     return value
 
 
-def _resolve_store(config: Config, env: Mapping[str, str], problems: Problems) -> StoreSection:
+def _resolve_store(config: Config, secrets: _Secrets, problems: Problems) -> StoreSection:
     store = config.store
     if isinstance(store, SqliteStoreSection):
         _check_sqlite_path(config, store, problems)
@@ -319,9 +353,7 @@ def _resolve_store(config: Config, env: Mapping[str, str], problems: Problems) -
         if store.url_env is not None:
             problems.add("store.url", "set url or url_env, not both")
         return replace(store, resolved_url=store.url)
-    return replace(
-        store, resolved_url=_from_env(env, store.url_env or DEFAULT_URL_ENV, "store.url_env", problems)
-    )
+    return replace(store, resolved_url=secrets.get(store.url_env or DEFAULT_URL_ENV, "store.url_env"))
 
 
 def _check_sqlite_path(config: Config, store: SqliteStoreSection, problems: Problems) -> None:
@@ -365,7 +397,7 @@ def _check_schema(config: Config, store: PostgresStoreSection, problems: Problem
 
 
 def _resolve_scaler(
-    index: int, pool: PoolSection, env: Mapping[str, str], problems: Problems, *, sends: bool
+    index: int, pool: PoolSection, secrets: _Secrets, problems: Problems, *, sends: bool
 ) -> PoolSection:
     """Check the webhook's URL everywhere (it is the file's mistake), but look its token up only where
     ``sends``: in the process that posts for the pool."""
@@ -383,5 +415,5 @@ def _resolve_scaler(
             )
     if scaler.token_env is None or not sends:
         return pool
-    token = _from_env(env, scaler.token_env, f"pools[{index}].scaler.token_env", problems)
+    token = secrets.get(scaler.token_env, f"pools[{index}].scaler.token_env")
     return replace(pool, scaler=replace(scaler, resolved_token=token))

@@ -202,8 +202,11 @@ class Engine(EngineCore):
         return recurring
 
     def remove_recurring(self, name: str, now: float) -> bool:
-        """Remove a schedule; an occurrence it already created stays. False if there was none."""
-        return self._recurring.remove(name)
+        """Remove a schedule, cancelling the occurrence it created ahead while that one's start is still
+        to come (see ``RecurringSchedules.remove``). False if there was none."""
+        removed = self._recurring.remove(name, now)
+        self._dispatch_dirty(None, now)
+        return removed
 
     def list_recurring(self) -> list[Recurring]:
         """The schedules, in the order they were first added."""

@@ -18,7 +18,7 @@ import math
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Final
 
-from .model import AdmissionError, MissPolicy, PoolConfig, Status, Task, TaskSpec
+from .model import WAITING, AdmissionError, MissPolicy, PoolConfig, Status, Task, TaskSpec
 from .pool import PoolState
 from .table import TaskTable
 from .timers import TimerKind
@@ -31,7 +31,6 @@ Window = tuple[float, float]  # (from, to), Unix seconds
 
 _SCHEDULED: Final = Status.SCHEDULED
 _READY: Final = Status.READY
-_WAITING: Final = frozenset({Status.BLOCKED, _SCHEDULED})  # pending but not yet eligible: not backlog
 FIXED_MISSED: Final = "fixed start missed"
 MIN_HOLD_AHEAD: Final = 1.0  # a worker is held from start - max(tolerance, this) for a fixed start
 
@@ -243,7 +242,7 @@ class FixedStarts:
         not_started = {
             task_id
             for task_id in reservations.windows
-            if (task := by_id.get(task_id)) is not None and task.status in _WAITING
+            if (task := by_id.get(task_id)) is not None and task.status in WAITING
         }
         return reservations.peak_ahead(now, horizon, not_started)
 

@@ -64,6 +64,7 @@ class Status(enum.IntEnum):
 
 TERMINAL = frozenset(s for s in Status if s.terminal)
 PENDING = frozenset({Status.BLOCKED, Status.SCHEDULED, Status.READY, Status.RETRYING})
+WAITING = frozenset({Status.BLOCKED, Status.SCHEDULED})  # pending, not yet eligible to run
 
 
 class Priority(enum.IntEnum):

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Final
 
 from .cron import CronSchedule, occurrence_key
 from .model import (
+    WAITING,
     AdmissionError,
     DepEdge,
     DepOn,
@@ -40,6 +41,7 @@ if TYPE_CHECKING:
     from .core import EngineCore
 
 OVERLAPPED: Final = "previous occurrence still running"
+REMOVED: Final = "cancelled: its recurring schedule was removed"
 
 
 class RecurringSchedules:
@@ -129,13 +131,24 @@ class RecurringSchedules:
         self._plan_occurrence(schedule, start, now)
         return recurring
 
-    def remove(self, name: str) -> bool:
-        """Remove a schedule; an occurrence it already created stays. False if there was none."""
+    def remove(self, name: str, now: float) -> bool:
+        """Remove a schedule; False if there was none.
+
+        The occurrence it created ahead is cancelled with it while that occurrence's start is still to
+        come (``scheduled``, or ``blocked`` waiting for the previous one to finish): left there, a
+        removed schedule would run once more. Occurrences whose start has come (ready, running,
+        retrying, or queued behind the previous one) were due before the removal and run to their end.
+        """
         schedule = self._schedules.pop(name, None)
         if schedule is None:
             return False
         del self._numbered[schedule.number]
         self._engine._actions.append(ScheduleChanged(name, None))
+        ahead = self._table.by_id.get(schedule.recurring.last_task_id)
+        if ahead is not None and ahead.status in WAITING and (ahead.spec.start or 0.0) > now:
+            pool = self._pools[ahead.spec.pool]
+            self._engine._finish(pool, ahead, Status.CANCELLED, REMOVED, now)
+            self._engine._mark_dirty(pool)  # its reservation's held slot, if any, is free again
         return True
 
     def schedules(self) -> list[Recurring]:

@@ -253,16 +253,41 @@ def test_a_schedule_whose_years_have_passed_is_refused() -> None:
     assert e.list_recurring() == []
 
 
-def test_remove_stops_new_occurrences_but_keeps_the_created_one() -> None:
+def test_remove_stops_new_occurrences_and_cancels_the_one_created_ahead() -> None:
+    """Left scheduled, the occurrence created ahead would run once more after the removal."""
     e = make()
-    e.add_recurring(schedule(), 0.0)
+    e.add_recurring(schedule(), 3.0)
+    [ahead] = occurrences(e)
     drain(e)
-    assert e.remove_recurring("sh", 1.0)
-    assert not e.remove_recurring("sh", 1.0)
-    assert [a for a in drain(e).actions if isinstance(a, ScheduleChanged)] == [ScheduleChanged("sh", None)]
+    assert e.remove_recurring("sh", 4.0)
+    assert not e.remove_recurring("sh", 4.0)
+    drained = drain(e)
+    assert [a for a in drained.actions if isinstance(a, ScheduleChanged)] == [ScheduleChanged("sh", None)]
+    assert [(ev.id, ev.status, ev.message) for ev in drained.events] == [
+        (ahead.id, Status.CANCELLED, "cancelled: its recurring schedule was removed")
+    ]
     e.tick(10.0)
     e.tick(20.0)
-    assert len(occurrences(e)) == 1 and e.list_recurring() == []
+    assert [t.status for t in occurrences(e)] == [Status.CANCELLED] and e.list_recurring() == []
+    assert e.snapshot(20.0).pending == 0
+
+
+def test_remove_keeps_the_occurrences_whose_start_has_come() -> None:
+    """Only the occurrence still waiting for its start goes: the one running, and the one queued
+    behind it (``overlap = queue``) whose start has passed, were due before the removal and run."""
+    e = make()
+    e.add_worker(1, "p", 1, {}, 0.0)
+    e.add_recurring(schedule(overlap=Overlap.QUEUE), 0.0)
+    e.tick(10.0)
+    lease = drain(e).dispatches[0]
+    e.tick(20.0)
+    _, queued, ahead = occurrences(e)
+    assert (queued.status, ahead.status) == (Status.BLOCKED, Status.BLOCKED)
+    assert e.remove_recurring("sh", 21.0)
+    assert [t.status for t in occurrences(e)] == [Status.RUNNING, Status.BLOCKED, Status.CANCELLED]
+    e.complete(1, lease.lease, 22.0)
+    assert task_of(e, queued.id).status is Status.RUNNING
+    assert task_of(e, ahead.id).status is Status.CANCELLED
 
 
 def test_restored_schedules_continue_and_invalid_ones_are_counted() -> None:

@@ -28,26 +28,59 @@ def args(*argv: str) -> argparse.Namespace:
     return parsed
 
 
-def test_check_accepts_a_valid_file(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+@pytest.mark.parametrize(
+    ("token", "noted"),
+    [
+        ("metrics-token-0123456789", "set here, its value checked"),
+        (None, "not set here, so its value was not checked"),
+    ],
+)
+def test_check_accepts_a_valid_file_naming_its_token_variable(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    token: str | None,
+    noted: str,
 ) -> None:
-    monkeypatch.setenv("OPERATOR_TEST_TOKEN", "metrics-token-0123456789")
+    """``--check`` names the variable the token comes from; it need not be set (CI, without the
+    Secret)."""
+    if token is None:
+        monkeypatch.delenv("OPERATOR_TEST_TOKEN", raising=False)
+    else:
+        monkeypatch.setenv("OPERATOR_TEST_TOKEN", token)
     path = tmp_path / "operator.toml"
     path.write_text(VALID)
     assert main(["--config", str(path), "--check"]) == 0
-    assert capsys.readouterr().out == "configuration ok: 1 server(s): main\n"
+    assert capsys.readouterr().out.splitlines() == [
+        "configuration ok: 1 server(s): main",
+        f"note: servers[0].token_env: cronoq-operator needs environment variable OPERATOR_TEST_TOKEN at start ({noted})",
+    ]
 
 
 def test_check_lists_every_problem(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    monkeypatch.delenv("OPERATOR_TEST_TOKEN", raising=False)
+    monkeypatch.setenv("OPERATOR_TEST_TOKEN", "metrics-token-0123456789")
     path = tmp_path / "operator.toml"
-    path.write_text("interval_s = 0\n" + VALID)
+    path.write_text("interval_s = 0\n" + VALID.replace("cronoq.cronoq:7070", "cronoq"))
     assert main(["--config", str(path), "--check"]) == 1
     assert capsys.readouterr().err.splitlines() == [
         f"cronoq-operator: invalid configuration {path}:",
         "  - interval_s: must be at least 1 and at most 3600 (got 0)",
+        "  - servers[0].url: expected http://host:port or https://host:port (the server's gRPC port) "
+        "(got 'http://cronoq')",
+    ]
+
+
+def test_starting_refuses_an_unset_token_variable(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.delenv("OPERATOR_TEST_TOKEN", raising=False)
+    path = tmp_path / "operator.toml"
+    path.write_text(VALID)
+    assert main(["--config", str(path)]) == 1
+    assert capsys.readouterr().err.splitlines() == [
+        f"cronoq-operator: invalid configuration {path}:",
         "  - servers[0].token_env: environment variable OPERATOR_TEST_TOKEN is not set",
     ]
 
