@@ -5,10 +5,11 @@ reads it: which services run, each server's shard, the router, the workers and t
 tokens of ``compose/.env``, what Prometheus scrapes. Each cronoq service runs as a local process the way
 the Compose tests run it (``tests/deploy/compose_run.py``: the image's programs are this checkout's,
 the container's files the repository's, every ``host:port`` of the Compose network a loopback port),
-and ``tests/deploy/test_compose.py`` starts the cluster with the functions below. So a shard, member,
-pool or worker added to ``compose/`` is in ``make cluster`` too, with nothing else to edit; a service
-of an image this module does not know how to run is refused by name rather than left out. Like
-``bench/``, this builds on the test suite's fixtures instead of keeping a copy of them.
+``tests/deploy/test_compose.py`` starts the cluster with the functions below, and
+``tests/integration/test_monitoring.py`` runs it whole (:func:`running`). So a shard, member, pool or
+worker added to ``compose/`` is in ``make cluster`` too, with nothing else to edit; a service of an
+image this module does not know how to run is refused by name rather than left out. Like ``bench/``,
+this builds on the test suite's fixtures instead of keeping a copy of them.
 
 What differs from ``docker compose up``, and why:
 
@@ -279,11 +280,21 @@ def prometheus_program() -> str | None:
     return None
 
 
-def prometheus_process(project: Project, loopback: Loopback, scratch: Path, program: str) -> LocalProcess:
+def prometheus_process(
+    project: Project,
+    loopback: Loopback,
+    scratch: Path,
+    program: str,
+    *,
+    edit: Callable[[Path, str], str] | None = None,
+) -> LocalProcess:
     """Compose's Prometheus as a local process: its configuration (the ``--config.file`` its entrypoint
     names) with every target a loopback address, every file it names (the metrics token's
     ``credentials_file``, ``rule_files``) the local file its container would see, and the metrics
-    token written where the entrypoint writes it."""
+    token written where the entrypoint writes it. ``edit`` changes the configuration and each rules
+    file (given the repository's file and the text to write, it returns the text): the rules files are
+    then copies under ``scratch``; without it Prometheus reads the repository's, as Compose mounts them
+    (so that an edit there is picked up by a reload, ``kill -HUP``)."""
     service = project.services[PROMETHEUS]
     scratch.mkdir(parents=True, exist_ok=True)
     paths: dict[PurePosixPath, Path] = {}  # what the container sees where: a config, or a fresh volume
@@ -307,7 +318,8 @@ def prometheus_process(project: Project, loopback: Loopback, scratch: Path, prog
         raise ClusterError(f"{PROMETHEUS}: {path} is in none of its mounts in compose.yaml")
 
     config_path = flag("config.file")
-    config: dict[str, Any] = yaml.safe_load(Path(local(str(config_path), PurePosixPath("/"))).read_text())
+    config_source = Path(local(str(config_path), PurePosixPath("/")))
+    config: dict[str, Any] = yaml.safe_load(config_source.read_text())
     token = service.environment["CRONOQ_METRICS_TOKEN"]
     for job in config.get("scrape_configs", []):
         for group in job.get("static_configs", []):
@@ -317,9 +329,15 @@ def prometheus_process(project: Project, loopback: Loopback, scratch: Path, prog
             job["authorization"]["credentials_file"] = written = local(credentials, config_path.parent)
             _write_private(Path(written), token, scratch)
     if "rule_files" in config:
-        config["rule_files"] = [local(rules, config_path.parent) for rules in config["rule_files"]]
+        rules = [Path(local(name, config_path.parent)) for name in config["rule_files"]]
+        if edit is not None:
+            for number, source in enumerate(rules):
+                rules[number] = scratch / f"{number}-{source.name}"
+                rules[number].write_text(edit(source, source.read_text()))
+        config["rule_files"] = [str(path) for path in rules]
     rewritten = scratch / "prometheus.yml"
-    rewritten.write_text(yaml.safe_dump(config, sort_keys=False))
+    text = yaml.safe_dump(config, sort_keys=False)
+    rewritten.write_text(text if edit is None else edit(config_source, text))
     listen = loopback.address(PROMETHEUS, PROMETHEUS_PORT)
     argv = [
         program,
@@ -371,16 +389,28 @@ class Cluster:
     def address(self, service: str, port: int) -> str:
         return self.loopback.address(service, port)
 
+    def leads(self, server: str) -> bool:
+        """Whether the server leads its shard now: its ``/readyz`` answers 200 (a standby's, 503)."""
+        return _up(_readyz(self.loopback, server))
+
     def every_process(self) -> list[LocalProcess]:
         listed = [p for group in self.processes.values() for p in group]
         return listed if self.prometheus is None else [*listed, self.prometheus]
 
 
 @contextlib.contextmanager
-def running(*, published: bool = True, prometheus: str | None = None) -> Iterator[tuple[Cluster, list[str]]]:
+def running(
+    *,
+    published: bool = True,
+    prometheus: str | None = None,
+    edit: Callable[[Path, str], str] | None = None,
+) -> Iterator[tuple[Cluster, list[str]]]:
     """The whole cluster, started and healthy, for the block; then stopped in order and its directory
     removed. ``prometheus`` is the program to run (None: no Prometheus). Also yields notes for the
-    user (ports that were taken)."""
+    user (ports that were taken). ``edit`` changes, for this run only, the configuration files it
+    writes: the cronoq ``.toml`` files (:func:`local_processes`), Prometheus's configuration and its
+    rules files (:func:`prometheus_process`); ``make cluster`` edits nothing, and
+    ``tests/integration/test_monitoring.py`` shortens the scrape interval and the alerts' durations."""
     project = Project.load()
     image = Image.read()
     try:
@@ -392,9 +422,9 @@ def running(*, published: bool = True, prometheus: str | None = None) -> Iterato
     try:
         scraper = None
         if prometheus is not None:
-            scraper = prometheus_process(project, loopback, directory / PROMETHEUS, prometheus)
+            scraper = prometheus_process(project, loopback, directory / PROMETHEUS, prometheus, edit=edit)
         with throwaway_postgres(*programs) as database_url:
-            processes = local_processes(project, image, loopback, directory, database_url)
+            processes = local_processes(project, image, loopback, directory, database_url, edit=edit)
             try:
                 start_in_order(project, processes)
                 wait_for_leaders(project, processes, loopback)
@@ -413,11 +443,15 @@ def running(*, published: bool = True, prometheus: str | None = None) -> Iterato
 # ----------------------------------------------------------------------------------------- the banner
 
 
+def router_service(project: Project) -> str:
+    """The service that runs ``cronoq-router``: the front door."""
+    return next(name for name, s in cronoq_services(project).items() if _is_router(s))
+
+
 def tokens_by_role(cluster: Cluster) -> dict[str, str]:
     """Each role's token as the router reads it: cronoq.toml names the variable, compose.yaml (from
     compose/.env) sets it."""
-    router = next(name for name, s in cronoq_services(cluster.project).items() if _is_router(s))
-    env = cluster.project.services[router].environment
+    env = cluster.project.services[router_service(cluster.project)].environment
     config = tomllib.loads(CLUSTER_FILE.read_text())
     return {entry["role"]: env[entry["token_env"]] for entry in config["auth"]["tokens"]}
 
@@ -430,7 +464,7 @@ def _is_router(service: Service) -> bool:
 def banner(cluster: Cluster, notes: list[str], skipped: str | None) -> str:
     """Every address, then the commands to try, all through the router."""
     services = cronoq_services(cluster.project)
-    router = next(name for name, s in services.items() if _is_router(s))
+    router = router_service(cluster.project)
     grpc, http = cluster.address(router, GRPC_PORT), cluster.address(router, HTTP_PORT)
     lines = ["", "cronoq cluster (compose/compose.yaml on this machine) is up. Ctrl-C stops everything.", ""]
     (front,) = cluster.processes[router]
@@ -438,7 +472,7 @@ def banner(cluster: Cluster, notes: list[str], skipped: str | None) -> str:
     for shard, members in servers_by_shard(cluster.project).items():
         for name in members:
             (process,) = cluster.processes[name]
-            role = "leads" if _up(_readyz(cluster.loopback, name)) else "stands by"
+            role = "leads" if cluster.leads(name) else "stands by"
             lines.append(
                 f"  {name:<18} gRPC {cluster.address(name, GRPC_PORT):<17} "
                 f"HTTP http://{cluster.address(name, HTTP_PORT):<17} shard {shard}, {_pid(process)}, {role}"

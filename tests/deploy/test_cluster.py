@@ -24,6 +24,7 @@ import time
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -46,6 +47,7 @@ from tests import postgres
 
 from .compose_image import REPO, Image
 from .compose_model import COMPOSE_DIR, Project, read_env_file
+from .compose_run import LocalProcess
 
 ENV = read_env_file()
 START_TIMEOUT = 120.0  # a bound, not an expectation: the cluster is up in a few seconds
@@ -301,3 +303,43 @@ def test_prometheus_scrapes_the_loopback_addresses_with_the_metrics_token(
     loopback.ports = {k: v for k, v in loopback.ports.items() if k[0] != "cronoq-gpu-2"}
     with pytest.raises(ClusterError, match="scrape target cronoq-gpu-2:7071 is no cronoq service"):
         prometheus_process(project, loopback, tmp_path / "again", "/usr/bin/prometheus")
+
+
+def test_prometheus_reads_the_shipped_rules_unless_a_run_edits_its_files(
+    project: Project, tmp_path: Path
+) -> None:
+    """Without ``edit`` (``make cluster``) Prometheus reads the repository's rules file in place, as
+    Compose mounts it; with one (the live monitoring test's), it reads edited copies of this run, and
+    an edited configuration, while the repository's files stay as they are."""
+    loopback, _ = allocate(project, Image.read(), published=False)
+    rules = REPO / "charts" / "cronoq" / "files" / "alerts.yaml"
+    shipped = rules.read_text()
+
+    def configuration(process: LocalProcess) -> dict[str, Any]:
+        flags = dict(arg.removeprefix("--").split("=", 1) for arg in process.argv[1:])
+        loaded: dict[str, Any] = yaml.safe_load(Path(flags["config.file"]).read_text())
+        return loaded
+
+    plain = configuration(prometheus_process(project, loopback, tmp_path / "plain", "/usr/bin/prometheus"))
+    assert plain["rule_files"] == [str(rules)]
+    assert plain["global"]["scrape_interval"] == "5s"
+
+    seen: list[Path] = []
+
+    def edit(source: Path, text: str) -> str:
+        seen.append(source)
+        if source == rules:
+            return text.replace("for: 1m", "for: 2s")
+        return text.replace("scrape_interval: 5s", "scrape_interval: 1s")
+
+    scratch = tmp_path / "edited"
+    edited = configuration(prometheus_process(project, loopback, scratch, "/usr/bin/prometheus", edit=edit))
+    assert seen == [rules, COMPOSE_DIR / "prometheus" / "prometheus.yml"]
+    (copy,) = [Path(name) for name in edited["rule_files"]]
+    assert copy.is_relative_to(scratch) and copy.read_text() == shipped.replace("for: 1m", "for: 2s")
+    assert "for: 2s" in copy.read_text() and rules.read_text() == shipped  # the repository's, unchanged
+    assert edited["global"]["scrape_interval"] == "1s"
+    # The rest as without the edit: the same loopback targets.
+    assert [job["static_configs"] for job in edited["scrape_configs"]] == [
+        job["static_configs"] for job in plain["scrape_configs"]
+    ]
