@@ -1,14 +1,17 @@
 """The alerts and the dashboards against a real Prometheus scraping a real cluster.
 
-The cluster is the one users run (Compose, ``make cluster``): two shards, each a leader and a standby on
-its own Postgres schema, a router in front, workers that start at the router. A ``prometheus`` process
-of the test's own scrapes every server and the router each second and evaluates the shipped rules file,
-with its ``for`` durations cut to 2 s and the wait threshold to 1 s (the production values are unit
-tested by promtool, ``tests/deploy/alerts_test.yaml``). The test runs tasks, then makes each alert's
-condition true in turn, checking first that the alert does not fire and then that it does: a task that
-fails every attempt, a pool whose worker left while a task waited, a table lock that makes commits
-fail, a shard leader killed, another paused. Then it asks Prometheus every query of every dashboard
-panel, the dashboard's variables filled in from their own queries, and each must return series.
+The cluster is ``make cluster``'s, started by its own functions (``deploy.cluster.running``), so it is
+the topology of ``compose/`` and cannot drift from it: two shards, each a leader and a standby on its
+own Postgres schema of a throwaway server, the router in front, the example workers of
+``compose/worker.py`` (which fail a task on ``{"fail": ...}``), and its Prometheus, which evaluates the
+shipped rules file as Compose mounts it. For this run only (``running``'s ``edit``), Prometheus scrapes
+and evaluates every second instead of every 5, and the rules' ``for`` durations are cut to 2 s and the
+wait threshold to 1 s (the production values are unit tested by promtool,
+``tests/deploy/alerts_test.yaml``). The test runs tasks, then makes each alert's condition true in
+turn, checking first that the alert does not fire and then that it does: a task that fails every
+attempt, a pool whose workers were stopped while a task waited, a table lock that makes commits fail,
+a shard leader killed, another paused. Then it asks Prometheus every query of every dashboard panel,
+the dashboard's variables filled in from their own queries, and each must return series.
 """
 
 from __future__ import annotations
@@ -18,10 +21,13 @@ import contextlib
 import json
 import re
 import signal
+import subprocess
 import threading
 import time
+import tomllib
 import urllib.request
 from collections.abc import Awaitable, Callable, Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -29,34 +35,48 @@ import psycopg
 import pytest
 import yaml
 
-import cronoq
-from cronoq.client import Client, Lease
+from cronoq.client import Client
 from cronoq.errors import Unavailable
-from tests.prometheus import PrometheusServer, running_prometheus
-
-from .helpers import FAST_RETRY, toml_value, worker
-from .serverproc import ServerProcess
-from .shardproc import ShardSpec, routed_ha_cluster
+from deploy.cluster import (
+    CLUSTER_FILE,
+    GRPC_PORT,
+    HTTP_PORT,
+    PROMETHEUS,
+    PROMETHEUS_PORT,
+    Cluster,
+    cronoq_services,
+    is_worker,
+    router_service,
+    running,
+    servers_by_shard,
+    tokens_by_role,
+)
+from tests.deploy.compose_model import COMPOSE_DIR
+from tests.deploy.compose_run import LocalProcess, stop_all
+from tests.postgres import server_programs
+from tests.prometheus import PrometheusAPI
 
 pytestmark = [pytest.mark.asyncio, pytest.mark.slow]
 
 REPO = Path(__file__).resolve().parents[2]
 RULES = REPO / "charts" / "cronoq" / "files" / "alerts.yaml"
+PROMETHEUS_CONFIG = COMPOSE_DIR / "prometheus" / "prometheus.yml"
 DASHBOARDS = REPO / "dashboards"
-# Two attempts, 50 ms apart: a task that fails both is dead-lettered within the test.
-POOL_OPTIONS = "retry = " + toml_value({"max_attempts": 2, **FAST_RETRY})
-SPECS = [ShardSpec("a", 1, ("jobs",), POOL_OPTIONS), ShardSpec("b", 2, ("batch",), POOL_OPTIONS)]
+INTERVAL = "1s"  # scrapes and rule evaluations, instead of Compose's 5 s
 SHORT_FOR = "2s"  # long enough that a scrape that fails once does not fire anything
 # Thresholds the test can reach in seconds, instead of the production ones.
 THRESHOLDS = {"CronoqPoolWaitHigh": ("> 60", "> 1")}
 WAIT_THRESHOLD_S = 1.0
 RATE_INTERVAL = "1m"  # $__rate_interval: the test's whole history
 ALERT_TIMEOUT_S = 20.0
+# Two attempts, 50 ms apart (the task's own policy; the pool's is 3 attempts from 1 s apart): a task
+# that fails both is dead-lettered within the test.
+FAIL_FAST = {"max_attempts": 2, "initial_backoff": 0.05, "multiplier": 1, "max_backoff": 0.05}
 
 
-def quick_rules() -> str:
+def quick_rules(text: str) -> str:
     """The shipped rules, with the durations and thresholds the test can wait for."""
-    document = yaml.safe_load(RULES.read_text())
+    document = yaml.safe_load(text)
     for group in document["groups"]:
         for rule in group["rules"]:
             if "for" in rule:
@@ -68,36 +88,90 @@ def quick_rules() -> str:
     return yaml.safe_dump(document)
 
 
-def scraped(proc: ServerProcess) -> str:
-    """The process's scrape target, and so its ``instance`` label."""
-    return f"127.0.0.1:{proc.http_port}"
-
-
-def prometheus_config(router: ServerProcess, shards: dict[str, list[ServerProcess]]) -> str:
-    """Jobs as in compose/prometheus/prometheus.yml, every second."""
-    servers = [scraped(proc) for procs in shards.values() for proc in procs]
-    config = {
-        "global": {"scrape_interval": "1s", "scrape_timeout": "1s", "evaluation_interval": "1s"},
-        "rule_files": ["alerts.yaml"],
-        "scrape_configs": [
-            {"job_name": "cronoq-server", "static_configs": [{"targets": servers}]},
-            {"job_name": "cronoq-router", "static_configs": [{"targets": [scraped(router)]}]},
-        ],
+def every_second(text: str) -> str:
+    """Compose's Prometheus configuration (as ``make cluster`` rewrote it), scraping and evaluating
+    every :data:`INTERVAL`."""
+    config = yaml.safe_load(text)
+    config["global"] = {
+        **config.get("global", {}),
+        "scrape_interval": INTERVAL,
+        "scrape_timeout": INTERVAL,
+        "evaluation_interval": INTERVAL,
     }
-    return yaml.safe_dump(config)
+    return yaml.safe_dump(config, sort_keys=False)
 
 
-async def run(lease: Lease) -> object:
-    body = lease.json()
-    if "fail" in body:
-        raise cronoq.Retryable(str(body["fail"]))
-    return body
+@dataclass(slots=True)
+class QuickFiles:
+    """``running``'s ``edit`` for this test: Prometheus's configuration and the shipped rules shortened,
+    every other file as ``make cluster`` writes it. Remembers what it edited, so that the test knows
+    the cluster's Prometheus read both files it means to change."""
+
+    edited: set[Path] = field(default_factory=set)
+
+    def __call__(self, source: Path, text: str) -> str:
+        edits = {RULES: quick_rules, PROMETHEUS_CONFIG: every_second}
+        if source not in edits:
+            return text
+        self.edited.add(source)
+        return edits[source](text)
+
+
+@dataclass(slots=True)
+class Shard:
+    """A shard of the cluster as the scenario uses it: its servers (by service), its first pool, the
+    example workers serving that pool, and its Postgres schema."""
+
+    name: str
+    members: list[str]
+    pool: str
+    workers: list[LocalProcess]
+    schema: str
+
+
+def shards(cluster: Cluster) -> list[Shard]:
+    """The shards of compose/cronoq.toml, in its order."""
+    config = tomllib.loads(CLUSTER_FILE.read_text())
+    members = servers_by_shard(cluster.project)
+    services = cronoq_services(cluster.project)
+    found = []
+    for shard in config["shards"]:
+        pool = shard["pools"][0]
+        workers = [
+            process
+            for name, service in services.items()
+            if is_worker(service) and service.environment["CRONOQ_POOL"] == pool
+            for process in cluster.processes[name]
+        ]
+        schema = config["store"]["schema"].replace("{shard}", shard["name"])
+        found.append(Shard(shard["name"], members[shard["name"]], pool, workers, schema))
+    return found
+
+
+def server_process(cluster: Cluster, service: str) -> subprocess.Popen[bytes]:
+    """The running process of a one-replica service (a server), to signal."""
+    (only,) = cluster.processes[service]
+    assert only.proc is not None and only.proc.poll() is None, f"{service} is not running"
+    return only.proc
+
+
+def leader(cluster: Cluster, shard: Shard) -> str:
+    (leading,) = [name for name in shard.members if cluster.leads(name)]
+    return leading
+
+
+async def until_leads(cluster: Cluster, server: str) -> None:
+    """Wait (bounded) until ``server`` leads its shard."""
+    deadline = time.monotonic() + 30
+    while not await asyncio.to_thread(cluster.leads, server):
+        assert time.monotonic() < deadline, f"{server} does not lead after 30 s"
+        await asyncio.sleep(0.2)
 
 
 class Watch:
-    """Asks the test's Prometheus, off the event loop (the SDK workers share it)."""
+    """Asks the cluster's Prometheus, off the event loop (the client shares it)."""
 
-    def __init__(self, prometheus: PrometheusServer) -> None:
+    def __init__(self, prometheus: PrometheusAPI) -> None:
         self.prometheus = prometheus
 
     async def query(self, expr: str) -> list[dict[str, Any]]:
@@ -177,11 +251,14 @@ def tasks_table_locked(postgres_url: str, schema: str) -> Iterator[None]:
         holder.join(10)
 
 
-async def scraped_counter(proc: ServerProcess, sample: str) -> float:
+async def scraped_counter(address: str, token: str, sample: str) -> float:
     """One sample of a server's /metrics, read directly (not through Prometheus)."""
 
     def read() -> float:
-        with urllib.request.urlopen(f"{proc.http}/metrics", timeout=5) as response:
+        request = urllib.request.Request(
+            f"http://{address}/metrics", headers={"authorization": f"Bearer {token}"}
+        )
+        with urllib.request.urlopen(request, timeout=5) as response:
             text = response.read().decode()
         for line in text.splitlines():
             if line.startswith(sample + " "):
@@ -191,52 +268,50 @@ async def scraped_counter(proc: ServerProcess, sample: str) -> float:
     return await asyncio.to_thread(read)
 
 
-async def test_alerts_fire_and_dashboards_answer_on_a_real_cluster(
-    tmp_path: Path, postgres_url: str, pg_schema: str, prometheus_binary: Path
-) -> None:
+async def test_alerts_fire_and_dashboards_answer_on_make_cluster(prometheus_binary: Path) -> None:
+    try:
+        server_programs()
+    except LookupError as err:
+        pytest.skip(str(err))
     began = time.monotonic()
-    with routed_ha_cluster(tmp_path / "cluster", SPECS, postgres_url, pg_schema) as (router, shards):
-        (tmp_path / "prometheus").mkdir()
-        (tmp_path / "prometheus" / "alerts.yaml").write_text(quick_rules())
-        config = prometheus_config(router, shards)
-        with running_prometheus(prometheus_binary, tmp_path / "prometheus", config) as prometheus:
-            try:
-                await scenario(Watch(prometheus), router, shards, postgres_url, pg_schema)
-            finally:
-                for procs in shards.values():
-                    for proc in procs:  # a paused server would not stop
-                        with contextlib.suppress(ProcessLookupError, AssertionError):
-                            proc.signal(signal.SIGCONT)
+    files = QuickFiles()
+    with running(published=False, prometheus=str(prometheus_binary), edit=files) as (cluster, _):
+        assert files.edited == {RULES, PROMETHEUS_CONFIG}
+        assert cluster.prometheus is not None
+        url = f"http://{cluster.address(PROMETHEUS, PROMETHEUS_PORT)}"
+        watch = Watch(PrometheusAPI(url))
+        try:
+            await scenario(watch, cluster)
+        except BaseException:
+            for each in cluster.every_process():
+                print(f"----- {each.name} -----\n{each.logs()[-4000:]}")
+            raise
+        finally:
+            for each in cluster.every_process():  # a paused server would not stop
+                if each.proc is not None and each.proc.poll() is None:
+                    each.proc.send_signal(signal.SIGCONT)
     print(f"the live monitoring test took {time.monotonic() - began:.1f} s")
 
 
-async def scenario(
-    watch: Watch,
-    router: ServerProcess,
-    shards: dict[str, list[ServerProcess]],
-    postgres_url: str,
-    pg_schema: str,
-) -> None:
-    (a_leader, a_standby), (b_leader, _) = shards["a"], shards["b"]
-    async with contextlib.AsyncExitStack() as stack:
-        client = await stack.enter_async_context(Client(router.target))
-        await stack.enter_async_context(worker(router.target, run, pool="jobs"))
-        batch_worker = contextlib.AsyncExitStack()
-        await batch_worker.enter_async_context(worker(router.target, run, pool="batch"))
-        stack.push_async_callback(batch_worker.aclose)
-
-        # Tasks through the router, to both shards.
+async def scenario(watch: Watch, cluster: Cluster) -> None:
+    first, second = shards(cluster)
+    tokens = tokens_by_role(cluster)
+    router = router_service(cluster.project)
+    async with Client(cluster.address(router, GRPC_PORT), token=tokens["client"]) as client:
+        # Tasks through the router, to both shards, run by the example workers.
         ran: dict[str, int] = {}
         for i in range(3):
-            for pool in ("jobs", "batch"):
-                done = await client.submit({"n": i}, pool=pool, wait=True, wait_timeout=10)
+            for shard in (first, second):
+                done = await client.submit({"n": i}, pool=shard.pool, wait=True, wait_timeout=10)
                 assert done.result is not None and done.result.ok
-                ran[pool] = done.id
+                ran[shard.name] = done.id
 
-        # A healthy cluster, fully scraped: every target up, both workers and both standbys seen, the
-        # router knowing both leaders. Then, after rules evaluations that cover every `for`, no alert.
+        # A healthy cluster, fully scraped: every target up, the workers of both pools and both
+        # standbys seen, the router knowing both leaders. Then, after rules evaluations that cover
+        # every `for`, no alert.
+        servers = sum(len(shard.members) for shard in (first, second))
         for expr in (
-            "count(up == 1) == 5",
+            f"count(up == 1) == {servers + 1}",
             "count(cronoq_pool_workers_connected > 0) == 2",
             "count(cronoq_leader == 0) == 2",
             "count(cronoq_router_shard_leader == 1) == 2",
@@ -245,65 +320,84 @@ async def scenario(
         await watch.evaluated(4)
         assert await watch.query('ALERTS{alertstate="firing"}') == []
 
-        # Dead letters: a task that fails both its attempts.
-        assert not await watch.firing("CronoqDeadLetters", pool="jobs")
-        done = await client.submit({"fail": "on purpose"}, pool="jobs", wait=True, wait_timeout=10)
+        # Dead letters: a task that fails both its attempts (compose/worker.py fails it on request).
+        assert not await watch.firing("CronoqDeadLetters", pool=first.pool)
+        done = await client.submit(
+            {"fail": "on purpose"}, pool=first.pool, retry=FAIL_FAST, wait=True, wait_timeout=10
+        )
         assert done.result is not None and done.result.status == "dead_lettered"
-        print(f"CronoqDeadLetters fired {await watch.fires('CronoqDeadLetters', pool='jobs'):.1f} s later")
+        took = await watch.fires("CronoqDeadLetters", pool=first.pool)
+        print(f"CronoqDeadLetters fired {took:.1f} s later")
 
-        # Work without workers, then a long wait: batch's worker leaves, a task waits, a worker comes back.
-        await batch_worker.aclose()
-        await watch.until('cronoq_pool_workers_connected{pool="batch"} == 0', "batch's worker left")
-        assert not await watch.firing("CronoqWorkWithoutWorkers", pool="batch")
-        assert not await watch.firing("CronoqPoolWaitHigh", pool="batch")
-        waiting = await client.submit({"n": "late"}, pool="batch")
+        # Work without workers, then a long wait: the second pool's workers are stopped, a task
+        # waits, the workers start again.
+        assert second.workers, f"no example worker serves pool {second.pool} in compose.yaml"
+        await asyncio.to_thread(stop_all, second.workers)  # SIGTERM, and wait until they exit
+        await watch.until(f'cronoq_pool_workers_connected{{pool="{second.pool}"}} == 0', "workers left")
+        assert not await watch.firing("CronoqWorkWithoutWorkers", pool=second.pool)
+        assert not await watch.firing("CronoqPoolWaitHigh", pool=second.pool)
+        waiting = await client.submit({"n": "late"}, pool=second.pool)
         queued = time.monotonic()
-        took = await watch.fires("CronoqWorkWithoutWorkers", pool="batch")
+        took = await watch.fires("CronoqWorkWithoutWorkers", pool=second.pool)
         print(f"CronoqWorkWithoutWorkers fired {took:.1f} s later")
         # The task has waited longer than the threshold; nothing dispatched yet, so no long wait either.
         await asyncio.sleep(max(0.0, queued + 2 * WAIT_THRESHOLD_S - time.monotonic()))
-        assert not await watch.firing("CronoqPoolWaitHigh", pool="batch")
-        await batch_worker.enter_async_context(worker(router.target, run, pool="batch"))
-        assert (await client.wait(waiting.id, timeout=10)).ok
-        print(f"CronoqPoolWaitHigh fired {await watch.fires('CronoqPoolWaitHigh', pool='batch'):.1f} s later")
+        assert not await watch.firing("CronoqPoolWaitHigh", pool=second.pool)
+        for worker in second.workers:
+            worker.start()
+        assert (await client.wait(waiting.id, timeout=20)).ok
+        took = await watch.fires("CronoqPoolWaitHigh", pool=second.pool)
+        print(f"CronoqPoolWaitHigh fired {took:.1f} s later")
 
-        # Commits failing: a lock on shard a's task table holds a submission's commit past its limit.
+        # Commits failing: a lock on the first shard's task table holds a submission's commit past
+        # its limit.
+        leading = leader(cluster, first)
+        instance = cluster.address(leading, HTTP_PORT)
         failures = 'cronoq_store_commit_failures_total{kind="retried"}'
-        assert not await watch.firing("CronoqStoreCommitsFailing", instance=scraped(a_leader))
-        with tasks_table_locked(postgres_url, f"{pg_schema}_a"):
-            submitting = asyncio.ensure_future(client.submit({"n": "locked"}, pool="jobs", call_timeout=60))
+        assert not await watch.firing("CronoqStoreCommitsFailing", instance=instance)
+        with tasks_table_locked(cluster.database_url, first.schema):
+            submitting = asyncio.ensure_future(
+                client.submit({"n": "locked"}, pool=first.pool, call_timeout=60)
+            )
             deadline = time.monotonic() + 20
-            while await scraped_counter(a_leader, failures) < 1:
+            while await scraped_counter(instance, tokens["metrics"], failures) < 1:
                 assert time.monotonic() < deadline, "no commit failed while the table was locked"
                 await asyncio.sleep(0.2)
         await submitting  # committed once the lock went
-        took = await watch.fires("CronoqStoreCommitsFailing", instance=scraped(a_leader))
+        took = await watch.fires("CronoqStoreCommitsFailing", instance=instance)
         print(f"CronoqStoreCommitsFailing fired {took:.1f} s after the first failure")
 
-        # A standby missing: shard a's leader is killed, its standby takes over and has none of its own.
-        # A lookup by id right away meets the dead leader: the router retries it (its retry counters).
-        assert not await watch.firing("CronoqStandbyMissing", shard="a")
-        a_leader.kill()
-        await until_succeeds(lambda: client.get(ran["jobs"]), "a lookup on shard a after its leader died")
-        await asyncio.to_thread(a_standby.wait_probe, "/readyz", 200, 30)
-        print(
-            f"CronoqStandbyMissing fired {await watch.fires('CronoqStandbyMissing', shard='a'):.1f} s later"
+        # A standby missing: the first shard's leader is killed, its standby takes over and has none
+        # of its own. A lookup by id right away meets the dead leader: the router retries it (its
+        # retry counters).
+        assert not await watch.firing("CronoqStandbyMissing", shard=first.name)
+        server_process(cluster, leading).kill()
+        await until_succeeds(
+            lambda: client.get(ran[first.name]), "a lookup on the first shard after its leader died"
+        )
+        (standby,) = [name for name in first.members if name != leading]
+        await until_leads(cluster, standby)
+        took = await watch.fires("CronoqStandbyMissing", shard=first.name)
+        print(f"CronoqStandbyMissing fired {took:.1f} s later")
+
+        # No leader, and a shard the router cannot reach: the second shard's leader is paused (its
+        # standby takes over only when Postgres ends the paused leader's lock session, 10 s later),
+        # then killed.
+        assert not await watch.firing("CronoqShardWithoutLeader", shard=second.name)
+        assert not await watch.firing("CronoqShardUnreachable", shard=second.name)
+        paused = server_process(cluster, leader(cluster, second))
+        paused.send_signal(signal.SIGSTOP)
+        since = time.monotonic()
+        for alert in ("CronoqShardWithoutLeader", "CronoqShardUnreachable"):
+            await watch.fires(alert, shard=second.name)
+            print(f"{alert} fired {time.monotonic() - since:.1f} s after the leader was paused")
+        paused.kill()
+        await until_succeeds(
+            lambda: client.get(ran[second.name]), "a lookup on the second shard after its leader died"
         )
 
-        # No leader, and a shard the router cannot reach: shard b's leader is paused (its standby takes
-        # over only when Postgres ends the paused leader's lock session, 10 s later), then killed.
-        assert not await watch.firing("CronoqShardWithoutLeader", shard="b")
-        assert not await watch.firing("CronoqShardUnreachable", shard="b")
-        b_leader.signal(signal.SIGSTOP)
-        paused = time.monotonic()
-        for alert in ("CronoqShardWithoutLeader", "CronoqShardUnreachable"):
-            await watch.fires(alert, shard="b")
-            print(f"{alert} fired {time.monotonic() - paused:.1f} s after the leader was paused")
-        b_leader.kill()
-        await until_succeeds(lambda: client.get(ran["batch"]), "a lookup on shard b after its leader died")
-
-        # Every alert fired when its condition was made true. Now every dashboard panel, once Prometheus
-        # has scraped both new leaders and the router's retries.
+        # Every alert fired when its condition was made true. Now every dashboard panel, once
+        # Prometheus has scraped both new leaders and the router's retries.
         await watch.until("count(cronoq_leader == 1) == 2", "the new leaders were not scraped")
         retried = f"count(count_over_time(cronoq_router_retries_total[{RATE_INTERVAL}]) >= 2) == 2"
         await watch.until(retried, "the router's retries were not scraped twice (for a rate)")
