@@ -535,7 +535,7 @@ def render_top(snapshot: Snapshot) -> str:
         f"total: {len(rows)} pool(s), capacity {sum(p.capacity for p in snapshot.pools)}, "
         f"running {snapshot.running}, pending {snapshot.pending}, workers {snapshot.workers_connected}, "
         f"live tasks {snapshot.live_tasks}",
-        f"since start: submitted {t.submitted}, succeeded {t.succeeded}, failed {t.failed}, "
+        f"totals: submitted {t.submitted}, succeeded {t.succeeded}, failed {t.failed}, "
         f"dead-lettered {t.dead_lettered}, cancelled {t.cancelled}, retries {t.retries}",
     ]
     if snapshot.unavailable_shards:

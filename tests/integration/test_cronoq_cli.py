@@ -272,5 +272,5 @@ async def test_top_once_shows_every_pool(server: ServerProcess) -> None:
         "1",
     )
     assert (other[1], other[5], other[6], other[10], other[12]) == ("0", "2", "0/2/0/0", "0", "0")
-    assert "since start: submitted 5, succeeded 3, failed 0" in out.stdout
+    assert "totals: submitted 5, succeeded 3, failed 0" in out.stdout
     assert "unavailable shards" not in out.stdout

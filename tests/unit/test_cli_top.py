@@ -96,7 +96,7 @@ def test_a_row_per_pool_with_aligned_columns_and_totals() -> None:
     assert lines[3] == ""
     assert lines[4] == "total: 2 pool(s), capacity 8, running 6, pending 15, workers 2, live tasks 20"
     assert lines[5] == (
-        "since start: submitted 120, succeeded 97, failed 1, dead-lettered 2, cancelled 3, retries 4"
+        "totals: submitted 120, succeeded 97, failed 1, dead-lettered 2, cancelled 3, retries 4"
     )
     assert len(lines) == 6  # every shard answered: no unavailable line
 
