@@ -29,8 +29,11 @@ def parser() -> argparse.ArgumentParser:
 def problems(config: Config) -> list[str]:
     """What a valid configuration still lacks to run a router. (Its listeners' safety is validation's:
     a non-loopback ``[router]`` address needs credentials, tokens or mTLS certificates, as a server's.)"""
-    if not config.shards:
-        return ["shards: a router needs the [[shards]] it routes to"]
+    if not config.shards and not config.router.members and config.router.endpoint is None:
+        return [
+            "shards: a router needs the [[shards]] it routes to or, in front of a cluster without "
+            "shards, [router] members: the cluster's servers, among which it finds the leader"
+        ]
     return []
 
 
@@ -60,7 +63,12 @@ def main(argv: list[str] | None = None) -> int:
     if failed is not None:
         return failed
     if args.check:
-        print(f"configuration ok: {len(config.shards)} shard(s): {', '.join(s.name for s in config.shards)}")
+        if config.shards:
+            print(
+                f"configuration ok: {len(config.shards)} shard(s): {', '.join(s.name for s in config.shards)}"
+            )
+        else:
+            print(f"configuration ok: one unsharded cluster of {len(config.router.members)} member(s)")
         for note in secret_notes("cronoq-router", needed):
             print(f"note: {note}")
         return 0

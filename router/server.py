@@ -70,7 +70,7 @@ class RouterServer:
     def __init__(self, config: Config) -> None:
         self.config = config
         limits = config.limits
-        shards = ShardMap.from_config(config)
+        shards = ShardMap.for_router(config)
         # Shards are reached as shards reach each other: at their leaders, over https:// with
         # [server.peer_tls].
         self.finder, self.peers = forwarding(shards, config)

@@ -56,14 +56,19 @@ def cluster_tables(
     return "\n".join(lines)
 
 
-def router_process(directory: Path, tables: str) -> ServerProcess:
-    """A ``cronoq-router`` (not started) on free ports, reading ``tables`` plus its ``[router]``."""
+def router_process(directory: Path, tables: str, members: Sequence[str] = ()) -> ServerProcess:
+    """A ``cronoq-router`` (not started) on free ports, reading ``tables`` plus its ``[router]`` (with
+    ``members``, the servers of a cluster without shards)."""
     grpc_port, http_port = free_ports(2)
     directory.mkdir(parents=True, exist_ok=True)
     config = directory / "cronoq.toml"
-    config.write_text(
-        f'[router]\ngrpc_addr = "127.0.0.1:{grpc_port}"\nhttp_addr = "127.0.0.1:{http_port}"\n\n{tables}'
+    router = toml_table(
+        "router",
+        grpc_addr=f"127.0.0.1:{grpc_port}",
+        http_addr=f"127.0.0.1:{http_port}",
+        members=list(members) or None,
     )
+    config.write_text(router + tables)
     return ServerProcess(
         config,
         directory / "router.log",
@@ -147,11 +152,11 @@ def running_cluster(
 
 @contextlib.contextmanager
 def running_router(
-    directory: Path, tables: str, env: dict[str, str] | None = None
+    directory: Path, tables: str, env: dict[str, str] | None = None, members: Sequence[str] = ()
 ) -> Iterator[ServerProcess]:
     """A started :func:`router_process` in ``directory/router``; its log is printed on a failure inside
     the block."""
-    router = router_process(directory / "router", tables)
+    router = router_process(directory / "router", tables, members)
     router.env = dict(env or {})
     router.start()
     try:

@@ -431,6 +431,21 @@ def test_the_router_checks_the_file_by_the_servers_rules(tmp_path: Path, tls_pki
     assert f"  - server.tls.client_ca_path: cannot read {tmp_path / 'no-ca.pem'}" in out.stderr
 
 
+def test_the_router_checks_it_has_something_to_route_to(tmp_path: Path) -> None:
+    """A router routes by [[shards]] or, in front of a cluster without them, by ``[router] members``;
+    with neither it would have nowhere to send a call."""
+    cfg = tmp_path / "router.toml"
+    cfg.write_text('[[pools]]\nname = "a1"\n')
+    out = run_router_cli("--config", str(cfg), "--check")
+    assert out.returncode == 1
+    assert "  - shards: a router needs the [[shards]] it routes to or, in front of a cluster" in out.stderr
+    cfg.write_text('[router]\nmembers = ["http://s-0:7070", "http://s-1:7070"]\n[[pools]]\nname = "a1"\n')
+    out = run_router_cli("--config", str(cfg), "--check")
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.startswith("configuration ok: one unsharded cluster of 2 member(s)")
+    assert run_server_cli("--config", str(cfg), "--check").returncode == 0  # servers ignore [router]
+
+
 def test_non_loopback_without_credentials_is_refused(tmp_path: Path) -> None:
     cfg = tmp_path / "open.toml"
     cfg.write_text('[server]\ngrpc_addr = "0.0.0.0:7070"\n')

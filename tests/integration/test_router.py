@@ -18,12 +18,12 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from cronoq.client import Client, Lease, task
-from cronoq.cluster.shards import SHARD_SHIFT
+from cronoq.cluster.shards import SHARD_SHIFT, UNSHARDED
 from cronoq.errors import ApiError, NotFound, Unavailable
 
-from .helpers import scrape_metrics, watch_while, worker
-from .serverproc import ServerProcess
-from .shardproc import ShardSpec, routed_cluster, routed_ha_cluster
+from .helpers import durable_config, postgres_store, scrape_metrics, watch_while, worker
+from .serverproc import ServerProcess, leader_and_standby
+from .shardproc import ShardSpec, routed_cluster, routed_ha_cluster, running_router
 
 pytestmark = pytest.mark.asyncio
 T = TypeVar("T")
@@ -300,3 +300,43 @@ async def test_workers_listed_through_the_router_have_ids_that_name_their_shard(
             assert {pool: wid >> SHARD_SHIFT for pool, wid in listed.items()} == {"a1": 1, "b1": 2}
             async with aiohttp.ClientSession(base_url=router.http) as http, http.get("/v1/workers") as resp:
                 assert {w["pool"]: int(w["id"]) for w in (await resp.json())["workers"]} == listed
+
+
+async def test_a_router_in_front_of_a_cluster_without_shards_reaches_only_its_leader(
+    tmp_path: Path, postgres_url: str, pg_schema: str
+) -> None:
+    """An install without shards behind a balancer reached its standby too (UNAVAILABLE, a retry).
+    A router given the cluster's servers as ``[router] members`` finds the leader among them, sends
+    every call and every worker there, and follows a failover, as it does for a shard."""
+    body = durable_config(postgres_store(pg_schema))
+    env = {"DATABASE_URL": postgres_url}
+    with leader_and_standby(tmp_path, body, env) as (first, second):
+        members = [f"http://{first.target}", f"http://{second.target}"]
+        with running_router(tmp_path, body, members=members) as router:
+            async with worker(router.target, echo) as w, Client(router.target) as client:
+                assert w.connections == 1  # sent to the leader at once, not to the standby
+                done = await client.submit(b"x", key="before", wait=True, wait_timeout=10)
+                assert done.result is not None and done.result.text() == "default:x"
+                assert (await client.get(done.id)).key == "before"  # an unsharded id: the epoch on top
+                assert [t.id async for t in client.iter_tasks()] == [done.id]
+                assert not (await client.snapshot()).unavailable_shards
+                assert [x.pool for x in await client.list_workers()] == ["default"]
+
+                first.kill()
+                second.wait_probe("/readyz", 200, timeout=30)
+                recovered = await until_routed(client, "before")
+                print(f"router traffic recovered {recovered:.2f} s after the new leader was ready")
+                after = await client.submit(b"y", wait=True, wait_timeout=20)  # the worker followed
+                assert after.result is not None and after.result.text() == "default:y"
+                assert (after.id >> 48) == 2 and (done.id >> 48) == 1  # the standby's term, then the leader's
+                assert (await client.get(done.id)).key == "before"
+
+            async with (
+                aiohttp.ClientSession(base_url=router.http) as http,
+                http.post("/v1/tasks", json={"payload": {"n": 1}}) as resp,
+            ):
+                assert resp.status == 200, await resp.text()
+            m = await scrape_metrics(router)
+            assert m("cronoq_router_shard_leader", shard=UNSHARDED, endpoint=members[1]) == 1
+            assert m("cronoq_router_worker_redirects_total", shard=UNSHARDED, pool="default") == 2
+            assert m("cronoq_router_leader_changes_total", shard=UNSHARDED) >= 2

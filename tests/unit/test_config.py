@@ -868,6 +868,14 @@ BAD: list[tuple[str, str, str]] = [
     ("[store]\nkind = 'sqlite'\npath = '/d/{shard}.db'", "store.path", "uses {shard} but no [[shards]]"),
     # shards and resources
     ("[server]\nshard = 'cpu'", "server.shard", "no [[shards]] are configured"),
+    ("[router]\nmembers = ['s:1']", "router.members[0]", "http:// or https://"),
+    ("[router]\nendpoint = 'ftp://s:1'", "router.endpoint", "http:// or https://"),
+    (
+        "[router]\nmembers = ['http://x:1']\n[[pools]]\nname = 'a'\n[[shards]]\nname = 's'\nnumber = 1\n"
+        "endpoint = 'http://s:1'\npools = ['a']",
+        "router.members",
+        "only for a cluster without [[shards]]",
+    ),
     (
         "[[pools]]\nname = 'a'\n[[shards]]\nname = 's'\nnumber = 1\nendpoint = 'http://s:1'\npools = ['b']",
         "shards[0].pools[0]",

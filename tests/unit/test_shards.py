@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from cronoq.cluster.shards import SHARD_SHIFT, Shard, ShardMap
-from cronoq.config import load_config
+from cronoq.cluster.shards import SHARD_SHIFT, UNSHARDED, Shard, ShardMap
+from cronoq.config import load_config, parse_config
 
 A = Shard("a", 1, "http://127.0.0.1:7070", frozenset({"a1", "a2"}))
 B = Shard("b", 2, "https://b.internal:7070", frozenset({"b1"}))
@@ -46,3 +46,21 @@ def test_from_config(tmp_path: Path) -> None:
     config = load_config(path, shard="b")
     shards = ShardMap.from_config(config, config.server.shard)
     assert shards.local is not None and shards.local.name == "b" and shards.by_pool("a1") is not None
+
+
+def test_a_routers_map_of_a_cluster_without_shards_is_its_one_leader_group() -> None:
+    config = parse_config(
+        '[router]\nmembers = ["http://s-0:7070", "http://s-1:7070"]\n[[pools]]\nname = "a"\n[[pools]]\nname = "b"\n',
+        env={},
+    )
+    shards = ShardMap.for_router(config)
+    (whole,) = shards
+    assert whole == Shard(
+        UNSHARDED, 0, "http://s-0:7070", frozenset({"a", "b"}), ("http://s-0:7070", "http://s-1:7070")
+    )
+    assert shards.local is None and shards.by_pool("a") is whole and shards.by_pool("c") is None
+    # An unsharded leader's ids carry its epoch in the top bits, not a shard number: all are its.
+    assert shards.by_id((3 << 48) | 7) is whole and shards.by_id((0x2A05 << 48) | 1) is whole
+    given = parse_config('[router]\nmembers = ["http://s-0:7070"]\nendpoint = "http://s:7070"\n', env={})
+    assert next(iter(ShardMap.for_router(given))).endpoint == "http://s:7070"
+    assert ShardMap.from_config(config).sharded is False  # the servers of that cluster: all local

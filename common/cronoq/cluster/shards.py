@@ -16,6 +16,8 @@ from cronoq.transport import SHARD_ENDPOINT_KEY, SHARD_ENDPOINTS_KEY, SHARD_KEY
 
 SHARD_SHIFT = 56  # task ids: shard number in bits 56-63 ...
 EPOCH_SHIFT = 48  # ... and the leader epoch below it (the whole top 16 bits when unsharded)
+# What a router calls the one leader group of a cluster without [[shards]] (metrics, errors, answers).
+UNSHARDED = "main"
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,12 +42,13 @@ class ShardMap:
     """Who owns what. ``local`` is the shard this process serves (None for a router, or when the
     cluster is not sharded, in which case every lookup answers None: everything is local)."""
 
-    __slots__ = ("_by_name", "_by_number", "_by_pool", "local")
+    __slots__ = ("_by_name", "_by_number", "_by_pool", "_whole", "local")
 
     def __init__(self, shards: Iterable[Shard], local: str | None = None) -> None:
         self._by_name = {s.name: s for s in shards}
         self._by_number = {s.number: s for s in self._by_name.values()}
         self._by_pool = {pool: s for s in self._by_name.values() for pool in s.pools}
+        self._whole: Shard | None = None  # the group that holds every task id (see unsharded())
         self.local = self._by_name[local] if local is not None and self._by_name else None
 
     @classmethod
@@ -54,6 +57,20 @@ class ShardMap:
             Shard(s.name, s.number, s.endpoint, frozenset(s.pools), tuple(s.members)) for s in config.shards
         )
         return cls(shards, local)
+
+    @classmethod
+    def for_router(cls, config: Config) -> ShardMap:
+        """The map a router routes by: the ``[[shards]]`` or, for a cluster without them, its one leader
+        group (``[router] members``), named :data:`UNSHARDED`, owning every pool and every task id
+        (an unsharded leader puts its epoch, not a shard number, in an id's top bits)."""
+        if config.shards:
+            return cls.from_config(config)
+        members = config.router.members
+        endpoint = config.router.endpoint or members[0]
+        whole = Shard(UNSHARDED, 0, endpoint, frozenset(p.name for p in config.pools), tuple(members))
+        shards = cls([whole])
+        shards._whole = whole
+        return shards
 
     @property
     def sharded(self) -> bool:
@@ -72,7 +89,7 @@ class ShardMap:
         return self._by_pool.get(pool)
 
     def by_id(self, task_id: int) -> Shard | None:
-        return self._by_number.get(task_id >> SHARD_SHIFT)
+        return self._whole or self._by_number.get(task_id >> SHARD_SHIFT)
 
     def is_local(self, shard: Shard | None) -> bool:
         """Whether ``shard`` (as returned by a lookup) is served by this process."""

@@ -464,10 +464,16 @@ class ShardSection:
 
 @dataclass(frozen=True, slots=True)
 class RouterSection:
-    """``[router]``: the router's listeners (servers accept the table and ignore it)."""
+    """``[router]``: the router's listeners (servers accept the table and ignore it) and, for a cluster
+    without ``[[shards]]``, where its one leader group is: a router in front of a leader and its standbys
+    sends every call to the leader (found among ``members``), which a load balancer cannot."""
 
     grpc_addr: str = field(default="127.0.0.1:7070", metadata=ADDRESS)
     http_addr: str = field(default="127.0.0.1:7071", metadata=ADDRESS)
+    # Unsharded only: the servers of the cluster, for the leader search ...
+    members: tuple[str, ...] = field(default=(), metadata=HTTP_URL)
+    # ... and its balanced address, used while no leader is known (default: the first member).
+    endpoint: str | None = field(default=None, metadata=HTTP_URL)
 
 
 # -------------------------------------------------------------------------------------------- config

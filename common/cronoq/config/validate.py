@@ -15,7 +15,7 @@ it.
 from __future__ import annotations
 
 import os
-from collections.abc import Hashable, Iterable, Mapping
+from collections.abc import Hashable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, fields, is_dataclass, replace
 from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
@@ -190,18 +190,25 @@ def _check_listeners(config: Config, problems: Problems) -> None:
     peer = server.peer_tls
     if peer is not None and (peer.cert_path is None) != (peer.key_path is None):
         problems.add("server.peer_tls", "cert_path and key_path go together (a client identity needs both)")
-    elif peer is not None and not any(
-        url.startswith("https://") for shard in config.shards for url in (shard.endpoint, *shard.members)
-    ):
+    elif peer is not None and not any(url.startswith("https://") for url in _peer_urls(config)):
         problems.add(
             "server.peer_tls",
-            "no [[shards]] endpoint or member is an https:// URL, so it would never be used "
-            "(peers are called over TLS at their https:// endpoints)",
+            "no [[shards]] endpoint or member (nor [router] endpoint or member) is an https:// URL, so it "
+            "would never be used (peers are called over TLS at their https:// endpoints)",
         )
     if config.auth.certs and (server.tls is None or server.tls.client_ca_path is None):
         problems.add(
             "auth.certs", "client certificates are only requested with mTLS: set server.tls.client_ca_path"
         )
+
+
+def _peer_urls(config: Config) -> Iterator[str]:
+    """Every URL a router or a server may call a peer at."""
+    for shard in config.shards:
+        yield from (shard.endpoint, *shard.members)
+    yield from config.router.members
+    if config.router.endpoint is not None:
+        yield config.router.endpoint
 
 
 def _check_pools(config: Config, problems: Problems) -> None:
@@ -245,6 +252,17 @@ def _check_shards(config: Config, problems: Problems) -> None:
                     f"pools[{i}].name", f"pool {show(section.name)} is in no [[shards]] entry's pools"
                 )
     _check_shard_ref(config, config.server.shard, "server.shard", problems)
+    if shards:
+        for path, given in (
+            ("router.members", config.router.members),
+            ("router.endpoint", config.router.endpoint),
+        ):
+            if given and not problems.failed(path):
+                problems.add(
+                    path,
+                    "only for a cluster without [[shards]]: list a shard's servers in its [[shards]] "
+                    "entry (members, endpoint)",
+                )
 
 
 def _check_resources(config: Config, problems: Problems) -> None:
