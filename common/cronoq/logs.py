@@ -5,10 +5,13 @@ console format on a terminal. The level comes from ``CRONOQ_LOG`` (falling back 
 the reference server's deployments already set), default ``info``.
 
 Libraries that log through the standard library (grpc's Python layer, psycopg's connection pool, asyncio,
-aiohttp) are handed to structlog too, at warning and above, so that their records are lines of the same
-stream in the same format (with the library's logger name as ``logger``), not plain ``WARNING:name:...``
-lines of another format on stderr that a collector parsing JSON would choke on. grpc's core writes to
-stderr itself; :mod:`cronoq.grpc_settings` keeps all but its errors out of a server's stream.
+aiohttp) are handed to structlog too, so that their records are lines of the same stream in the same
+format (with the library's logger name as ``logger``), not plain ``WARNING:name:...`` lines of another
+format on stderr that a collector parsing JSON would choke on. They write at warning and above unless
+``CRONOQ_LOG`` names them, EnvFilter-style (``info,grpc=debug,psycopg.pool=info``): their info and
+debug are noise until one is being looked into, and then one library can be opened up alone.
+grpc's core writes to stderr itself; :mod:`cronoq.grpc_settings` keeps all but its errors out of a
+server's stream.
 """
 
 from __future__ import annotations
@@ -17,6 +20,8 @@ import logging
 import os
 import sys
 from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
 
 import structlog
 
@@ -31,43 +36,86 @@ _LEVELS = {
 }
 
 
-def level_from_env(env: Mapping[str, str]) -> int:
-    """The level named by CRONOQ_LOG / RUST_LOG; an EnvFilter-style value (``cronoq=debug,info``) uses
-    its last bare level, and anything unrecognised means info."""
+OWN = "cronoq"  # the target that names cronoq's own loggers (as the reference's crate name does)
+
+
+@dataclass(frozen=True, slots=True)
+class LogLevels:
+    """What ``CRONOQ_LOG`` asks for: cronoq's own level and the levels of named standard-library
+    loggers (the libraries not named write at warning and above, or at ``own`` when that is higher)."""
+
+    own: int = logging.INFO
+    targets: Mapping[str, int] = field(default_factory=dict)
+
+    @property
+    def libraries(self) -> int:
+        return max(self.own, logging.WARNING)
+
+
+def levels_from_env(env: Mapping[str, str]) -> LogLevels:
+    """``CRONOQ_LOG`` (else ``RUST_LOG``), EnvFilter-style: a bare level is cronoq's own (the last one
+    wins), ``target=level`` sets a library logger's (``grpc=debug``, ``psycopg.pool=info``), and
+    ``cronoq=level`` cronoq's own ahead of any bare level. A part whose level is unrecognised is
+    ignored, so a typo leaves the default (info) rather than stopping the process."""
     raw = env.get("CRONOQ_LOG") or env.get("RUST_LOG") or "info"
-    level = logging.INFO
+    bare, own, targets = logging.INFO, None, {}
     for part in raw.split(","):
-        name = part.rsplit("=", 1)[-1].strip().lower()
-        if name in _LEVELS:
-            level = _LEVELS[name]
-    return level
+        target, _, name = part.strip().rpartition("=")
+        level = _LEVELS.get(name.strip().lower())
+        target = target.strip()
+        if level is None:
+            continue
+        if not target:
+            bare = level
+        elif target == OWN:
+            own = level
+        else:
+            targets[target] = level
+    return LogLevels(bare if own is None else own, targets)
+
+
+def level_from_env(env: Mapping[str, str]) -> int:
+    """cronoq's own level (see :func:`levels_from_env`)."""
+    return levels_from_env(env).own
 
 
 def configure(env: Mapping[str, str] | None = None, *, stream: object = None) -> None:
     """Configure structlog (and the stdlib root logger grpc/aiohttp log through) for this process."""
     env = os.environ if env is None else env
     out = sys.stdout if stream is None else stream
-    level = level_from_env(env)
+    levels = levels_from_env(env)
     json_output = not (hasattr(out, "isatty") and out.isatty())
     renderer: structlog.typing.Processor = (
         structlog.processors.JSONRenderer() if json_output else structlog.dev.ConsoleRenderer()
     )
+    processors: list[structlog.typing.Processor] = [
+        structlog.contextvars.merge_contextvars,
+        structlog.processors.add_log_level,
+        structlog.processors.TimeStamper(fmt="iso", utc=True),
+        structlog.processors.format_exc_info,
+        renderer,
+    ]
     structlog.configure(
-        processors=[
-            structlog.contextvars.merge_contextvars,
-            structlog.processors.add_log_level,
-            structlog.processors.TimeStamper(fmt="iso", utc=True),
-            structlog.processors.format_exc_info,
-            renderer,
-        ],
-        wrapper_class=structlog.make_filtering_bound_logger(level),
+        processors=processors,
+        wrapper_class=structlog.make_filtering_bound_logger(levels.own),
         logger_factory=structlog.PrintLoggerFactory(file=out),  # type: ignore[arg-type]
         cache_logger_on_first_use=True,
     )
     root = logging.getLogger()
-    root.setLevel(max(level, logging.WARNING))
-    if not any(isinstance(h, StructlogHandler) for h in root.handlers):
-        root.addHandler(StructlogHandler())
+    root.setLevel(levels.libraries)
+    for target, level in levels.targets.items():
+        logging.getLogger(target).setLevel(level)
+    handler = next((h for h in root.handlers if isinstance(h, StructlogHandler)), None)
+    if handler is None:
+        handler = StructlogHandler()
+        root.addHandler(handler)
+    # The standard library has filtered a record by its logger's level already: written unfiltered
+    # (a grpc=debug record passes when cronoq's own level is info), to the same stream.
+    handler.write_to = structlog.wrap_logger(
+        structlog.PrintLogger(out),  # type: ignore[arg-type]
+        processors=processors,
+        wrapper_class=structlog.make_filtering_bound_logger(logging.DEBUG),
+    )
     server_log = logging.getLogger("aiohttp.server")
     if not any(isinstance(f, MalformedHttpFilter) for f in server_log.filters):
         server_log.addFilter(MalformedHttpFilter())
@@ -79,9 +127,11 @@ class StructlogHandler(logging.Handler):
     line also shares its lock, so it never interleaves with one of ours from another thread (grpc logs
     from its own threads)."""
 
+    write_to: Any = None  # set by configure()
+
     def emit(self, record: logging.LogRecord) -> None:
         try:
-            get_logger(record.name).log(
+            self.write_to.log(
                 record.levelno, record.getMessage(), logger=record.name, exc_info=record.exc_info or False
             )
         except Exception:  # as logging's own handlers do: a failing log line must not raise

@@ -16,6 +16,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import psycopg
 import pytest
 from psycopg import sql
@@ -27,6 +28,7 @@ from cronoq.errors import ApiError
 from . import test_tls
 from .helpers import durable_config, postgres_store
 from .serverproc import ServerProcess, new_server
+from .shardproc import ShardSpec, routed_cluster
 from .test_tls import Pki, _https, _tls_config
 
 pytestmark = pytest.mark.asyncio
@@ -139,3 +141,19 @@ def _credentials(pki: Pki) -> Any:
     import grpc
 
     return grpc.ssl_channel_credentials(root_certificates=pki.ca.read_bytes())
+
+
+async def test_a_routers_output_is_json_with_a_library_opened_up_by_cronoq_log(tmp_path: Path) -> None:
+    """The router writes one stream of JSON lines too, and ``CRONOQ_LOG`` sets a named library's level:
+    with ``grpc=debug`` the debug records of grpc's Python layer (which loads its event loop on each
+    channel and server) are JSON records of their logger, while cronoq's own level stays info."""
+    spec = ShardSpec("a", 1, ("default",))
+    with routed_cluster(tmp_path, [spec], "", {"CRONOQ_LOG": "info,grpc=debug"}) as (router, _):
+        async with aiohttp.ClientSession(base_url=router.http) as http, http.get("/v1/snapshot") as resp:
+            assert resp.status == 200
+    logs = router.logs()
+    assert not_json(logs) == [], logs[-4000:]
+    grpc_debug = records(router, "grpc._cython.cygrpc", "Loaded running loop")
+    assert grpc_debug and grpc_debug[0]["level"] == "debug", logs[-4000:]
+    ours = [json.loads(line) for line in logs.splitlines()]
+    assert not [r for r in ours if r["level"] == "debug" and "logger" not in r]  # cronoq's own: info

@@ -13,7 +13,7 @@ import structlog
 from cronoq import errors
 from cronoq.api.output_types import OutputTypes
 from cronoq.auth import ANONYMOUS_ADMIN, Authenticator, Role, TokenEntry
-from cronoq.logs import configure, get_logger, level_from_env
+from cronoq.logs import LogLevels, configure, get_logger, level_from_env, levels_from_env
 from shard.outputs import OutputCache
 
 TOKEN = "s3cret-token-0123456789"
@@ -93,12 +93,20 @@ def test_no_credentials_means_anonymous_admin() -> None:
         ({"CRONOQ_LOG": "debug"}, logging.DEBUG),
         ({"RUST_LOG": "warn"}, logging.WARNING),
         ({"CRONOQ_LOG": "error", "RUST_LOG": "debug"}, logging.ERROR),
-        ({"RUST_LOG": "cronoq=debug,info"}, logging.INFO),
+        ({"RUST_LOG": "cronoq=debug,info"}, logging.DEBUG),  # the cronoq target wins over a bare level
+        ({"CRONOQ_LOG": "warn,grpc=debug"}, logging.WARNING),  # a library's level is not ours
         ({"CRONOQ_LOG": "nonsense"}, logging.INFO),
     ],
 )
 def test_log_level_from_env(env: dict[str, str], level: int) -> None:
     assert level_from_env(env) == level
+
+
+def test_log_targets_set_library_levels() -> None:
+    levels = levels_from_env({"CRONOQ_LOG": " info , grpc=debug,psycopg.pool = INFO,aiohttp=bogus"})
+    assert levels == LogLevels(logging.INFO, {"grpc": logging.DEBUG, "psycopg.pool": logging.INFO})
+    assert levels.libraries == logging.WARNING  # the libraries not named
+    assert levels_from_env({"CRONOQ_LOG": "error"}).libraries == logging.ERROR
 
 
 def test_logs_are_json_lines_off_a_terminal() -> None:
@@ -145,6 +153,32 @@ def test_standard_library_records_are_json_lines_of_the_same_stream() -> None:
         "unexpected",
     )
     assert "RuntimeError: core said no" in second["exception"]
+
+
+def test_a_library_named_in_cronoq_log_writes_at_its_own_level() -> None:
+    """``CRONOQ_LOG=warn,aiohttp.access=info`` opens one library up (its info records come out as JSON
+    lines of the stream) while cronoq's own info and the other libraries' stay quiet."""
+    out = io.StringIO()
+    root = logging.getLogger()
+    handlers, level = list(root.handlers), root.level
+    access = logging.getLogger("aiohttp.access")
+    try:
+        configure({"CRONOQ_LOG": "warn,aiohttp.access=info"}, stream=out)
+        access.info("GET /v1/tasks 200")
+        logging.getLogger("psycopg.pool").info("connection requested")  # not named: warning and above
+        get_logger("cronoq.t").info("ours")  # below cronoq's own level
+    finally:
+        structlog.reset_defaults()
+        root.handlers[:] = handlers
+        root.setLevel(level)
+        access.setLevel(logging.NOTSET)
+    (line,) = out.getvalue().splitlines()
+    record = json.loads(line)
+    assert (record["logger"], record["level"], record["event"]) == (
+        "aiohttp.access",
+        "info",
+        "GET /v1/tasks 200",
+    )
 
 
 def test_output_cache_bounds_entries_and_bytes() -> None:
