@@ -1,6 +1,7 @@
 """Render ``charts/cronoq`` with the real ``helm`` binary and read what came out.
 
-The chart cannot render without the two Secrets it names (tokens, database URL), so every scenario
+The chart cannot render without the two Secrets it names (tokens, database URL) and a way for the
+routers to reach the servers (TLS, or plain http trusted with ``insecurePeerHttp``), so every scenario
 starts from :data:`REQUIRED` and overlays what it changes with :func:`merge`.
 """
 
@@ -26,6 +27,7 @@ NAMESPACE = "jobs"
 REQUIRED: dict[str, Any] = {
     "auth": {"existingSecret": TOKENS_SECRET},
     "store": {"postgres": {"urlSecret": {"name": DB_SECRET}}},
+    "insecurePeerHttp": True,
 }
 # The role → environment variable the pods receive each token in (and the config's token_env).
 TOKEN_ENVS = {
@@ -150,13 +152,21 @@ class Rendered:
 
     @property
     def servers(self) -> list[Doc]:
-        """The servers' workloads: one Deployment without shards, a StatefulSet per shard."""
+        """The servers' workloads: a StatefulSet per group (each shard's, or the one without shards)."""
         return self._workloads("server")
 
     @property
     def routers(self) -> list[Doc]:
-        """The routers' Deployment (with shards), or nothing."""
+        """The routers' Deployment."""
         return self._workloads("router")
+
+    def selecting(self, workload: Doc) -> set[str]:
+        """The Services whose selector reaches ``workload``'s pods."""
+        return {
+            service["metadata"]["name"]
+            for service in self.of_kind("Service")
+            if selects(service["spec"]["selector"], pod_labels(workload))
+        }
 
     @property
     def config_text(self) -> str:

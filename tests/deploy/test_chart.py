@@ -1,6 +1,6 @@
 """The Helm chart ``charts/cronoq``, rendered by the real ``helm`` binary: lint, Kubernetes schemas,
 selectors, probes, pod security, tokens, the refusals, and the rendered ``cronoq.toml`` checked (and
-run) by the real ``cronoq-server``."""
+run) by the real ``cronoq-server`` and ``cronoq-router``."""
 
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ import kubernetes_validate  # type: ignore[import-untyped]  # ships no type info
 import pytest
 import yaml
 
-from cronoq.cluster.shards import SHARD_SHIFT
+from cronoq.cluster.shards import SHARD_SHIFT, UNSHARDED
 from tests.integration.serverproc import ServerProcess
 from tests.pki import issue, new_ca
 from tests.ports import free_ports
@@ -56,12 +56,17 @@ from .conftest import KUBERNETES_VERSION, REPO
 SHARDED_TLS = ci_values("sharded-tls-values.yaml")
 THREE_SHARDS = ci_values("three-shards-values.yaml")
 SHARDED_INSECURE = merge({k: v for k, v in SHARDED_TLS.items() if k != "tls"}, {"insecurePeerHttp": True})
+# Without shards, over TLS only (no plain-http trust), and with client certificates.
+UNSHARDED_TLS = merge(
+    {k: v for k, v in REQUIRED.items() if k != "insecurePeerHttp"}, {"tls": {"secretName": "cronoq-tls"}}
+)
+UNSHARDED_MTLS = merge(UNSHARDED_TLS, {"tls": {"clientCerts": True}})
 SCENARIOS: dict[str, dict[str, Any]] = {
     "default": REQUIRED,
     "sharded-tls": SHARDED_TLS,
     "sharded-insecure": SHARDED_INSECURE,
     "three-shards": THREE_SHARDS,
-    "readiness-leader": merge(REQUIRED, {"readiness": "leader"}),
+    "mtls": UNSHARDED_MTLS,
     "sqlite": merge(REQUIRED, {"store": {"kind": "sqlite"}, "replicas": 1}),
     "database-ca": merge(
         REQUIRED,
@@ -128,30 +133,22 @@ def test_every_manifest_is_valid_for_kubernetes(scenario: tuple[str, Rendered], 
 # ---------------------------------------------------------------- what selects what
 
 
-def test_each_deployment_owns_its_pods(scenario: tuple[str, Rendered]) -> None:
+def test_each_workload_owns_its_pods(scenario: tuple[str, Rendered]) -> None:
     _, rendered = scenario
-    deployments = rendered.servers
-    for deployment in deployments:
-        selector = deployment["spec"]["selector"]["matchLabels"]
-        assert selects(selector, pod_labels(deployment))
-        for (
-            other
-        ) in deployments:  # no Deployment (nor its budget, which has its selector) claims another's pods
-            if other is not deployment:
+    workloads = rendered.servers + rendered.routers
+    for workload in workloads:
+        selector = workload["spec"]["selector"]["matchLabels"]
+        assert selects(selector, pod_labels(workload))
+        for other in workloads:  # no workload (nor its budget, which has its selector) claims another's pods
+            if other is not workload:
                 assert not selects(selector, pod_labels(other))
 
 
-def test_each_deployment_has_a_disruption_budget_where_readiness_means_healthy(
-    scenario: tuple[str, Rendered],
-) -> None:
-    """With ``readiness: all`` every server workload (and the routers' Deployment) gets a budget over
-    exactly its pods. With ``readiness: leader`` none does: standbys are never Ready, so a budget would
-    never allow evicting the leader and a node drain would retry it for ever."""
-    name, rendered = scenario
+def test_every_workload_has_a_disruption_budget(scenario: tuple[str, Rendered]) -> None:
+    """Every group of servers (standbys are ready while healthy, so a drain can evict them one at a
+    time, the leader included) and the routers' Deployment get a budget over exactly their pods."""
+    _, rendered = scenario
     budgets = {pdb["metadata"]["name"]: pdb["spec"] for pdb in rendered.of_kind("PodDisruptionBudget")}
-    if SCENARIOS[name].get("readiness") == "leader":
-        assert budgets == {}
-        return
     workloads = rendered.servers + rendered.routers
     assert set(budgets) == names(workloads)
     for workload in workloads:
@@ -190,30 +187,66 @@ def test_main_service_reaches_the_routers_and_each_shard_service_only_its_own(he
     assert shard_sets["rel-cronoq-cpu"]["spec"]["replicas"] == 2  # the chart's
 
 
-def test_each_shard_lists_every_server_as_a_member_by_its_stable_name(helm: Path) -> None:
-    """The routers and the other shards find a shard's leader by asking each of its ``members``; the
-    members are the StatefulSet's pods by the names its headless Service gives them, one per replica."""
-    rendered = render(helm, THREE_SHARDS)
-    replicas = {d["metadata"]["labels"]["cronoq.io/shard"]: d["spec"]["replicas"] for d in rendered.servers}
-    assert replicas == {"cpu": 2, "gpu": 3, "batch": 2}
-    for shard in rendered.config["shards"]:
-        name = shard["name"]
-        assert shard["members"] == [
-            f"https://rel-cronoq-{name}-{i}.rel-cronoq-{name}-members.{NAMESPACE}.svc.cluster.local:7070"
-            for i in range(replicas[name])
+def test_clients_reach_only_the_routers_and_each_group_service_only_its_servers(
+    scenario: tuple[str, Rendered],
+) -> None:
+    """In every install the main Service (the address of the NOTES and the docs) selects the routers
+    only, so no client lands on a standby; the only Services that reach a server are its own group's
+    endpoint and headless members Services (the StatefulSet's serviceName), whichever group it is in."""
+    _, rendered = scenario
+    (router,) = rendered.routers
+    assert rendered.selecting(router) == {"rel-cronoq"}
+    assert rendered.servers
+    for statefulset in rendered.servers:
+        assert statefulset["kind"] == "StatefulSet"
+        name = statefulset["metadata"]["name"]
+        assert statefulset["spec"]["serviceName"] == f"{name}-members"
+        assert rendered.selecting(statefulset) == {name, f"{name}-members"}
+        members = rendered.one("Service", f"{name}-members")["spec"]
+        assert members["clusterIP"] == "None" and members["publishNotReadyAddresses"] is True
+
+
+def _groups(config: Mapping[str, Any]) -> dict[str, Mapping[str, Any]]:
+    """Each group's endpoint and members as the config gives them to the routers, by shard: each
+    ``[[shards]]`` entry, or without shards ``[router]`` under the name the router gives that group."""
+    if "shards" in config:
+        return {shard["name"]: shard for shard in config["shards"]}
+    return {UNSHARDED: config["router"]}
+
+
+def test_the_members_are_the_statefulsets_pods_by_their_stable_names(scenario: tuple[str, Rendered]) -> None:
+    """The routers (and the other shards) find a group's leader by asking each of its ``members``:
+    exactly its StatefulSet's pods, one per replica, by the names its headless Service gives them; the
+    ``endpoint`` is the group's Service. Without shards they are ``[router] members`` and ``endpoint``."""
+    name, rendered = scenario
+    scheme = "https" if "tls" in SCENARIOS[name] else "http"
+    sets = {s["metadata"]["labels"].get("cronoq.io/shard", UNSHARDED): s for s in rendered.servers}
+    groups = _groups(rendered.config)
+    assert set(groups) == set(sets)
+    for shard, group in groups.items():
+        statefulset = sets[shard]["metadata"]["name"]
+        service = sets[shard]["spec"]["serviceName"]
+        assert group["members"] == [
+            f"{scheme}://{statefulset}-{i}.{service}.{NAMESPACE}.svc.cluster.local:7070"
+            for i in range(sets[shard]["spec"]["replicas"])
         ]
-        assert shard["endpoint"] == f"https://rel-cronoq-{name}.{NAMESPACE}.svc.cluster.local:7070"
+        assert group["endpoint"] == f"{scheme}://{statefulset}.{NAMESPACE}.svc.cluster.local:7070"
+        rendered.one("Service", statefulset)
 
 
-def test_without_shards_there_is_no_router_and_the_main_service_reaches_the_servers(helm: Path) -> None:
-    """A router needs [[shards]]: without shards the servers (a Deployment) are the front door, and
-    their readiness decides whether the Service also reaches standbys (``readiness``)."""
+def test_without_shards_the_servers_are_one_statefulset_behind_the_routers(helm: Path) -> None:
+    """The names of the unsharded group: none is the main Service's or the routers'."""
     rendered = render(helm, REQUIRED)
-    assert rendered.routers == []
     (server,) = rendered.servers
-    assert server["kind"] == "Deployment"
-    assert selects(rendered.one("Service", "rel-cronoq")["spec"]["selector"], pod_labels(server))
-    assert "router" not in rendered.config
+    assert (server["kind"], server["metadata"]["name"]) == ("StatefulSet", "rel-cronoq-server")
+    assert "cronoq.io/shard" not in pod_labels(server) and "CRONOQ_SHARD" not in env_of(server)
+    assert "shards" not in rendered.config
+    assert names(rendered.of_kind("Service")) == {
+        "rel-cronoq",
+        "rel-cronoq-server",
+        "rel-cronoq-server-members",
+    }
+    assert names(rendered.of_kind("PodDisruptionBudget")) == {"rel-cronoq-server", "rel-cronoq-router"}
 
 
 def test_each_shard_pod_serves_its_shard_from_one_shared_config(helm: Path) -> None:
@@ -242,16 +275,20 @@ CA_FILE = "/etc/cronoq-tls/ca.crt"
         ("sharded-tls", TLS_FILES, {"ca_path": CA_FILE}),
         ("sharded-mtls", {**TLS_FILES, "client_ca_path": CA_FILE}, {"ca_path": CA_FILE, **TLS_FILES}),
         ("sharded-insecure", None, None),
+        ("mtls", {**TLS_FILES, "client_ca_path": CA_FILE}, {"ca_path": CA_FILE, **TLS_FILES}),
+        ("default", None, None),
     ],
 )
 def test_tls_secret_becomes_server_and_peer_tls(
     helm: Path, name: str, server_tls: dict[str, str] | None, peer_tls: dict[str, str] | None
 ) -> None:
+    """[server.peer_tls] with TLS, shards or not: the routers verify the servers (and present tls.crt to
+    them under mTLS) as shards do each other."""
     rendered = render(helm, SCENARIOS[name])
     server = rendered.config["server"]
     assert server.get("tls") == server_tls
     assert server.get("peer_tls") == peer_tls
-    for deployment in rendered.servers:
+    for deployment in rendered.servers + rendered.routers:
         mounts = {m["name"]: m["mountPath"] for m in server_container(deployment)["volumeMounts"]}
         volumes = {v["name"]: v for v in pod_spec(deployment)["volumes"]}
         if server_tls is None:
@@ -276,35 +313,57 @@ def _covered(host: str, names: set[str]) -> bool:
     return host in names or f"*.{host.split('.', 1)[1]}" in names
 
 
-def test_tls_names_in_the_notes_and_the_docs_cover_every_name_clients_use(helm: Path, tmp_path: Path) -> None:
-    """The certificate names the NOTES list, and the docs' cert-manager example's dnsNames, are every
-    Service the chart renders with a ClusterIP in each form clients use (``cronoq.cronoq:7070`` in the
-    operator's docs) and, for each shard, the names of its servers that its ``members`` use, for the
-    docs' own example (release ``cronoq`` in namespace ``jobs``, shards ``cpu`` and ``gpu``)."""
-    rendered = render(helm, SHARDED_TLS, release="cronoq")
+def _names_cover_the_cluster(rendered: Rendered, given: set[str]) -> None:
+    """``given`` (a certificate's DNS names) are every Service with a ClusterIP in each form clients use
+    (``cronoq.cronoq:7070`` in the operator's docs) and, for each group, one wildcard that covers the
+    names of its servers its ``members`` use, and nothing more."""
     services = {
         service["metadata"]["name"]
         for service in rendered.of_kind("Service")
         if service["spec"].get("clusterIP") != "None"
     }
-    assert services == {"cronoq", "cronoq-cpu", "cronoq-gpu"}
-    members = {
-        re.sub(r"^https://|:7070$", "", url) for s in rendered.config["shards"] for url in s["members"]
-    }
-    assert len(members) == 5
-    notes = render_notes(helm, SHARDED_TLS, tmp_path, release="cronoq")
-    listed = set(yaml.safe_load(notes.split("dnsNames:\n", 1)[1].split("\n\n", 1)[0]))
+    groups = _groups(rendered.config)
+    members = {re.sub(r"^https://|:7070$", "", url) for group in groups.values() for url in group["members"]}
+    assert len(members) == sum(s["spec"]["replicas"] for s in rendered.servers)
+    plain = {name for name in given if not name.startswith("*.")}
+    assert plain == set().union(*(_service_names(service) for service in services))
+    assert all(_covered(member, given) for member in members)
+    assert len(given - plain) == len(groups)  # one wildcard per group, nothing more
+
+
+def _notes_dns_names(notes: str) -> set[str]:
+    listed: list[str] = yaml.safe_load(notes.split("dnsNames:\n", 1)[1].split("\n\n", 1)[0])
+    return set(listed)
+
+
+def test_tls_names_in_the_notes_and_the_docs_cover_every_name_clients_use(helm: Path, tmp_path: Path) -> None:
+    """The certificate names the NOTES list, and the docs' cert-manager example's dnsNames, cover the
+    cluster for the docs' own example (release ``cronoq`` in namespace ``jobs``, shards ``cpu`` and
+    ``gpu``)."""
+    rendered = render(helm, SHARDED_TLS, release="cronoq")
+    assert names(rendered.of_kind("Service")) >= {"cronoq", "cronoq-cpu", "cronoq-gpu"}
     docs = (REPO / "docs" / "kubernetes.md").read_text()
     (certificate,) = (
         yaml.safe_load(block)
         for block in re.findall(r"```yaml\n(.*?)```", docs, re.DOTALL)
         if "kind: Certificate" in block
     )
-    for names_given in (listed, set(certificate["spec"]["dnsNames"])):
-        plain = {name for name in names_given if not name.startswith("*.")}
-        assert plain == set().union(*(_service_names(service) for service in services))
-        assert all(_covered(member, names_given) for member in members)
-        assert len(names_given - plain) == len(SHARD_POOLS)  # one wildcard per shard, nothing more
+    _names_cover_the_cluster(
+        rendered, _notes_dns_names(render_notes(helm, SHARDED_TLS, tmp_path, release="cronoq"))
+    )
+    _names_cover_the_cluster(rendered, set(certificate["spec"]["dnsNames"]))
+
+
+def test_tls_names_in_the_notes_without_shards_cover_the_routers_and_the_servers(
+    helm: Path, tmp_path: Path
+) -> None:
+    """Without shards too: the main Service (the routers), the servers' Service and each server by its
+    members name, which the routers and redirected workers dial."""
+    rendered = render(helm, UNSHARDED_MTLS, release="cronoq")
+    assert names(rendered.of_kind("Service")) == {"cronoq", "cronoq-server", "cronoq-server-members"}
+    listed = _notes_dns_names(render_notes(helm, UNSHARDED_MTLS, tmp_path, release="cronoq"))
+    _names_cover_the_cluster(rendered, listed)
+    assert "*.cronoq-server-members.jobs.svc.cluster.local" in listed
 
 
 DB_CA_SECRET = {"name": "cronoq-db-ca", "key": "root.pem"}
@@ -370,51 +429,36 @@ def _probe(deployment: Doc, kind: str) -> Doc:
     return probe
 
 
-@pytest.mark.parametrize(
-    ("name", "readiness_path", "strategy", "scheme"),
-    [
-        ("default", "/healthz", "RollingUpdate", "HTTP"),
-        ("sharded-tls", "/healthz", "RollingUpdate", "HTTPS"),
-        ("readiness-leader", "/readyz", "Recreate", "HTTP"),
-        ("sqlite", "/healthz", "Recreate", "HTTP"),
-    ],
-)
-def test_probes_and_update_strategy(
-    helm: Path, name: str, readiness_path: str, strategy: str, scheme: str
-) -> None:
-    rendered = render(helm, SCENARIOS[name])
+def test_servers_are_ready_while_healthy_and_roll_one_at_a_time(scenario: tuple[str, Rendered]) -> None:
+    """Every group of servers, SQLite's one server included: readiness is /healthz (the routers, not
+    a Service, keep calls off the standbys), and a StatefulSet update replaces one server at a time,
+    stopping each before its replacement starts (so SQLite's one volume is free), with no Recreate."""
+    name, rendered = scenario
+    scheme = "HTTPS" if "tls" in SCENARIOS[name] else "HTTP"
     grace = rendered.config["server"]["shutdown_grace_s"]
-    for deployment in rendered.servers:
-        for kind in ("startupProbe", "livenessProbe"):
-            assert _probe(deployment, kind) == {"path": "/healthz", "port": "http", "scheme": scheme}
-        assert _probe(deployment, "readinessProbe") == {
-            "path": readiness_path,
-            "port": "http",
-            "scheme": scheme,
-        }
-        if deployment["kind"] == "StatefulSet":  # one server at a time, each after its replacement is ready
-            assert deployment["spec"]["updateStrategy"] == {"type": strategy}
-            assert deployment["spec"]["podManagementPolicy"] == "Parallel"
-        else:
-            assert deployment["spec"]["strategy"]["type"] == strategy
-        if deployment["kind"] == "Deployment" and strategy == "RollingUpdate":
-            assert deployment["spec"]["strategy"]["rollingUpdate"]["maxUnavailable"] == 0
-        ports = {p["name"]: p["containerPort"] for p in server_container(deployment)["ports"]}
+    for statefulset in rendered.servers:
+        for kind in ("startupProbe", "livenessProbe", "readinessProbe"):
+            assert _probe(statefulset, kind) == {"path": "/healthz", "port": "http", "scheme": scheme}
+        assert statefulset["kind"] == "StatefulSet"
+        assert statefulset["spec"]["updateStrategy"] == {"type": "RollingUpdate"}
+        assert statefulset["spec"]["podManagementPolicy"] == "Parallel"
+        ports = {p["name"]: p["containerPort"] for p in server_container(statefulset)["ports"]}
         assert ports["grpc"] == 7070 and ports["http"] == 7071
         # shutdown_grace_s for running attempts, then up to 5 s of listener drain.
-        assert pod_spec(deployment)["terminationGracePeriodSeconds"] > grace + 5
+        assert pod_spec(statefulset)["terminationGracePeriodSeconds"] > grace + 5
 
 
-def test_routers_are_ready_while_they_run_and_roll_one_at_a_time(helm: Path) -> None:
+@pytest.mark.parametrize(("name", "scheme"), [("sharded-tls", "HTTPS"), ("default", "HTTP")])
+def test_routers_are_ready_while_they_run_and_roll_one_at_a_time(helm: Path, name: str, scheme: str) -> None:
     """A router's ``/readyz`` answers 200 whenever it runs, so every replica takes traffic and a rolling
-    update starts a new router before it stops an old one."""
-    (router,) = render(helm, SHARDED_TLS).routers
+    update starts a new router before it stops an old one; with shards or without."""
+    (router,) = render(helm, SCENARIOS[name]).routers
     for kind, path in (
         ("startupProbe", "/healthz"),
         ("livenessProbe", "/healthz"),
         ("readinessProbe", "/readyz"),
     ):
-        assert _probe(router, kind) == {"path": path, "port": "http", "scheme": "HTTPS"}
+        assert _probe(router, kind) == {"path": path, "port": "http", "scheme": scheme}
     assert router["spec"]["strategy"] == {
         "type": "RollingUpdate",
         "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0},
@@ -470,21 +514,32 @@ def test_a_config_change_rolls_the_pods(helm: Path) -> None:
     assert checksum(merge(REQUIRED, {"config": '[[pools]]\nname = "default"\nmax = 7\n'})) != before
 
 
-def test_sqlite_keeps_its_database_on_a_claim(helm: Path) -> None:
-    rendered = render(helm, SCENARIOS["sqlite"])
-    claim = rendered.one("PersistentVolumeClaim", "rel-cronoq-data")
-    assert claim["metadata"]["annotations"]["helm.sh/resource-policy"] == "keep"
-    (deployment,) = rendered.servers
-    assert deployment["spec"]["replicas"] == 1
-    mounts = {m["name"]: m["mountPath"] for m in server_container(deployment)["volumeMounts"]}
-    volumes = {v["name"]: v for v in pod_spec(deployment)["volumes"]}
-    assert volumes["data"]["persistentVolumeClaim"]["claimName"] == "rel-cronoq-data"
+@pytest.mark.parametrize(("existing", "claim"), [("", "rel-cronoq-data"), ("cronoq-state", "cronoq-state")])
+def test_sqlite_keeps_its_database_on_a_claim(helm: Path, existing: str, claim: str) -> None:
+    """The one server's StatefulSet mounts the claim the chart creates (kept on uninstall), or the
+    user's own (store.sqlite.existingClaim), which the chart then leaves alone."""
+    rendered = render(helm, merge(SCENARIOS["sqlite"], {"store": {"sqlite": {"existingClaim": existing}}}))
+    created = rendered.of_kind("PersistentVolumeClaim")
+    if existing:
+        assert created == []
+    else:
+        (pvc,) = created
+        assert pvc["metadata"]["name"] == claim
+        assert pvc["metadata"]["annotations"]["helm.sh/resource-policy"] == "keep"
+    (statefulset,) = rendered.servers
+    assert statefulset["kind"] == "StatefulSet" and statefulset["spec"]["replicas"] == 1
+    assert "volumeClaimTemplates" not in statefulset["spec"]
+    mounts = {m["name"]: m["mountPath"] for m in server_container(statefulset)["volumeMounts"]}
+    volumes = {v["name"]: v for v in pod_spec(statefulset)["volumes"]}
+    assert volumes["data"]["persistentVolumeClaim"]["claimName"] == claim
     assert rendered.config["store"] == {
         "kind": "sqlite",
         "path": f"{mounts['data']}/state.db",
         "keep_finished_s": 604800,
     }
-    assert DATABASE_URL_ENV not in env_of(deployment)
+    assert DATABASE_URL_ENV not in env_of(statefulset)
+    (router,) = rendered.routers  # the router keeps no state: no volume of the database
+    assert "data" not in {v["name"] for v in pod_spec(router)["volumes"]}
 
 
 def test_scheduling_service_and_metrics_values_reach_the_manifests(helm: Path) -> None:
@@ -522,12 +577,10 @@ def test_scheduling_service_and_metrics_values_reach_the_manifests(helm: Path) -
     (endpoint,) = monitors["rel-cronoq"]["spec"]["endpoints"]
     assert endpoint["port"] == "metrics" and endpoint["scheme"] == "https"
     assert endpoint["tlsConfig"]["ca"]["secret"] == {"name": "cronoq-tls", "key": "ca.crt"}
-    chosen = {
-        service["metadata"]["name"]
-        for service in rendered.of_kind("Service")
-        if selects(monitors["rel-cronoq"]["spec"]["selector"]["matchLabels"], service["metadata"]["labels"])
+    assert _scraped(rendered) == {
+        "rel-cronoq": {"rel-cronoq-cpu", "rel-cronoq-gpu"},
+        "rel-cronoq-router": {"rel-cronoq"},
     }
-    assert chosen == {"rel-cronoq-cpu", "rel-cronoq-gpu"}
     # The routers' monitor scrapes their HTTP port with the metrics token, from the tokens Secret.
     (endpoint,) = monitors["rel-cronoq-router"]["spec"]["endpoints"]
     assert endpoint["port"] == "http" and endpoint["path"] == "/metrics"
@@ -535,14 +588,34 @@ def test_scheduling_service_and_metrics_values_reach_the_manifests(helm: Path) -
         "type": "Bearer",
         "credentials": {"name": TOKENS_SECRET, "key": "metrics"},
     }
-    chosen = {
-        service["metadata"]["name"]
-        for service in rendered.of_kind("Service")
-        if selects(
-            monitors["rel-cronoq-router"]["spec"]["selector"]["matchLabels"], service["metadata"]["labels"]
-        )
+
+
+def _scraped(rendered: Rendered) -> dict[str, set[str]]:
+    """ServiceMonitor -> the Services it scrapes through (those its selector matches)."""
+    return {
+        monitor["metadata"]["name"]: {
+            service["metadata"]["name"]
+            for service in rendered.of_kind("Service")
+            if selects(monitor["spec"]["selector"]["matchLabels"], service["metadata"]["labels"])
+        }
+        for monitor in rendered.of_kind("ServiceMonitor")
     }
-    assert chosen == {"rel-cronoq"}
+
+
+def test_without_shards_the_monitors_scrape_the_servers_service_and_the_routers(helm: Path) -> None:
+    """The servers are scraped through their own Service (labelled cronoq.io/scrape: server, with the
+    metrics port), once each; the routers through the main Service, which has no metrics port."""
+    values = merge(REQUIRED, {"metrics": {"enabled": True, "serviceMonitor": {"enabled": True}}})
+    rendered = render(helm, values)
+    assert _scraped(rendered) == {"rel-cronoq": {"rel-cronoq-server"}, "rel-cronoq-router": {"rel-cronoq"}}
+    ports = {
+        s["metadata"]["name"]: {p["name"] for p in s["spec"]["ports"]} for s in rendered.of_kind("Service")
+    }
+    assert ports == {
+        "rel-cronoq": {"grpc", "http"},
+        "rel-cronoq-server": {"grpc", "http", "metrics"},
+        "rel-cronoq-server-members": {"grpc"},
+    }
 
 
 # ---------------------------------------------------------------- tokens and secrets
@@ -604,8 +677,13 @@ def _shards(*entries: dict[str, Any]) -> dict[str, Any]:
         pytest.param({"auth": REQUIRED["auth"]}, "store.postgres.urlSecret.name is required", id="no-db-url"),
         pytest.param(
             merge(SHARDED, {"insecurePeerHttp": False}),
-            "shards need tls.secretName or insecurePeerHttp",
+            "set tls.secretName or insecurePeerHttp: true: the routers (the front door) forward callers'",
             id="shards-without-tls",
+        ),
+        pytest.param(
+            merge(REQUIRED, {"insecurePeerHttp": False}),
+            "set tls.secretName or insecurePeerHttp: true: the routers (the front door) forward callers'",
+            id="without-tls",
         ),
         pytest.param(
             _shards(TWO_SHARDS[0], {"name": "cpu", "number": 2, "pools": ["llm"]}),
@@ -733,22 +811,30 @@ def _shards(*entries: dict[str, Any]) -> dict[str, Any]:
             id="extra-volume-clash",
         ),
         pytest.param(
-            merge(REQUIRED, {"readiness": "some"}), "readiness: readiness must be one of", id="readiness"
-        ),
-        pytest.param(
-            merge(SHARDED, {"readiness": "leader"}),
-            "readiness: leader is for installs without shards",
-            id="readiness-leader-shards",
-        ),
-        pytest.param(
             _shards(TWO_SHARDS[0], {"name": "router", "number": 2, "pools": ["llm"]}),
             'shards[1]: the name "router" is the router\'s (rel-cronoq-router)',
             id="shard-named-router",
         ),
         pytest.param(
+            _shards({"name": "server", "number": 1, "pools": ["default"]}, TWO_SHARDS[1]),
+            'shards[0]: the name "server" is that of the servers of an install without shards '
+            "(rel-cronoq-server, rel-cronoq-server-members): choose another",
+            id="shard-named-server",
+        ),
+        pytest.param(
             merge(SHARDED, {"fullnameOverride": "x" * 49}),
-            "its StatefulSet name " + "x" * 49 + "-cpu is longer than 52 characters",
+            "shards[0] (cpu): its StatefulSet name " + "x" * 49 + "-cpu is longer than 52 characters",
             id="long-statefulset-name",
+        ),
+        pytest.param(
+            merge(REQUIRED, {"fullnameOverride": "x" * 46}),
+            "the servers: its StatefulSet name " + "x" * 46 + "-server is longer than 52 characters",
+            id="long-unsharded-statefulset-name",
+        ),
+        pytest.param(
+            merge(REQUIRED, {"config": '[router]\ngrpc_addr = "0.0.0.0:1"\n'}),
+            "config must not contain [router]",
+            id="config-router",
         ),
         pytest.param(
             merge(SHARDED, {"router": {"autoscaling": {"enabled": True}, "resources": {"requests": None}}}),
@@ -796,10 +882,31 @@ def test_refused(helm: Path, values: dict[str, Any], message: str) -> None:
     assert message in refusal(helm, values)
 
 
-def test_the_base_of_the_refusals_renders(helm: Path) -> None:
-    """The base the refusals start from renders, so each refusal is caused by what it changes."""
-    render(helm, SHARDED)
-    render(helm, merge(REQUIRED, {"store": {"kind": "sqlite"}, "replicas": 1}))
+READINESS_GONE = (
+    "readiness was removed in chart 0.2.0: the routers are now the front door of every install and find "
+    "the leader among the servers themselves, so the servers are always ready while healthy (/healthz)"
+)
+
+
+@pytest.mark.parametrize("base", [REQUIRED, SHARDED], ids=["unsharded", "sharded"])
+@pytest.mark.parametrize("value", ["all", "leader"])
+def test_a_values_file_that_still_sets_readiness_is_refused_saying_what_replaced_it(
+    helm: Path, tmp_path: Path, base: dict[str, Any], value: str
+) -> None:
+    """Whatever it was set to (``all``, the old default, included): ``helm template`` (``helm install``
+    and ``helm upgrade`` render alike) with a values file carrying ``readiness`` fails naming it and
+    what replaced it, not with the schema's bare "Additional property readiness is not allowed"."""
+    values = tmp_path / "values.yaml"
+    values.write_text(yaml.safe_dump(merge(base, {"readiness": value})))
+    done = subprocess.run(
+        [str(helm), "template", "rel", str(CHART), "-f", str(values)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode != 0
+    assert READINESS_GONE in done.stderr
+    assert "Additional property" not in done.stderr
 
 
 # ---------------------------------------------------------------- the real server reads the config
@@ -843,9 +950,9 @@ def _check(
 
 def test_rendered_config_passes_the_servers_and_the_routers_check(helm: Path, tmp_path: Path) -> None:
     """Each distinct config of the scenarios, checked as the pods run it: by ``cronoq-server`` for each
-    shard (with CRONOQ_SHARD) and, with shards, by ``cronoq-router`` with the router pod's environment
-    (no database URL), all at once. Control runs with one token too short must fail, so the checks
-    are real ones."""
+    shard (with CRONOQ_SHARD) or for the servers without shards, and by ``cronoq-router`` with the
+    router pod's environment (no database URL), all at once. Control runs with one token too short
+    must fail, so the checks are real ones."""
     env = {**_tokens(), DATABASE_URL_ENV: "postgres://cronoq:secret@db:5432/cronoq?sslmode=verify-full"}
     router_env = {k: v for k, v in env.items() if k != DATABASE_URL_ENV}
     tls_dir = _pki(tmp_path / "tls", [])
@@ -855,9 +962,10 @@ def test_rendered_config_passes_the_servers_and_the_routers_check(helm: Path, tm
         rendered = render(helm, values)
         server = rendered.config["server"]
         assert (server["grpc_addr"], server["http_addr"]) == ("0.0.0.0:7070", "0.0.0.0:7071")  # in the pod
-        schemes = {s["endpoint"].split("://")[0] for s in rendered.config.get("shards", [])}
-        assert schemes <= ({"https"} if "tls" in values else {"http"})
-        if rendered.config_text in seen:  # readiness changes the probes, not the config
+        groups = _groups(rendered.config).values()
+        schemes = {url.split("://")[0] for group in groups for url in [group["endpoint"], *group["members"]]}
+        assert schemes == ({"https"} if "tls" in values else {"http"})
+        if rendered.config_text in seen:  # e.g. the database's CA changes the pods, not the config
             continue
         seen.add(rendered.config_text)
         config = tmp_path / f"{name}.toml"
@@ -866,10 +974,16 @@ def test_rendered_config_passes_the_servers_and_the_routers_check(helm: Path, tm
             config.write_text(config.read_text().replace("/var/lib/cronoq/", f"{tmp_path}/"))
         for shard in [s["name"] for s in rendered.config.get("shards", [])] or [None]:
             checks[f"{name}/{shard}"] = _check(config, env, shard)
-        if rendered.routers:
-            assert rendered.config["router"] == {"grpc_addr": "0.0.0.0:7070", "http_addr": "0.0.0.0:7071"}
-            checks[f"{name}/router"] = _check(config, router_env, None, "cronoq.router.main")
-    assert {"three-shards/router", "sharded-tls/router", "default/None"} <= set(checks)
+        router = rendered.config["router"]
+        assert (router["grpc_addr"], router["http_addr"]) == ("0.0.0.0:7070", "0.0.0.0:7071")
+        checks[f"{name}/router"] = _check(config, router_env, None, "cronoq.router.main")
+    assert {
+        "three-shards/router",
+        "sharded-tls/router",
+        "default/None",
+        "default/router",
+        "sqlite/router",
+    } <= set(checks)
     control = _check(tmp_path / "default.toml", {**env, "CRONOQ_WORKER_TOKEN": "short"}, None)
     router_control = _check(
         tmp_path / "three-shards.toml",
@@ -877,10 +991,13 @@ def test_rendered_config_passes_the_servers_and_the_routers_check(helm: Path, tm
         None,
         "cronoq.router.main",
     )
+    unsharded = {"default/router": 2, "mtls/router": 2, "sqlite/router": 1}
     for label, proc in checks.items():
         output, _ = proc.communicate(timeout=60)
         assert proc.returncode == 0, f"{label}: {output}"
         assert "configuration ok" in output
+        if label in unsharded:
+            assert f"one unsharded cluster of {unsharded[label]} member(s)" in output, output
     for proc in (control, router_control):
         output, _ = proc.communicate(timeout=60)
         assert proc.returncode == 1 and "the token in CRONOQ_WORKER_TOKEN must be at least" in output
@@ -911,26 +1028,30 @@ def _listen_on(text: str, table: str, grpc_port: int, http_port: int) -> str:
 def _cluster_from_chart(
     rendered: Rendered, tmp_path: Path, tls_dir: Path, env: Mapping[str, str]
 ) -> Iterator[tuple[dict[str, list[ServerProcess]], ServerProcess]]:
-    """Every server of every shard, as the StatefulSets' pods would run them, and a router, from the
-    chart's config.
+    """Every server of every group, as the StatefulSets' pods would run them, and a router, from the
+    chart's config; the servers by the name the router gives their group (each shard's, or
+    ``UNSHARDED``).
 
     The adjustments, all explicit: the TLS files where this test wrote them; each process's own
     loopback ports instead of 0.0.0.0:7070/7071; each ``members`` entry (a pod's DNS name) pointing at
-    that server's process, and each shard's endpoint (its Service) at its first server, which leads.
+    that server's process, and each group's endpoint (its Service) at its first server, which leads.
     """
     context = ssl.create_default_context(cafile=str(tls_dir / "ca.crt"))
-    shards = {s["name"]: s["members"] for s in rendered.config["shards"]}
-    picked = iter(free_ports(2 * sum(len(members) for members in shards.values()) + 2))
-    ports = {shard: [(next(picked), next(picked)) for _ in members] for shard, members in shards.items()}
+    groups = _groups(rendered.config)
+    picked = iter(free_ports(2 * sum(len(group["members"]) for group in groups.values()) + 2))
+    ports = {
+        shard: [(next(picked), next(picked)) for _ in group["members"]] for shard, group in groups.items()
+    }
     base = _with_tls_dir(rendered.config_text, tls_dir)
-    for shard in rendered.config["shards"]:
-        loopback = [f"https://127.0.0.1:{grpc}" for grpc, _ in ports[shard["name"]]]
-        base = _replace_once(base, json.dumps(shard["endpoint"]), json.dumps(loopback[0]))
-        for member, url in zip(shard["members"], loopback, strict=True):
+    for shard, group in groups.items():
+        loopback = [f"https://127.0.0.1:{grpc}" for grpc, _ in ports[shard]]
+        base = _replace_once(base, json.dumps(group["endpoint"]), json.dumps(loopback[0]))
+        for member, url in zip(group["members"], loopback, strict=True):
             base = _replace_once(base, json.dumps(member), json.dumps(url))
     procs: dict[str, list[ServerProcess]] = {}
-    for shard in shards:
+    for shard in groups:
         procs[shard] = []
+        shard_env = {"CRONOQ_SHARD": shard} if "shards" in rendered.config else {}
         for index, (grpc_port, http_port) in enumerate(ports[shard]):
             folder = tmp_path / f"{shard}-{index}"
             folder.mkdir()
@@ -939,7 +1060,7 @@ def _cluster_from_chart(
                 ServerProcess(
                     folder / "cronoq.toml",
                     folder / "server.log",
-                    env={**env, "CRONOQ_SHARD": shard},
+                    env={**env, **shard_env},
                     grpc_port=grpc_port,
                     http_port=http_port,
                     ssl_context=context,
@@ -959,7 +1080,7 @@ def _cluster_from_chart(
     )
     everyone = [*(proc for group in procs.values() for proc in group), router]
     try:
-        with ThreadPoolExecutor() as pool:  # the shards start side by side
+        with ThreadPoolExecutor() as pool:  # the groups start side by side
             list(pool.map(lambda group: group[0].start(), procs.values()))  # the first of each leads...
             list(pool.map(lambda proc: proc.start(ready=False), [p for g in procs.values() for p in g[1:]]))
         router.start()
@@ -1041,15 +1162,7 @@ def test_servers_and_router_started_from_the_rendered_config_route_to_the_leader
         for leader, standby in procs.values():
             assert (leader.probe("/readyz"), leader.probe("/healthz")) == (200, 200)
             assert (standby.probe("/readyz"), standby.probe("/healthz")) == (503, 200)
-        # The router found each shard's leader among its members (the rendered members, here on
-        # loopback): the standby of each shard is never where its calls go.
-        deadline = time.monotonic() + 10
-        while _router_view(router, env["CRONOQ_METRICS_TOKEN"]).keys() != procs.keys():
-            assert time.monotonic() < deadline, router.logs()
-            time.sleep(0.1)
-        assert _router_view(router, env["CRONOQ_METRICS_TOKEN"]) == {
-            shard: f"https://127.0.0.1:{leader.grpc_port}" for shard, (leader, _) in procs.items()
-        }
+        _wait_for_the_leaders(router, env["CRONOQ_METRICS_TOKEN"], procs)
         for shard, pool in SHARD_POOLS.items():
             status, answer = _submit(router, env["CRONOQ_CLIENT_TOKEN"], pool[0])
             assert status == 200, answer
@@ -1060,13 +1173,60 @@ def test_servers_and_router_started_from_the_rendered_config_route_to_the_leader
         assert status == 200, answer
         assert int(answer["id"]) >> SHARD_SHIFT == numbers["gpu"]
         assert _submit(router, "not-a-token-at-all-0000", "llm")[0] == 401
-        test_env = _helm_test_env(rendered, f"https://127.0.0.1:{router.grpc_port}", tls_dir, env)
-        done = subprocess.run(
-            [sys.executable, str(HELM_TEST)],
-            env={**{k: v for k, v in os.environ.items() if k not in OWN_ENV}, **test_env},
-            capture_output=True,
-            text=True,
-            timeout=120,
+        _run_the_helm_test(rendered, router, tls_dir, env)
+
+
+def test_without_shards_the_rendered_config_sends_every_call_and_worker_to_the_leader(
+    helm: Path, tmp_path: Path, postgres_url: str, pg_schema: str
+) -> None:
+    """The unsharded config run for real: its servers lead and stand by, the router finds the leader
+    among ``[router] members`` (the group it calls ``main``), never the standby, serves a task
+    submitted to it, refuses a bad token, and the helm test's script, run against the router as its pod
+    runs it, gets its worker redirected to the leader (over https, to a members name) and its task
+    done."""
+    rendered = render(helm, merge(UNSHARDED_TLS, {"store": {"postgres": {"schema": pg_schema}}}))
+    tls_dir = _pki(tmp_path / "tls", [])
+    env = {**_tokens(), DATABASE_URL_ENV: postgres_url}
+    with _cluster_from_chart(rendered, tmp_path, tls_dir, env) as (procs, router):
+        assert list(procs) == [UNSHARDED]
+        ((leader, standby),) = procs.values()
+        assert (leader.probe("/readyz"), standby.probe("/readyz"), standby.probe("/healthz")) == (
+            200,
+            503,
+            200,
         )
-        assert done.returncode == 0, done.stdout + done.stderr
-        assert f"in pool default through https://127.0.0.1:{router.grpc_port}" in done.stdout
+        _wait_for_the_leaders(router, env["CRONOQ_METRICS_TOKEN"], procs)
+        status, answer = _submit(router, env["CRONOQ_CLIENT_TOKEN"], "default")
+        assert status == 200, answer
+        assert _submit(router, "not-a-token-at-all-0000", "default")[0] == 401
+        _run_the_helm_test(rendered, router, tls_dir, env)
+
+
+def _wait_for_the_leaders(
+    router: ServerProcess, token: str, procs: Mapping[str, list[ServerProcess]]
+) -> None:
+    """Until the router has found every group's leader among its members (the rendered members, here on
+    loopback): the first server of each, never its standby."""
+    deadline = time.monotonic() + 10
+    while _router_view(router, token).keys() != procs.keys():
+        assert time.monotonic() < deadline, router.logs()
+        time.sleep(0.1)
+    assert _router_view(router, token) == {
+        shard: f"https://127.0.0.1:{group[0].grpc_port}" for shard, group in procs.items()
+    }
+
+
+def _run_the_helm_test(
+    rendered: Rendered, router: ServerProcess, tls_dir: Path, env: Mapping[str, str]
+) -> None:
+    """The helm test's script, run as its pod runs it against the main Service, here the router."""
+    test_env = _helm_test_env(rendered, f"https://127.0.0.1:{router.grpc_port}", tls_dir, env)
+    done = subprocess.run(
+        [sys.executable, str(HELM_TEST)],
+        env={**{k: v for k, v in os.environ.items() if k not in OWN_ENV}, **test_env},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert f"in pool default through https://127.0.0.1:{router.grpc_port}" in done.stdout

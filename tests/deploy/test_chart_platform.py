@@ -54,20 +54,32 @@ def test_a_shard_schedules_with_its_own_values_and_the_others_with_the_charts(th
     assert cpu["priorityClassName"] == "cronoq-standard"
 
 
+def _spread_by_default(workload: Doc) -> None:
+    (constraint,) = pod_spec(workload)["topologySpreadConstraints"]
+    assert constraint == {
+        "maxSkew": 1,
+        "topologyKey": "kubernetes.io/hostname",
+        "whenUnsatisfiable": "ScheduleAnyway",
+        "labelSelector": {"matchLabels": workload["spec"]["selector"]["matchLabels"]},
+    }
+    assert "affinity" not in pod_spec(workload)
+
+
+def test_without_shards_the_servers_and_the_routers_spread_over_nodes_by_default(helm: Path) -> None:
+    """The leader and its standby prefer different nodes, and so do the two routers."""
+    rendered = render(helm, REQUIRED)
+    assert len(rendered.servers) == len(rendered.routers) == 1
+    for workload in [*rendered.servers, *rendered.routers]:
+        _spread_by_default(workload)
+
+
 def test_every_workload_spreads_its_own_pods_over_nodes_by_default(three_shards: Rendered) -> None:
     """A shard's leader and standby (and two routers) prefer different nodes: the default constraint
     selects exactly that workload's pods. A shard's own constraint without a labelSelector gets the
     shard's."""
     shards = _by_shard(three_shards)
     for workload in [shards["cpu"], shards["gpu"], *three_shards.routers]:
-        (constraint,) = pod_spec(workload)["topologySpreadConstraints"]
-        assert constraint == {
-            "maxSkew": 1,
-            "topologyKey": "kubernetes.io/hostname",
-            "whenUnsatisfiable": "ScheduleAnyway",
-            "labelSelector": {"matchLabels": workload["spec"]["selector"]["matchLabels"]},
-        }
-        assert "affinity" not in pod_spec(workload)
+        _spread_by_default(workload)
     (zone,) = pod_spec(shards["batch"])["topologySpreadConstraints"]
     assert zone["topologyKey"] == "topology.kubernetes.io/zone"
     assert zone["whenUnsatisfiable"] == "DoNotSchedule"
@@ -93,11 +105,12 @@ def test_an_existing_service_account_is_named_and_none_created(helm: Path) -> No
         helm, merge(REQUIRED, {"serviceAccount": {"name": "jobs-runner", "automountToken": True}})
     )
     assert rendered.of_kind("ServiceAccount") == []
-    (server,) = rendered.servers
-    assert pod_spec(server)["serviceAccountName"] == "jobs-runner"
-    assert pod_spec(server)["automountServiceAccountToken"] is True
-    (default,) = render(helm, REQUIRED).servers
-    assert "serviceAccountName" not in pod_spec(default)
+    for workload in [*rendered.servers, *rendered.routers]:
+        assert pod_spec(workload)["serviceAccountName"] == "jobs-runner"
+        assert pod_spec(workload)["automountServiceAccountToken"] is True
+    default = render(helm, REQUIRED)
+    for workload in [*default.servers, *default.routers]:
+        assert "serviceAccountName" not in pod_spec(workload)
 
 
 # ---------------------------------------------------------------- the routers
@@ -193,13 +206,29 @@ def test_listed_clients_alone_reach_the_front_door(helm: Path) -> None:
     assert not _allowed(policies, ROUTER, {"namespace": "elsewhere"}, "http")
 
 
-def test_without_shards_the_servers_are_the_front_door_and_still_fence_metrics(helm: Path) -> None:
-    values = merge(REQUIRED, {"networkPolicy": {"enabled": True}, "metrics": {"enabled": True}})
+@pytest.mark.parametrize(
+    ("target", "source", "port", "allowed"),
+    [
+        (ROUTER, STRANGER, "grpc", True),  # the front door: clients
+        (ROUTER, STRANGER, "http", True),
+        (SERVER, ROUTER, "grpc", True),  # the routers forward to the leader
+        (SERVER, TEST_POD, "grpc", True),  # the helm test's worker, redirected to the leader
+        (SERVER, WORKER, "grpc", True),  # networkPolicy.workers, redirected there by the routers
+        (SERVER, STRANGER, "grpc", False),  # no client reaches a server past the routers
+        (SERVER, STRANGER, "http", False),
+        (SERVER, MONITORING, "metrics", True),  # networkPolicy.metrics
+        (SERVER, STRANGER, "metrics", False),
+        (SERVER, SERVER, "metrics", False),
+    ],
+)
+def test_without_shards_the_routers_are_the_front_door_and_the_servers_fenced(
+    helm: Path, target: dict[str, str], source: dict[str, str], port: str, allowed: bool
+) -> None:
+    np = {key: THREE_SHARDS["networkPolicy"][key] for key in ("enabled", "workers", "metrics")}
+    values = merge(REQUIRED, {"networkPolicy": np, "metrics": {"enabled": True}})
     policies = render(helm, values).of_kind("NetworkPolicy")
-    assert len(policies) == 1
-    assert _allowed(policies, SERVER, STRANGER, "grpc")
-    assert not _allowed(policies, SERVER, STRANGER, "metrics")
-    assert not _allowed(policies, SERVER, SERVER, "metrics")
+    assert len(policies) == 2
+    assert _allowed(policies, target, source, port) is allowed
 
 
 def test_no_network_policy_unless_enabled(helm: Path) -> None:
@@ -280,27 +309,46 @@ def test_the_helm_test_is_a_hook_that_talks_to_the_main_service_with_its_own_wor
         script["data"]["helm_test.py"]
         == (Path(__file__).parents[2] / "charts/cronoq/files/helm_test.py").read_text()
     )
-    env = {var["name"]: var.get("value") for var in pod["spec"]["containers"][0]["env"]}
-    assert env["CRONOQ_TEST_TARGET"] == "https://rel-cronoq.jobs.svc.cluster.local:7070"  # the routers
+    env = _test_env(rendered)
     assert env["CRONOQ_TEST_POOL"] == "default"
     assert pod["spec"]["restartPolicy"] == "Never"
-    insecure = render(
-        helm, merge({k: v for k, v in SHARDED_TLS.items() if k != "tls"}, {"insecurePeerHttp": True})
-    )
-    (pod,) = insecure.of_kind("Pod")
-    env = {var["name"]: var.get("value") for var in pod["spec"]["containers"][0]["env"]}
-    assert env["CRONOQ_TEST_TARGET"] == "http://rel-cronoq.jobs.svc.cluster.local:7070"
-    assert env["CRONOQ_TEST_INSECURE_REDIRECT_HTTP"] == "1"  # the router redirects it to http:// shards
     assert render(helm, merge(REQUIRED, {"helmTest": {"enabled": False}})).of_kind("Pod") == []
+
+
+@pytest.mark.parametrize(
+    ("values", "scheme", "insecure_redirect"),
+    [
+        pytest.param(SHARDED_TLS, "https", False, id="sharded-tls"),
+        pytest.param(
+            merge({k: v for k, v in SHARDED_TLS.items() if k != "tls"}, {"insecurePeerHttp": True}),
+            "http",
+            True,
+            id="sharded-insecure",
+        ),
+        pytest.param(REQUIRED, "http", True, id="unsharded-insecure"),
+    ],
+)
+def test_the_helm_test_goes_through_the_routers_and_follows_them_to_plain_http_only_if_trusted(
+    helm: Path, values: dict[str, Any], scheme: str, insecure_redirect: bool
+) -> None:
+    """Its target is the main Service, the routers, shards or not; its worker may follow their
+    redirect to a server over plain http:// only where the chart trusts it (insecurePeerHttp, no TLS)."""
+    env = _test_env(render(helm, values))
+    assert env["CRONOQ_TEST_TARGET"] == f"{scheme}://rel-cronoq.jobs.svc.cluster.local:7070"
+    assert env.get("CRONOQ_TEST_INSECURE_REDIRECT_HTTP") == ("1" if insecure_redirect else None)
+
+
+def _test_env(rendered: Rendered) -> dict[str, Any]:
+    """The helm test pod's environment, by name (None for a secretKeyRef)."""
+    (pod,) = rendered.of_kind("Pod")
+    return {var["name"]: var.get("value") for var in pod["spec"]["containers"][0]["env"]}
 
 
 def test_the_helm_test_uses_the_first_declared_pool_unless_told(helm: Path) -> None:
     """So that a release whose pools have other names renders (and tests) without a helmTest value."""
     values = merge(REQUIRED, {"config": '[[pools]]\nname = "gpu"\n[[pools]]\nname = "cpu"\n'})
     for extra, pool in (({}, "gpu"), ({"helmTest": {"pool": "cpu"}}, "cpu")):
-        (pod,) = render(helm, merge(values, extra)).of_kind("Pod")
-        env = {var["name"]: var.get("value") for var in pod["spec"]["containers"][0]["env"]}
-        assert env["CRONOQ_TEST_POOL"] == pool
+        assert _test_env(render(helm, merge(values, extra)))["CRONOQ_TEST_POOL"] == pool
 
 
 def test_the_notes_send_clients_to_the_routers_never_to_a_shard(helm: Path, tmp_path: Path) -> None:
@@ -312,11 +360,14 @@ def test_the_notes_send_clients_to_the_routers_never_to_a_shard(helm: Path, tmp_
         assert f"svc/rel-cronoq-{shard}" not in notes
 
 
-def test_the_notes_without_shards_forward_to_the_leader(helm: Path, tmp_path: Path) -> None:
-    """The main Service also reaches standbys there (readiness: all), and a port-forward stays on the
-    pod it picked: the NOTES forward to the server whose /readyz answers 200."""
+def test_the_notes_without_shards_send_clients_to_the_routers(helm: Path, tmp_path: Path) -> None:
+    """Without shards too the NOTES forward to the main Service, the routers (a port-forward to it
+    reaches a router, which sends each call to the leader), never to a server pod or the servers'
+    Service, and tell workers they need the insecure-redirect option over plain http."""
     notes = render_notes(helm, REQUIRED, tmp_path)
-    assert "proxy/readyz" in notes
-    assert "port-forward svc/" not in notes
-    leader_only = render_notes(helm, merge(REQUIRED, {"readiness": "leader"}), tmp_path / "leader")
-    assert "port-forward svc/rel-cronoq 7071:7071" in leader_only
+    assert "port-forward svc/rel-cronoq 7071:7071" in notes
+    assert "gRPC  http://rel-cronoq.jobs.svc.cluster.local:7070" in notes
+    assert "behind 2 routers" in notes
+    assert "proxy/readyz" not in notes and "svc/rel-cronoq-server" not in notes
+    assert "servers: http://rel-cronoq-server.jobs.svc.cluster.local:7070" in notes
+    assert "workers need their own insecure-redirect\noption" in notes

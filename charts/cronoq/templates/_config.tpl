@@ -1,6 +1,6 @@
 {{/*
-The cronoq.toml every server pod reads: the chart's own tables from the values, then the `config`
-value. Strings go through toJson, whose escapes are valid TOML basic strings.
+The cronoq.toml every server and router pod reads: the chart's own tables from the values, then the
+`config` value. Strings go through toJson, whose escapes are valid TOML basic strings.
 */}}
 
 {{/* Where the pods mount what the config names. */}}
@@ -26,6 +26,7 @@ value. Strings go through toJson, whose escapes are valid TOML basic strings.
 # cronoq.toml rendered by the Helm chart {{ .Chart.Name }}-{{ .Chart.Version }} for release {{ .Release.Name }}.
 # The chart's tables come first, the `config` value follows them. Check a change with
 #   cronoq-server --config cronoq.toml --check   (with the token and database variables set)
+#   cronoq-router --config cronoq.toml --check   (with the token variables set)
 
 [server]
 # 0.0.0.0 inside the pod: the server then requires the tokens below.
@@ -47,16 +48,14 @@ key_path = "{{ include "cronoq.tlsDir" $ }}/tls.key"
 # mTLS: clients present a certificate signed by ca.crt ([[auth.certs]] in config maps them to roles).
 client_ca_path = "{{ include "cronoq.tlsDir" $ }}/ca.crt"
 {{- end }}
-{{- if $.Values.shards }}
 
 [server.peer_tls]
-# Other shards' certificates must chain to this CA.
+# The servers' certificates (the routers' members and endpoints, other shards) must chain to this CA.
 ca_path = "{{ include "cronoq.tlsDir" $ }}/ca.crt"
 {{- if $.Values.tls.clientCerts }}
-# What this server presents to other shards, which require client certificates too.
+# What a router (or a shard's server) presents to the servers it calls, which require client certificates.
 cert_path = "{{ include "cronoq.tlsDir" $ }}/tls.crt"
 key_path = "{{ include "cronoq.tlsDir" $ }}/tls.key"
-{{- end }}
 {{- end }}
 {{- end }}
 {{- range $role, $env := include "cronoq.tokenEnvs" . | fromJson }}
@@ -75,23 +74,28 @@ schema = {{ include "cronoq.pgSchema" . | toJson }}
 path = "{{ include "cronoq.dataDir" . }}/state.db"
 {{- end }}
 keep_finished_s = {{ int64 .Values.store.keepFinishedS }}
-{{- if .Values.shards }}
 
 [router]
 # Read by cronoq-router only (the servers ignore it): the front door, behind the main Service.
 grpc_addr = "0.0.0.0:7070"
 http_addr = "0.0.0.0:7071"
-{{- end }}
-{{- range $shard := .Values.shards }}
-{{- $replicas := hasKey $shard "replicas" | ternary $shard.replicas $.Values.replicas }}
+{{- range $group := (include "cronoq.groups" . | fromJson).groups }}
+{{- $where := dict "root" $ "shard" $group.shard "replicas" $group.replicas }}
+{{- if not $group.shard }}
+# Without shards: the servers' Service, used while no member is known to lead, and each server (the
+# StatefulSet's pods), which the router asks which one leads and sends every call and worker to.
+endpoint = {{ include "cronoq.groupEndpoint" $where | toJson }}
+members = {{ include "cronoq.groupMembers" $where }}
+{{- else }}
 
 [[shards]]
-name = {{ $shard.name | toJson }}
-number = {{ int64 $shard.number }}
-endpoint = {{ include "cronoq.shardEndpoint" (dict "root" $ "shard" $shard.name) | toJson }}
+name = {{ $group.shard | toJson }}
+number = {{ int64 $group.number }}
+endpoint = {{ include "cronoq.groupEndpoint" $where | toJson }}
 # Each server of the shard (its StatefulSet's pods): the router and the other shards ask them which leads.
-members = {{ include "cronoq.shardMembers" (dict "root" $ "shard" $shard.name "replicas" $replicas) }}
-pools = {{ $shard.pools | default list | toJson }}
+members = {{ include "cronoq.groupMembers" $where }}
+pools = {{ $group.pools | toJson }}
+{{- end }}
 {{- end }}
 {{- with .Values.config }}
 

@@ -24,18 +24,23 @@ contains the chart name, so `helm install cronoq` does not create "cronoq-cronoq
 {{- end -}}
 {{- end }}
 
-{{/* The resource names of a shard: its Deployment, Service and disruption budget. */}}
-{{- define "cronoq.shardName" -}}
-{{- printf "%s-%s" (include "cronoq.fullname" .root) .shard -}}
+{{/*
+The name of a group of servers' StatefulSet, Service and disruption budget (called with {root, shard}):
+<fullname>-<shard> for a shard, <fullname>-server for the servers of an install without shards (shard
+""). Neither is the main Service's name (<fullname>, the routers') nor the routers' (<fullname>-router);
+_validate.tpl refuses the shard names "server" and "router" that would make them meet.
+*/}}
+{{- define "cronoq.groupName" -}}
+{{- printf "%s-%s" (include "cronoq.fullname" .root) (.shard | default "server") -}}
 {{- end }}
 
-{{/* Labels that identify this release's server pods; Deployments and Services select on them. */}}
+{{/* Labels that identify this release's server pods; StatefulSets and Services select on them. */}}
 {{- define "cronoq.selectorLabels" -}}
 {{ include "cronoq.instanceLabels" . }}
 app.kubernetes.io/component: server
 {{- end }}
 
-{{/* Labels that identify this release's router pods (installs with shards). */}}
+{{/* Labels that identify this release's router pods. */}}
 {{- define "cronoq.routerSelectorLabels" -}}
 {{ include "cronoq.instanceLabels" . }}
 app.kubernetes.io/component: router
@@ -72,48 +77,41 @@ app.kubernetes.io/component: router
 {{- end }}
 
 {{/*
-The groups of server pods, as JSON {"groups": [...]}: one group named <fullname> serving every pool
-(a Deployment), or one group per shard named <fullname>-<shard> (a StatefulSet, so that each server
-has a stable name the shard's `members` list it by). Each group is one workload, one disruption budget
-and (for a shard) two Services; its pods carry the label cronoq.io/shard. A group carries its
-scheduling: a shard's own resources, nodeSelector, tolerations, affinity, topologySpreadConstraints
-and priorityClassName where it sets them, the chart-wide values otherwise.
+The groups of server pods, as JSON {"groups": [...]}: one per shard named <fullname>-<shard>, or
+without shards one group named <fullname>-server serving every pool. Each group is one StatefulSet (so
+that each server has a stable name the group's `members` list it by), one disruption budget and two
+Services (its endpoint and the headless one naming its members); a shard's group also has its number
+and pools, and its pods carry the label cronoq.io/shard. A group carries its scheduling: a shard's own
+resources, nodeSelector, tolerations, affinity, topologySpreadConstraints and priorityClassName where
+it sets them, the chart-wide values otherwise.
 */}}
 {{- define "cronoq.groups" -}}
 {{- $groups := list -}}
 {{- $scheduling := list "resources" "nodeSelector" "tolerations" "affinity" "topologySpreadConstraints" "priorityClassName" -}}
-{{- if .Values.shards -}}
-{{- range $shard := .Values.shards -}}
-{{- $name := include "cronoq.shardName" (dict "root" $ "shard" $shard.name) -}}
-{{- $group := dict "name" $name "shard" $shard.name "replicas" (hasKey $shard "replicas" | ternary $shard.replicas $.Values.replicas) -}}
+{{- range $shard := .Values.shards | default (list (dict "name" "")) -}}
+{{- $name := include "cronoq.groupName" (dict "root" $ "shard" $shard.name) -}}
+{{- $group := dict "name" $name "shard" $shard.name "number" $shard.number "pools" ($shard.pools | default list) "replicas" (hasKey $shard "replicas" | ternary $shard.replicas $.Values.replicas) -}}
 {{- range $key := $scheduling -}}
 {{- $_ := set $group $key (hasKey $shard $key | ternary (get $shard $key) (get $.Values $key)) -}}
-{{- end -}}
-{{- $groups = append $groups $group -}}
-{{- end -}}
-{{- else -}}
-{{- $group := dict "name" (include "cronoq.fullname" .) "shard" "" "replicas" .Values.replicas -}}
-{{- range $key := $scheduling -}}
-{{- $_ := set $group $key (get $.Values $key) -}}
 {{- end -}}
 {{- $groups = append $groups $group -}}
 {{- end -}}
 {{- dict "groups" $groups | toJson -}}
 {{- end }}
 
-{{/* The headless Service that gives each server of a shard its DNS name (called with {root, shard}). */}}
+{{/* The headless Service that gives each server of a group its DNS name (called with {root, shard}). */}}
 {{- define "cronoq.membersName" -}}
-{{- printf "%s-members" (include "cronoq.shardName" .) -}}
+{{- printf "%s-members" (include "cronoq.groupName" .) -}}
 {{- end }}
 
 {{/*
-A shard's `members`: each of its servers' gRPC address, <statefulset>-<i>.<members Service>, so the
-router and the other shards find the leader by health check and never send a call to a standby
-(called with {root, shard, replicas}).
+A group's `members` (a shard's, or [router] members without shards): each of its servers' gRPC
+address, <statefulset>-<i>.<members Service>, so the routers (and the other shards) find the leader by
+health check and never send a call to a standby (called with {root, shard, replicas}).
 */}}
-{{- define "cronoq.shardMembers" -}}
+{{- define "cronoq.groupMembers" -}}
 {{- $members := list -}}
-{{- $statefulSet := include "cronoq.shardName" . -}}
+{{- $statefulSet := include "cronoq.groupName" . -}}
 {{- $service := include "cronoq.membersName" . -}}
 {{- range $i := until (int .replicas) -}}
 {{- $members = append $members (printf "%s://%s-%d.%s.%s.svc.%s:7070" (include "cronoq.scheme" $.root) $statefulSet $i $service $.root.Release.Namespace $.root.Values.clusterDomain) -}}
@@ -121,7 +119,7 @@ router and the other shards find the leader by health check and never send a cal
 {{- $members | toJson -}}
 {{- end }}
 
-{{/* The router's Deployment, budget and autoscaler (installs with shards). */}}
+{{/* The routers' Deployment, budget, autoscaler, NetworkPolicy and ServiceMonitor. */}}
 {{- define "cronoq.routerName" -}}
 {{- printf "%s-router" (include "cronoq.fullname" .) -}}
 {{- end }}
@@ -236,9 +234,9 @@ cronoq.io/shard: {{ .group.shard }}
 {{- if .Values.tls.secretName }}https{{ else }}http{{ end -}}
 {{- end }}
 
-{{/* A shard's endpoint: its Service's gRPC port, by its cluster DNS name. */}}
-{{- define "cronoq.shardEndpoint" -}}
-{{- $service := include "cronoq.shardName" . -}}
+{{/* A group's endpoint: its Service's gRPC port, by its cluster DNS name (called with {root, shard}). */}}
+{{- define "cronoq.groupEndpoint" -}}
+{{- $service := include "cronoq.groupName" . -}}
 {{- printf "%s://%s.%s.svc.%s:7070" (include "cronoq.scheme" .root) $service .root.Release.Namespace .root.Values.clusterDomain -}}
 {{- end }}
 
@@ -259,7 +257,7 @@ cronoq.io/shard: {{ .group.shard }}
   protocol: TCP
 {{- end }}
 
-{{/* The metrics port of the Services in front of servers, with metrics.enabled. */}}
+{{/* The metrics port of each group's Service, with metrics.enabled. */}}
 {{- define "cronoq.metricsServicePort" -}}
 {{- if .Values.metrics.enabled }}
 - name: metrics

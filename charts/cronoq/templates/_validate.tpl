@@ -5,6 +5,9 @@ values, and the mistakes that would otherwise only show as crash-looping pods.
 */}}
 {{- define "cronoq.validate" -}}
 {{- $v := .Values -}}
+{{- if hasKey $v "readiness" -}}
+{{- fail "readiness was removed in chart 0.2.0: the routers are now the front door of every install and find the leader among the servers themselves, so the servers are always ready while healthy (/healthz), roll one at a time and each group has its PodDisruptionBudget; delete readiness from your values" -}}
+{{- end -}}
 {{- if not $v.auth.existingSecret -}}
 {{- fail "auth.existingSecret is required: the servers listen on 0.0.0.0, which needs credentials; create a Secret with the keys client, worker, metrics and admin (one token each) and name it here" -}}
 {{- end -}}
@@ -24,10 +27,10 @@ values, and the mistakes that would otherwise only show as crash-looping pods.
 
 {{- define "cronoq.validateRouter" -}}
 {{- $v := .Values -}}
-{{- if and $v.shards (eq $v.readiness "leader") -}}
-{{- fail "readiness: leader is for installs without shards: with shards the routers and the servers find each shard's leader by health check among its members, and a shard's StatefulSet would stop updating at its first standby, which is never ready; use readiness: all" -}}
+{{- if and (not $v.tls.secretName) (not $v.insecurePeerHttp) -}}
+{{- fail "set tls.secretName or insecurePeerHttp: true: the routers (the front door) forward callers' tokens to the servers and redirect workers to them, so the servers must be reached encrypted (tls.secretName) or explicitly trusted over plain http (insecurePeerHttp, trusted cluster networks only; workers then need their insecure-redirect option)" -}}
 {{- end -}}
-{{- if and $v.shards $v.router.autoscaling.enabled (not (dig "requests" "cpu" "" $v.router.resources)) -}}
+{{- if and $v.router.autoscaling.enabled (not (dig "requests" "cpu" "" $v.router.resources)) -}}
 {{- fail "router.autoscaling.enabled needs router.resources.requests.cpu: the autoscaler scales on CPU use relative to it" -}}
 {{- end -}}
 {{- if and $v.router.autoscaling.enabled (lt (int $v.router.autoscaling.maxReplicas) (int $v.router.autoscaling.minReplicas)) -}}
@@ -60,9 +63,6 @@ values, and the mistakes that would otherwise only show as crash-looping pods.
 
 {{- define "cronoq.validateShards" -}}
 {{- $v := .Values -}}
-{{- if and $v.shards (not $v.tls.secretName) (not $v.insecurePeerHttp) -}}
-{{- fail "shards need tls.secretName or insecurePeerHttp: true: servers forward callers' tokens to other shards and workers follow redirects to them, so shard endpoints must be encrypted (tls.secretName) or explicitly trusted (insecurePeerHttp, trusted cluster networks only)" -}}
-{{- end -}}
 {{- $names := dict -}}
 {{- $numbers := dict -}}
 {{- $owners := dict -}}
@@ -72,6 +72,9 @@ values, and the mistakes that would otherwise only show as crash-looping pods.
 {{- end -}}
 {{- if eq $shard.name "router" -}}
 {{- fail (printf "shards[%d]: the name \"router\" is the router's (%s): choose another" $i (include "cronoq.routerName" $)) -}}
+{{- end -}}
+{{- if eq $shard.name "server" -}}
+{{- fail (printf "shards[%d]: the name \"server\" is that of the servers of an install without shards (%s, %s): choose another" $i (include "cronoq.groupName" (dict "root" $ "shard" "")) (include "cronoq.membersName" (dict "root" $ "shard" ""))) -}}
 {{- end -}}
 {{- $_ := set $names $shard.name $i -}}
 {{- $number := toString (int64 $shard.number) -}}
@@ -85,13 +88,16 @@ values, and the mistakes that would otherwise only show as crash-looping pods.
 {{- end -}}
 {{- $_ := set $owners $pool $shard.name -}}
 {{- end -}}
-{{- $service := include "cronoq.membersName" (dict "root" $ "shard" $shard.name) -}}
-{{- if gt (len $service) 63 -}}
-{{- fail (printf "shards[%d] (%s): its Service name %s is longer than 63 characters; use a shorter shard name or fullnameOverride" $i $shard.name $service) -}}
 {{- end -}}
-{{- $statefulSet := include "cronoq.shardName" (dict "root" $ "shard" $shard.name) -}}
-{{- if gt (len $statefulSet) 52 -}}
-{{- fail (printf "shards[%d] (%s): its StatefulSet name %s is longer than 52 characters (its pods' controller-revision-hash label would exceed 63); use a shorter shard name or fullnameOverride" $i $shard.name $statefulSet) -}}
+{{- range $i, $group := (include "cronoq.groups" . | fromJson).groups -}}
+{{- $which := "the servers" -}}
+{{- if $group.shard }}{{ $which = printf "shards[%d] (%s)" $i $group.shard }}{{ end -}}
+{{- $service := include "cronoq.membersName" (dict "root" $ "shard" $group.shard) -}}
+{{- if gt (len $service) 63 -}}
+{{- fail (printf "%s: its Service name %s is longer than 63 characters; use a shorter release or shard name, or fullnameOverride" $which $service) -}}
+{{- end -}}
+{{- if gt (len $group.name) 52 -}}
+{{- fail (printf "%s: its StatefulSet name %s is longer than 52 characters (its pods' controller-revision-hash label would exceed 63); use a shorter release or shard name, or fullnameOverride" $which $group.name) -}}
 {{- end -}}
 {{- end -}}
 {{- end }}
@@ -107,7 +113,7 @@ owning an undeclared pool).
 {{- if hasKey $config "Error" -}}
 {{- fail (printf "config is not valid TOML: %s" $config.Error) -}}
 {{- end -}}
-{{- range $table := list "server" "store" "shards" -}}
+{{- range $table := list "server" "store" "router" "shards" -}}
 {{- if hasKey $config $table -}}
 {{- fail (printf "config must not contain [%s]: the chart writes it from its values (see values.yaml)" $table) -}}
 {{- end -}}
