@@ -618,6 +618,14 @@ def test_without_shards_the_monitors_scrape_the_servers_service_and_the_routers(
     }
 
 
+def test_log_level_with_library_targets_reaches_every_server_and_router(helm: Path) -> None:
+    """``logLevel`` is CRONOQ_LOG, which takes per-library targets (docs/operations.md, Logs)."""
+    level = "info,grpc=debug,psycopg.pool=info"
+    rendered = render(helm, merge(SHARDED, {"logLevel": level}))
+    workloads = [*rendered.servers, *rendered.routers]
+    assert len(workloads) == 3 and all(env_of(w)["CRONOQ_LOG"]["value"] == level for w in workloads)
+
+
 # ---------------------------------------------------------------- tokens and secrets
 
 
@@ -875,6 +883,11 @@ def _shards(*entries: dict[str, Any]) -> dict[str, Any]:
         ),
         pytest.param(
             merge(REQUIRED, {"replica": 3}), "Additional property replica is not allowed", id="typo"
+        ),
+        pytest.param(
+            merge(REQUIRED, {"logLevel": "info,grpc=loud"}),
+            "logLevel: Does not match pattern",
+            id="log-level",
         ),
     ],
 )

@@ -379,6 +379,7 @@ def test_the_rendered_configuration_loads_in_the_operator(
         ),
         ((*SEED_SETS, "intervalSeconds=0"), "intervalSeconds"),
         ((*SEED_SETS, "replicas=2"), "replicas"),
+        ((*SEED_SETS, "logLevel=verbose"), "logLevel: Does not match pattern"),
     ],
 )
 def test_the_chart_refuses_values_the_operator_could_not_run_with(
