@@ -1,19 +1,41 @@
-"""The server's Prometheus exposition of figures that no integration test can move cheaply."""
+"""The server's ``/metrics`` page, as prometheus-client writes it from the shard's families: figures no
+integration test can move cheaply, and the format details a scraper relies on."""
 
 from __future__ import annotations
 
-from cronoq.engine import Engine
+from collections.abc import Iterable
+
+import pytest
+from prometheus_client.metrics_core import Metric
+
+from cronoq import __version__
+from cronoq.engine import Engine, compiled
 from cronoq.engine.model import PoolConfig, TaskSpec
+from cronoq.engine.snapshot import EngineSnapshot
+from cronoq.prometheus import Exposition, family
 from shard import metrics
-from shard.runtime import CommitFailures
+from shard.runtime import CommitFailures, CommitStats
+from tests.prometheus import openmetrics_families
+
+OPENMETRICS = "application/openmetrics-text; version=1.0.0"
+
+
+def page(families: Iterable[Metric], accept: str = "") -> str:
+    families = list(families)
+    body, _ = Exposition(lambda: families, store="memory").render(accept)
+    return body.decode()
+
+
+def leader_page(snap: EngineSnapshot, accept: str = "", commits: CommitStats | None = None) -> str:
+    return page(metrics.families(snap, {}, shard="", watch_streams=0, commits=commits), accept)
 
 
 def test_skipped_recurring_starts_are_exposed_as_a_counter() -> None:
     snap = Engine([PoolConfig("default")]).snapshot(1_000.0)
     snap.totals.recurring_skipped = 7
-    text = metrics.render(snap, {}, shard="", watch_streams=0)
+    text = leader_page(snap)
     assert "# TYPE cronoq_recurring_skipped_total counter" in text
-    assert "\ncronoq_recurring_skipped_total 7\n" in text
+    assert "\ncronoq_recurring_skipped_total 7.0\n" in text
 
 
 def test_ready_tasks_are_exposed_apart_from_those_waiting_for_their_start() -> None:
@@ -21,14 +43,54 @@ def test_ready_tasks_are_exposed_apart_from_those_waiting_for_their_start() -> N
     whose start is tomorrow, which must not make the CronoqWorkWithoutWorkers alert fire."""
     engine = Engine([PoolConfig("default")])
     engine.submit([TaskSpec(pool="default"), TaskSpec(pool="default", start=1_000.0 + 86_400)], 1_000.0)
-    text = metrics.render(engine.snapshot(1_000.0), {}, shard="", watch_streams=0)
+    text = leader_page(engine.snapshot(1_000.0))
     assert "# TYPE cronoq_pool_ready gauge" in text
-    assert '\ncronoq_pool_ready{pool="default"} 1\n' in text
-    assert 'cronoq_pool_pending{pool="default",priority="normal"} 2' in text
+    assert '\ncronoq_pool_ready{pool="default"} 1.0\n' in text
+    assert '\ncronoq_pool_pending{pool="default",priority="normal"} 2.0\n' in text
 
 
 def test_commit_failures_are_counted_by_kind() -> None:
-    text = metrics.render_commit_failures(CommitFailures(retried=3, fatal=1))
+    text = page([metrics.commit_failures(CommitFailures(retried=3, fatal=1))])
     assert "# TYPE cronoq_store_commit_failures_total counter" in text
-    assert 'cronoq_store_commit_failures_total{kind="retried"} 3\n' in text
-    assert 'cronoq_store_commit_failures_total{kind="fatal"} 1\n' in text
+    assert '\ncronoq_store_commit_failures_total{kind="retried"} 3.0\n' in text
+    assert '\ncronoq_store_commit_failures_total{kind="fatal"} 1.0\n' in text
+
+
+def test_openmetrics_page_parses_and_counters_have_no_created_sample() -> None:
+    """Every family of a leader with a durable store, resources and a commit summary written as
+    OpenMetrics passes prometheus-client's strict OpenMetrics parser: counters typed without ``_total``
+    and sampled with it, the quantile-only commit summary accepted, ``# EOF`` last. No ``_created``
+    sample in either format: cronoq's counters count from what the store kept, not from a moment."""
+    engine = Engine([PoolConfig("default")])
+    commits = CommitStats()
+    commits.add(0.002, 3)
+    text = leader_page(engine.snapshot(1_000.0), OPENMETRICS, commits)
+    assert text.endswith("\n# EOF\n")
+    parsed = openmetrics_families(text)
+    assert parsed["cronoq_tasks"].type == "counter"
+    assert {s.name for s in parsed["cronoq_tasks"].samples} == {"cronoq_tasks_total"}
+    assert parsed["cronoq_store_commit_seconds"].type == "summary"
+    assert parsed["cronoq_build"].type == "info"
+    assert "_created" not in text
+    assert "_created" not in leader_page(engine.snapshot(1_000.0), commits=commits)
+
+
+def test_build_info_names_version_engine_and_store() -> None:
+    body, content_type = Exposition(list, store="sqlite").render("")
+    text = body.decode()
+    assert content_type == "text/plain; version=0.0.4; charset=utf-8"
+    engine = "compiled" if compiled() else "python"
+    assert f'\ncronoq_build_info{{engine="{engine}",store="sqlite",version="{__version__}"}} 1.0\n' in text
+    # The standard collectors: process (on Linux), platform and GC.
+    for name in (
+        "process_cpu_seconds_total",
+        "process_resident_memory_bytes",
+        "python_info",
+        "python_gc_objects_collected_total",
+    ):
+        assert f"\n# TYPE {name} " in text, name
+
+
+def test_a_counter_must_be_named_total() -> None:
+    with pytest.raises(ValueError, match=r"counter cronoq_tasks must be named \.\.\._total"):
+        family("cronoq_tasks", "counter", "Tasks.", [])
