@@ -2,9 +2,10 @@
 
 A memory-store server gets ``N`` queued tasks over ``--pools`` pools and ``W`` connected worker streams
 (one slot each, every one holding a lease it never finishes), then is scraped ``--scrapes`` times in a
-row. The page is rendered on the server's event loop (it reads the engine), so a scrape's time is how
-long the loop is taken from scheduling; printed: the median and the worst scrape, and the page's size.
-Nothing here asserts: the numbers are for people.
+row. Printed: the median and the worst scrape and the page's size; and how long ``/healthz`` takes to
+answer, asked again and again, on its own and while the scrapes run: the families are collected on the
+server's event loop (they read the engine), so what a scrape takes from the loop shows there as the
+probe's worst time. Nothing here asserts: the numbers are for people.
 """
 
 from __future__ import annotations
@@ -16,7 +17,9 @@ import tempfile
 import time
 import urllib.request
 from pathlib import Path
+from typing import Any
 
+import aiohttp
 import grpc
 
 from cronoq.client import Client, task
@@ -36,6 +39,31 @@ def config(pools: int) -> str:
         "[limits]\nmax_tasks_per_batch = 1000\nmax_pending_per_pool = 10000000\n"
         f"max_pending_total = 10000000\nmax_concurrent_streams = 100000\n\n{tables}"
     )
+
+
+def scrapes(server: ServerProcess, n: int) -> tuple[list[float], int]:
+    """Seconds of ``n`` ``/metrics`` pages asked one after the other, and the last page's size."""
+    times, size = [], 0
+    for _ in range(n):
+        seconds, size = scrape(server)
+        times.append(seconds)
+    return times, size
+
+
+async def probe(server: ServerProcess, done: asyncio.Future[Any]) -> list[float]:
+    """Seconds of each ``/healthz`` answer, asked one after the other until ``done``."""
+    times = []
+    async with aiohttp.ClientSession() as http:
+        while not done.done():
+            t0 = time.perf_counter()
+            async with http.get(f"{server.http}/healthz") as response:
+                await response.read()
+            times.append(time.perf_counter() - t0)
+    return times
+
+
+def ms(times: list[float]) -> str:
+    return f"median {statistics.median(times) * 1e3:.2f} ms, worst {max(times) * 1e3:.2f} ms"
 
 
 def scrape(server: ServerProcess) -> tuple[float, int]:
@@ -67,21 +95,21 @@ async def load(
     return streams
 
 
-async def measure(tasks: int, workers: int, pools: int, scrapes: int) -> None:
+async def measure(tasks: int, workers: int, pools: int, n: int) -> None:
     with tempfile.TemporaryDirectory() as directory, running_server(Path(directory), config(pools)) as server:
         t0 = time.perf_counter()
         streams = await load(server, tasks, workers, pools)
         print(
             f"loaded {tasks:,} tasks and {workers} busy workers over {pools} pools in {time.perf_counter() - t0:.1f} s"
         )
-        times, size = [], 0
-        for _ in range(scrapes):
-            seconds, size = await asyncio.to_thread(scrape, server)
-            times.append(seconds)
-        print(
-            f"/metrics: median {statistics.median(times) * 1e3:.2f} ms, worst {max(times) * 1e3:.2f} ms "
-            f"over {scrapes} scrapes; {size:,} bytes (engine compiled: {compiled()})"
-        )
+        alone = asyncio.get_running_loop().create_future()
+        asyncio.get_running_loop().call_later(2.0, alone.set_result, None)
+        quiet = await probe(server, alone)
+        scraping = asyncio.ensure_future(asyncio.to_thread(scrapes, server, n))
+        busy = await probe(server, scraping)
+        times, size = await scraping
+        print(f"/metrics: {ms(times)} over {n} scrapes; {size:,} bytes (engine compiled: {compiled()})")
+        print(f"/healthz alone: {ms(quiet)}; while scraping: {ms(busy)}")
         for call in streams:
             call.cancel()
 

@@ -13,6 +13,7 @@ default one would make a second server's collectors clash with the first's.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable, Iterable, Mapping
 from typing import Literal, TypeVar
 
@@ -91,12 +92,30 @@ class Exposition:
         GCCollector(registry=self.registry)
         self.registry.register(_Scraped(families, build_info(store)))
 
-    def render(self, accept: str) -> tuple[bytes, str]:
+    async def render(self, accept: str) -> tuple[bytes, str]:
         """The page and its content type for a request's ``Accept`` header: OpenMetrics to a scraper
         that asks for ``application/openmetrics-text``, text format 0.0.4 otherwise (prometheus-client's
-        negotiation)."""
+        negotiation).
+
+        The families are collected on the event loop, the only place the engine may be read; writing
+        them out, most of a scrape's time with many pools (prometheus-client formats each sample in
+        Python), happens in a thread, which hands the loop back at every GIL switch interval instead of
+        holding it for the whole page."""
         encode, content_type = choose_encoder(accept)
-        return encode(self.registry), content_type
+        collected = _Collected(list(self.registry.collect()))
+        return await asyncio.to_thread(encode, collected), content_type
+
+
+class _Collected:
+    """Families already collected, for an encoder to write out away from the event loop."""
+
+    __slots__ = ("_metrics",)
+
+    def __init__(self, metrics: list[Metric]) -> None:
+        self._metrics = metrics
+
+    def collect(self) -> Iterable[Metric]:
+        return self._metrics
 
 
 __all__ = ["Exposition", "Kind", "Sample", "build_info", "family", "labelled"]

@@ -20,43 +20,43 @@ from tests.prometheus import openmetrics_families
 OPENMETRICS = "application/openmetrics-text; version=1.0.0"
 
 
-def page(families: Iterable[Metric], accept: str = "") -> str:
+async def page(families: Iterable[Metric], accept: str = "") -> str:
     families = list(families)
-    body, _ = Exposition(lambda: families, store="memory").render(accept)
+    body, _ = await Exposition(lambda: families, store="memory").render(accept)
     return body.decode()
 
 
-def leader_page(snap: EngineSnapshot, accept: str = "", commits: CommitStats | None = None) -> str:
-    return page(metrics.families(snap, {}, shard="", watch_streams=0, commits=commits), accept)
+async def leader_page(snap: EngineSnapshot, accept: str = "", commits: CommitStats | None = None) -> str:
+    return await page(metrics.families(snap, {}, shard="", watch_streams=0, commits=commits), accept)
 
 
-def test_skipped_recurring_starts_are_exposed_as_a_counter() -> None:
+async def test_skipped_recurring_starts_are_exposed_as_a_counter() -> None:
     snap = Engine([PoolConfig("default")]).snapshot(1_000.0)
     snap.totals.recurring_skipped = 7
-    text = leader_page(snap)
+    text = await leader_page(snap)
     assert "# TYPE cronoq_recurring_skipped_total counter" in text
     assert "\ncronoq_recurring_skipped_total 7.0\n" in text
 
 
-def test_ready_tasks_are_exposed_apart_from_those_waiting_for_their_start() -> None:
+async def test_ready_tasks_are_exposed_apart_from_those_waiting_for_their_start() -> None:
     """``cronoq_pool_ready`` counts what could run now; ``cronoq_pool_pending`` also counts a task
     whose start is tomorrow, which must not make the CronoqWorkWithoutWorkers alert fire."""
     engine = Engine([PoolConfig("default")])
     engine.submit([TaskSpec(pool="default"), TaskSpec(pool="default", start=1_000.0 + 86_400)], 1_000.0)
-    text = leader_page(engine.snapshot(1_000.0))
+    text = await leader_page(engine.snapshot(1_000.0))
     assert "# TYPE cronoq_pool_ready gauge" in text
     assert '\ncronoq_pool_ready{pool="default"} 1.0\n' in text
     assert '\ncronoq_pool_pending{pool="default",priority="normal"} 2.0\n' in text
 
 
-def test_commit_failures_are_counted_by_kind() -> None:
-    text = page([metrics.commit_failures(CommitFailures(retried=3, fatal=1))])
+async def test_commit_failures_are_counted_by_kind() -> None:
+    text = await page([metrics.commit_failures(CommitFailures(retried=3, fatal=1))])
     assert "# TYPE cronoq_store_commit_failures_total counter" in text
     assert '\ncronoq_store_commit_failures_total{kind="retried"} 3.0\n' in text
     assert '\ncronoq_store_commit_failures_total{kind="fatal"} 1.0\n' in text
 
 
-def test_openmetrics_page_parses_and_counters_have_no_created_sample() -> None:
+async def test_openmetrics_page_parses_and_counters_have_no_created_sample() -> None:
     """Every family of a leader with a durable store, resources and a commit summary written as
     OpenMetrics passes prometheus-client's strict OpenMetrics parser: counters typed without ``_total``
     and sampled with it, the quantile-only commit summary accepted, ``# EOF`` last. No ``_created``
@@ -64,7 +64,7 @@ def test_openmetrics_page_parses_and_counters_have_no_created_sample() -> None:
     engine = Engine([PoolConfig("default")])
     commits = CommitStats()
     commits.add(0.002, 3)
-    text = leader_page(engine.snapshot(1_000.0), OPENMETRICS, commits)
+    text = await leader_page(engine.snapshot(1_000.0), OPENMETRICS, commits)
     assert text.endswith("\n# EOF\n")
     parsed = openmetrics_families(text)
     assert parsed["cronoq_tasks"].type == "counter"
@@ -72,11 +72,11 @@ def test_openmetrics_page_parses_and_counters_have_no_created_sample() -> None:
     assert parsed["cronoq_store_commit_seconds"].type == "summary"
     assert parsed["cronoq_build"].type == "info"
     assert "_created" not in text
-    assert "_created" not in leader_page(engine.snapshot(1_000.0), commits=commits)
+    assert "_created" not in await leader_page(engine.snapshot(1_000.0), commits=commits)
 
 
-def test_build_info_names_version_engine_and_store() -> None:
-    body, content_type = Exposition(list, store="sqlite").render("")
+async def test_build_info_names_version_engine_and_store() -> None:
+    body, content_type = await Exposition(list, store="sqlite").render("")
     text = body.decode()
     assert content_type == "text/plain; version=0.0.4; charset=utf-8"
     engine = "compiled" if compiled() else "python"

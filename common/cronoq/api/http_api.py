@@ -138,10 +138,9 @@ def _json(body: object, status: int = 200) -> web.Response:
     return web.Response(text=codec.dump_json(body), status=status, content_type=codec.JSON_TYPE)
 
 
-def _prometheus(exposition: Exposition, request: web.Request) -> web.Response:
-    """The page in the format the request's ``Accept`` asks for, rendered here on the event loop: a
-    scrape reads the engine's and the runtime's figures, which only the loop may touch."""
-    body, content_type = exposition.render(request.headers.get(hdrs.ACCEPT, ""))
+async def _prometheus(exposition: Exposition, request: web.Request) -> web.Response:
+    """The page in the format the request's ``Accept`` asks for."""
+    body, content_type = await exposition.render(request.headers.get(hdrs.ACCEPT, ""))
     return web.Response(body=body, headers={hdrs.CONTENT_TYPE: content_type})
 
 
@@ -407,7 +406,7 @@ class _Gateway:
         async def page(caller: Principal, request: web.Request) -> web.StreamResponse:
             if caller.pools is not None:  # the page covers every pool and process-wide counters
                 raise PermissionDenied("/metrics covers every pool: it needs a credential without pools")
-            return _prometheus(exposition, request)
+            return await _prometheus(exposition, request)
 
         return page
 
@@ -462,7 +461,7 @@ class _Gateway:
         """``/metrics`` without credentials (the metrics listener)."""
 
         async def open_metrics(request: web.Request) -> web.StreamResponse:
-            return _prometheus(exposition, request)
+            return await _prometheus(exposition, request)
 
         _add_route(router, "GET", "/metrics", self._public(open_metrics))
 
