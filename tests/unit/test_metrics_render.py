@@ -3,7 +3,9 @@ integration test can move cheaply, and the format details a scraper relies on.""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import gc
+import weakref
+from collections.abc import Iterable, Iterator
 
 import pytest
 from prometheus_client.metrics_core import Metric
@@ -21,7 +23,7 @@ OPENMETRICS = "application/openmetrics-text; version=1.0.0"
 
 
 async def page(families: Iterable[Metric], accept: str = "") -> str:
-    families = list(families)
+    """The page of one scrape whose collector yields ``families`` (built then, as a server's are)."""
     body, _ = await Exposition(lambda: families, store="memory").render(accept)
     return body.decode()
 
@@ -94,3 +96,32 @@ async def test_build_info_names_version_engine_and_store() -> None:
 def test_a_counter_must_be_named_total() -> None:
     with pytest.raises(ValueError, match=r"counter cronoq_tasks must be named \.\.\._total"):
         family("cronoq_tasks", "counter", "Tasks.", [])
+
+
+async def test_no_garbage_collection_runs_while_a_page_is_alive() -> None:
+    """A large page's samples, collected while alive, would be promoted and bring the next full
+    collection forward (a long stall of the event loop on a server holding many tasks): no collection
+    runs while any family of the page is alive, and the collector is back on afterwards."""
+    snap = Engine([PoolConfig(f"p{i}") for i in range(200)]).snapshot(1_000.0)
+    alive: list[weakref.ref[Metric]] = []
+
+    def families() -> Iterator[Metric]:
+        for built in metrics.families(snap, {}, shard="", watch_streams=0):
+            alive.append(weakref.ref(built))
+            yield built
+
+    exposition = Exposition(families, store="memory")
+    found: list[int] = []  # families of the page alive at each collection
+
+    def record(phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            found.append(sum(ref() is not None for ref in alive))
+
+    gc.collect()  # generation 0 starts empty: the page alone is enough to fill it
+    gc.callbacks.append(record)
+    try:
+        text = (await exposition.render(""))[0].decode()
+    finally:
+        gc.callbacks.remove(record)
+    assert text.count("\ncronoq_pool_pending{") > 700  # more new objects than generation 0 holds
+    assert len(alive) > 20 and not any(found) and gc.isenabled()
