@@ -8,10 +8,12 @@ shard's endpoint, which SDK workers follow.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Iterator
 from typing import Any
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from prometheus_client.metrics_core import Metric
 
 from cronoq.api.grpc_api import AdminServicer, Ctx, TasksServicer, authorize_worker, call, registration
 from cronoq.api.http_listener import HttpBounds, HttpListeners
@@ -23,6 +25,7 @@ from cronoq.config import Config
 from cronoq.errors import NotFound, PermissionDenied, shown
 from cronoq.logs import get_logger
 from cronoq.process import open_file_limit, running_loop_name
+from cronoq.prometheus import Exposition
 from cronoq.serving import api_app, grpc_server, listen_grpc, set_health
 from cronoq.tls import load_server_tls
 from cronoq.v1 import cronoq_pb2_grpc as pbg
@@ -90,10 +93,15 @@ class RouterServer:
         self.grpc_server: Any = None
         self.health = health.aio.HealthServicer()
         self.http = HttpListeners(HttpBounds.from_config(config.server, 1, open_file_limit()))
+        # A router keeps no scheduling state: its build info says store="none".
+        self.exposition = Exposition(self.metric_families, store="none")
 
-    def render_metrics(self) -> str:
-        text = metrics.render(self.service.shards, self.finder, self.peers, self.service)
-        return text + self.request_limits.render() + self.service.limit_hits.render() + self.http.render()
+    def metric_families(self) -> Iterator[Metric]:
+        """The router's families for /metrics: its view of the shards, then its gates and listeners."""
+        yield from metrics.families(self.service.shards, self.finder, self.peers, self.service)
+        yield from self.request_limits.families()
+        yield from self.service.limit_hits.families()
+        yield from self.http.families()
 
     async def start(self) -> None:
         cfg = self.config
@@ -110,7 +118,7 @@ class RouterServer:
         # SERVING for each service it serves, as a leading server says: a checker asking about the one
         # it uses (cronoq.v1.Tasks, say) would otherwise be told NOT_FOUND.
         await set_health(self.health, health_pb2.HealthCheckResponse.SERVING)
-        app = api_app(self.service, cfg, cfg.router.http_addr, tls, self.render_metrics, self.request_limits)
+        app = api_app(self.service, cfg, cfg.router.http_addr, tls, self.exposition, self.request_limits)
         try:
             await self.http.open(
                 "router.http_addr", cfg.router.http_addr, app, tls.ssl_context if tls is not None else None

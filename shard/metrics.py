@@ -1,6 +1,6 @@
-"""Prometheus text exposition (format 0.0.4) of a shard's state, for ``/metrics``.
+"""The metric families of a shard's state, for ``/metrics`` (:mod:`cronoq.prometheus` serves them).
 
-Rendered on demand from the engine snapshot plus the outcome counters the runtime keeps, so scraping
+Built at scrape time from the engine snapshot plus the outcome counters the runtime keeps, so scraping
 costs one snapshot and no background work. ``cronoq_pool_desired_workers`` is the number autoscalers
 (KEDA, HPA, the operator) read.
 """
@@ -8,11 +8,13 @@ costs one snapshot and no background work. ``cronoq_pool_desired_workers`` is th
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+
+from prometheus_client.metrics_core import Metric
 
 from cronoq.engine.model import Priority, Status
 from cronoq.engine.snapshot import EngineSnapshot
-from cronoq.prometheus import Writer as _Writer
+from cronoq.prometheus import Sample, family
 
 from .runtime import CommitFailures, CommitStats
 
@@ -27,28 +29,20 @@ OUTCOMES = (
 )
 
 
-def render_standby(shard: str) -> str:
-    """A standby has no engine to report; it says that it is not the leader."""
-    w = _Writer()
-    _leader(w, shard, False)
-    return w.text()
-
-
-def render_commit_failures(failures: CommitFailures) -> str:
+def commit_failures(failures: CommitFailures) -> Metric:
     """The store's failed commits (durable stores), on a leader's page and a standby's alike: the
     failure that made a leader step down is counted by the process that now stands by."""
-    w = _Writer()
-    w.family(
+    return family(
         "cronoq_store_commit_failures_total",
         "counter",
         "Commits that failed: retried after a passing failure, or fatal (the leader stepped down).",
         [({"kind": "retried"}, float(failures.retried)), ({"kind": "fatal"}, float(failures.fatal))],
     )
-    return w.text()
 
 
-def _leader(w: _Writer, shard: str, leading: bool) -> None:
-    w.family(
+def leader(shard: str, leading: bool) -> Metric:
+    """``cronoq_leader``: a standby has no engine to report and says only that it is not the leader."""
+    return family(
         "cronoq_leader",
         "gauge",
         "1 while this process is the serving leader of its shard.",
@@ -56,45 +50,44 @@ def _leader(w: _Writer, shard: str, leading: bool) -> None:
     )
 
 
-def render(
+def families(
     snap: EngineSnapshot,
     outcomes: Mapping[tuple[str, Status], int],
     *,
     shard: str,
     watch_streams: int,
     commits: CommitStats | None = None,
-) -> str:
-    """The whole exposition. ``outcomes`` counts terminal statuses per (pool, status) since start;
+) -> Iterator[Metric]:
+    """A leader's families. ``outcomes`` counts terminal statuses per (pool, status) since start;
     ``commits`` is given with a durable store."""
-    w = _Writer()
     pools = snap.pools
 
-    def per_pool(attr: str) -> list[tuple[Mapping[str, str], float]]:
+    def per_pool(attr: str) -> list[Sample]:
         return [({"pool": p.name}, float(getattr(p, attr))) for p in pools]
 
-    w.family(
+    yield family(
         "cronoq_pool_desired_workers",
         "gauge",
         "Desired capacity in worker slots (queue pressure, wait objectives, reservations; smoothed).",
         per_pool("desired"),
     )
-    w.family("cronoq_pool_capacity", "gauge", "Worker slots connected to the pool.", per_pool("capacity"))
-    w.family("cronoq_pool_busy", "gauge", "Slots running an attempt.", per_pool("busy"))
-    w.family(
+    yield family("cronoq_pool_capacity", "gauge", "Worker slots connected to the pool.", per_pool("capacity"))
+    yield family("cronoq_pool_busy", "gauge", "Slots running an attempt.", per_pool("busy"))
+    yield family(
         "cronoq_pool_ready",
         "gauge",
         "Tasks ready to run now, waiting for a slot (or for a resource): pending minus those that wait "
         "for a start, their dependencies or a retry's backoff.",
         per_pool("ready"),
     )
-    w.family("cronoq_pool_held", "gauge", "Slots held for upcoming fixed starts.", per_pool("held"))
-    w.family(
+    yield family("cronoq_pool_held", "gauge", "Slots held for upcoming fixed starts.", per_pool("held"))
+    yield family(
         "cronoq_pool_reservations",
         "gauge",
         "Fixed-start reservations active now.",
         per_pool("reservations"),
     )
-    w.family(
+    yield family(
         "cronoq_pool_pending",
         "gauge",
         "Tasks not yet running, by priority class.",
@@ -104,13 +97,13 @@ def render(
             for prio in Priority
         ],
     )
-    w.family(
+    yield family(
         "cronoq_pool_workers_connected",
         "gauge",
         "Worker streams connected to the pool.",
         per_pool("workers_connected"),
     )
-    w.family(
+    yield family(
         "cronoq_pool_wait_seconds",
         "gauge",
         "Ready-to-dispatch wait over the metrics window.",
@@ -120,13 +113,13 @@ def render(
             for q, v in (("0.5", p.wait_p50), ("0.9", p.wait_p90), ("0.99", p.wait_p99))
         ],
     )
-    w.family(
+    yield family(
         "cronoq_pool_utilization",
         "gauge",
         "Busy slot-seconds / capacity slot-seconds over the window.",
         per_pool("utilization"),
     )
-    w.family(
+    yield family(
         "cronoq_tasks_total",
         "counter",
         "Tasks that ended, by outcome.",
@@ -136,7 +129,7 @@ def render(
             for s in OUTCOMES
         ],
     )
-    w.family(
+    yield family(
         "cronoq_dead_letters_total",
         "counter",
         "Tasks dead-lettered after using up their attempts.",
@@ -166,15 +159,15 @@ def render(
             "Late recurring schedules that went on from the present, skipping starts that had passed.",
         ),
     ):
-        w.family(name, "counter", help_text, [({}, float(value))])
-    w.family("cronoq_live_tasks", "gauge", "Tasks not yet finished.", [({}, float(snap.live_tasks))])
-    w.family(
+        yield family(name, "counter", help_text, [({}, float(value))])
+    yield family("cronoq_live_tasks", "gauge", "Tasks not yet finished.", [({}, float(snap.live_tasks))])
+    yield family(
         "cronoq_workers_connected",
         "gauge",
         "Worker streams connected.",
         [({}, float(snap.workers_connected))],
     )
-    w.family(
+    yield family(
         "cronoq_watch_streams",
         "gauge",
         "Open Watch subscriptions (gRPC and HTTP).",
@@ -182,35 +175,37 @@ def render(
     )
     if snap.resources:
         labels = [{"resource": r.name, "kind": r.kind} for r in snap.resources]
-        w.family(
+        yield family(
             "cronoq_resource_capacity",
             "gauge",
             "Permits of a semaphore, or burst of a token bucket ([[resources]]).",
             [(lab, r.capacity) for lab, r in zip(labels, snap.resources, strict=True)],
         )
-        w.family(
+        yield family(
             "cronoq_resource_available",
             "gauge",
             "What a dispatch could take now: free permits, or tokens.",
             [(lab, r.available) for lab, r in zip(labels, snap.resources, strict=True)],
         )
-        w.family(
+        yield family(
             "cronoq_resource_waiting",
             "gauge",
             "READY tasks set aside until the resource has room for them.",
             [(lab, float(r.waiting)) for lab, r in zip(labels, snap.resources, strict=True)],
         )
-    _leader(w, shard, True)
+    yield leader(shard, True)
     if commits is not None:
-        w.family("cronoq_store_commits_total", "counter", "Group commits.", [({}, float(commits.commits))])
-        w.family(
+        yield family(
+            "cronoq_store_commits_total", "counter", "Group commits.", [({}, float(commits.commits))]
+        )
+        yield family(
             "cronoq_store_committed_tasks_total",
             "counter",
             "Task rows written by group commits (a task changed several times in one batch counts once).",
             [({}, float(commits.tasks))],
         )
         seconds = sorted(commits.recent_seconds)
-        w.family(
+        yield family(
             "cronoq_store_commit_seconds",
             "summary",
             "Store commit latency over the most recent commits (up to 4096).",
@@ -222,4 +217,3 @@ def render(
                 for q in ("0.5", "0.9", "0.99")
             ],
         )
-    return w.text()

@@ -31,6 +31,7 @@ import os
 import random
 import signal
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import grpc
@@ -38,6 +39,7 @@ from aiohttp import hdrs, web
 from aiohttp.web_protocol import RequestHandler
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
+from prometheus_client.metrics_core import Metric
 
 from cronoq.api.grpc_api import AdminServicer, TasksServicer
 from cronoq.api.http_api import build_metrics_app
@@ -45,7 +47,7 @@ from cronoq.api.http_listener import HttpBounds, HttpListeners, Listener, waitin
 from cronoq.api.limits import RequestLimits
 from cronoq.auth import Authenticator, Principal
 from cronoq.cluster.discovery import LeaderFinder, forwarding
-from cronoq.cluster.forward import Peers, write_forwarding
+from cronoq.cluster.forward import Peers, forwarded_families
 from cronoq.cluster.shards import ShardMap
 from cronoq.config import Config
 from cronoq.config.model import WebhookScaler
@@ -54,7 +56,7 @@ from cronoq.errors import Unavailable
 from cronoq.limit_hits import LimitHits
 from cronoq.logs import get_logger
 from cronoq.process import open_file_limit, running_loop_name
-from cronoq.prometheus import Writer
+from cronoq.prometheus import Exposition
 from cronoq.serving import api_app, bind_grpc, grpc_server, listen_grpc, set_health
 from cronoq.tls import ServerTls, load_server_tls
 from cronoq.v1 import cronoq_pb2_grpc as pbg
@@ -173,6 +175,7 @@ class ShardServer:
         self._tls: ServerTls | None = None
         listeners = 1 if config.server.metrics_addr is None else 2
         self.http = HttpListeners(HttpBounds.from_config(config.server, listeners, open_file_limit()))
+        self.exposition = Exposition(self.metric_families, store=config.store.KIND)
         self.http_listener: Listener | None = None  # the API's (server.http_addr)
         self.grpc_port = 0
         self._sweeper: asyncio.Task[None] | None = None
@@ -198,26 +201,28 @@ class ShardServer:
             limit_hits=self.limit_hits,
         )
 
-    def render_metrics(self) -> str:
+    def metric_families(self) -> Iterator[Metric]:
+        """The server's families for /metrics: the engine's and the runtime's figures while leading
+        (``cronoq_leader 0`` alone on a standby), then the process-wide ones."""
         runtime = self.runtime
         shard = self.config.server.shard or ""
-        own = self.request_limits.render() + self.limit_hits.render() + self.http.render()
-        if self.store.durable:
-            own += metrics.render_commit_failures(self.commit_failures)
-        if self.peers is not None:  # sharded: calls for other shards' pools go to their leaders
-            w = Writer()
-            write_forwarding(w, self.peers, "cronoq_shard_")
-            own += w.text()
         if runtime is None:
-            return metrics.render_standby(shard) + own
-        text = metrics.render(
-            runtime.engine.snapshot(runtime.clock()),
-            runtime.outcomes,
-            shard=shard,
-            watch_streams=runtime.watch_count,
-            commits=runtime.commit_stats if runtime.store is not None else None,
-        )
-        return text + own
+            yield metrics.leader(shard, False)
+        else:
+            yield from metrics.families(
+                runtime.engine.snapshot(runtime.clock()),
+                runtime.outcomes,
+                shard=shard,
+                watch_streams=runtime.watch_count,
+                commits=runtime.commit_stats if runtime.store is not None else None,
+            )
+        yield from self.request_limits.families()
+        yield from self.limit_hits.families()
+        yield from self.http.families()
+        if self.store.durable:
+            yield metrics.commit_failures(self.commit_failures)
+        if self.peers is not None:  # sharded: calls for other shards' pools go to their leaders
+            yield from forwarded_families(self.peers, "cronoq_shard_")
 
     async def start(self) -> None:
         """Open the store, listen, and begin leading (memory: before returning) or standing by."""
@@ -423,7 +428,7 @@ class ShardServer:
         self._grpc_leading = leading
         await set_health(self.health, health_pb2.HealthCheckResponse.NOT_SERVING)
 
-        app = api_app(self.service, cfg, cfg.server.http_addr, tls, self.render_metrics, self.request_limits)
+        app = api_app(self.service, cfg, cfg.server.http_addr, tls, self.exposition, self.request_limits)
         app.on_response_prepare.append(self._close_unless_serving)
         ssl_context = tls.ssl_context if tls is not None else None
         try:
@@ -434,7 +439,7 @@ class ShardServer:
                 await self.http.open(
                     "server.metrics_addr",
                     cfg.server.metrics_addr,
-                    build_metrics_app(self.service, self.render_metrics),
+                    build_metrics_app(self.service, self.exposition),
                     ssl_context,
                 )
         except OSError:

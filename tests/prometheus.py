@@ -21,6 +21,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from prometheus_client.metrics_core import Metric
+from prometheus_client.openmetrics import parser as openmetrics_parser
 
 MISSING = (
     "{name} is not installed: it comes with Debian's prometheus package, which `make test` installs "
@@ -72,3 +74,10 @@ class PrometheusAPI:
     def label_values(self, label: str, match: str) -> list[str]:
         values: list[str] = self.api(f"label/{label}/values", **{"match[]": match})
         return values
+
+
+def openmetrics_families(text: str) -> dict[str, Metric]:
+    """An OpenMetrics page's families by name, read by prometheus-client's parser, which is strict:
+    it refuses a page without ``# EOF``, a counter sample without ``_total``, a malformed summary."""
+    families = openmetrics_parser.text_string_to_metric_families(text)  # type: ignore[no-untyped-call]
+    return {family.name: family for family in families}

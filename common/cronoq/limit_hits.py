@@ -19,9 +19,11 @@ from contextlib import contextmanager
 from dataclasses import fields
 from typing import TypeVar
 
+from prometheus_client.metrics_core import Metric
+
 from cronoq.config.model import Limits
 from cronoq.errors import ApiError
-from cronoq.prometheus import Writer
+from cronoq.prometheus import family
 
 NOT_COUNTED = frozenset(
     {"keepalive_interval_s", "keepalive_timeout_s", "key_retention_s", "key_retention_max"}
@@ -65,16 +67,14 @@ class LimitHits:
                 self.hit(err.limit)
             raise
 
-    def render(self) -> str:
-        """The ``cronoq_limit_hits_total`` family in Prometheus text format."""
-        w = Writer()
-        w.family(
+    def families(self) -> Iterator[Metric]:
+        """The ``cronoq_limit_hits_total`` family."""
+        yield family(
             METRIC,
             "counter",
             "Requests refused or cut short by a [limits] entry, by limit.",
             [({"limit": name}, float(count)) for name, count in self._counts.items()],
         )
-        return w.text()
 
     def refuse(self, limit: str, error: E) -> E:
         """Count a hit of ``limit`` and return ``error`` (marked) for the caller to raise."""

@@ -35,6 +35,7 @@ from cronoq.api.limits import LimitsInterceptor, RequestLimits, grpc_server_opti
 from cronoq.config import Config, EnvVariable
 from cronoq.config.model import SqliteStoreSection
 from cronoq.process import choose_event_loop, raise_open_file_limit
+from cronoq.prometheus import Exposition
 from cronoq.tls import ServerTls, load_peer_credentials, load_server_tls
 
 # The names a cronoq process's gRPC health service answers for: the process as a whole ("") and each
@@ -253,10 +254,10 @@ def api_app(
     config: Config,
     addr: str,
     tls: ServerTls | None,
-    metrics: Callable[[], str],
+    metrics: Exposition,
     request_limits: RequestLimits,
 ) -> web.Application:
-    """The HTTP/JSON API of ``service`` on ``addr``, with ``/metrics`` rendered by ``metrics``."""
+    """The HTTP/JSON API of ``service`` on ``addr``, with ``/metrics`` served from ``metrics``."""
     return build_http_app(
         service,
         max_body_bytes=config.limits.max_http_body_bytes,

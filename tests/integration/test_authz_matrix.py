@@ -37,6 +37,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from cronoq.api.http_api import _Gateway
 from cronoq.api.openapi import OPENAPI
 from cronoq.auth import Role
+from cronoq.prometheus import Exposition
 from cronoq.transport import UNAVAILABLE_SHARDS_KEY
 from cronoq.v1 import cronoq_pb2 as pb
 from cronoq.v1 import cronoq_pb2_grpc as pbg
@@ -635,7 +636,7 @@ def test_the_tables_cover_every_rpc_and_route() -> None:
     named = {call.name.partition("[")[0] for call in GRPC_CALLS}
     assert rpcs | {"grpc.health.v1.Health.Check"} == named
     routes = {(method.upper(), path) for path, methods in OPENAPI["paths"].items() for method in methods}
-    gateway = _Gateway(None, max_body_bytes=0, metrics=lambda: "", sse_keepalive_s=1)  # type: ignore[arg-type]
+    gateway = _Gateway(None, max_body_bytes=0, metrics=Exposition(list, store="memory"), sse_keepalive_s=1)  # type: ignore[arg-type]
     routes |= {(method, path) for method, path, _, _ in gateway.routes()}
     tested = set()
     for call in HTTP_CALLS:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import re
 import signal
 import subprocess
 import sys
@@ -25,7 +24,7 @@ from cronoq.serving import SQLITE_FAILOVER_NOTE
 from tests.ports import free_port
 
 from . import test_tls
-from .helpers import sqlite_store, worker
+from .helpers import Metrics, sqlite_store, worker
 from .serverproc import ServerProcess, running_server
 from .test_auth import CLIENT, METRICS, WORKER
 from .test_auth import CONFIG as AUTH_CONFIG
@@ -198,15 +197,15 @@ async def test_metrics_exposition(server: ServerProcess) -> None:
             lambda: urllib.request.urlopen(f"{server.http}/metrics", timeout=5).read()
         )
     text = body.decode()
-    assert 'cronoq_tasks_total{pool="default",outcome="succeeded"} 1' in text
-    assert 'cronoq_pool_capacity{pool="default"} 2' in text
-    assert 'cronoq_pool_pending{pool="other",priority="normal"} 1' in text
+    metrics = Metrics(text)
+    assert metrics("cronoq_tasks_total", pool="default", outcome="succeeded") == 1
+    assert metrics("cronoq_pool_capacity", pool="default") == 2
+    assert metrics("cronoq_pool_pending", pool="other", priority="normal") == 1
     # autoscale = true (the default): the autoscaler's target, within [min, max] = [1, 16]
-    desired = re.search(r'^cronoq_pool_desired_workers\{pool="default"\} (\d+)$', text, re.MULTILINE)
-    assert desired is not None and 1 <= int(desired.group(1)) <= 16
-    assert 'cronoq_pool_held{pool="default"} 0' in text
-    assert 'cronoq_pool_reservations{pool="default"} 0' in text
-    assert "cronoq_recurring_conflicts_total 0" in text
+    assert 1 <= metrics("cronoq_pool_desired_workers", pool="default") <= 16
+    assert metrics("cronoq_pool_held", pool="default") == 0
+    assert metrics("cronoq_pool_reservations", pool="default") == 0
+    assert metrics("cronoq_recurring_conflicts_total") == 0
     assert "# TYPE cronoq_tasks_total counter" in text
 
 

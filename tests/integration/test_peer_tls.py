@@ -20,7 +20,7 @@ from cronoq.errors import FailedPrecondition, Unavailable
 from tests.pki import issue, new_ca
 from tests.ports import free_ports
 
-from .helpers import token
+from .helpers import Metrics, token
 from .serverproc import ServerProcess, write_config
 from .shardproc import ShardSpec, cluster_tables, stopped_after
 from .test_tls import Pki, _https, _tls_config
@@ -149,10 +149,10 @@ async def test_shards_and_the_router_forward_over_mutual_tls(tmp_path: Path, pee
                 assert resp.status == 403
             async with http.get("/metrics", headers={"authorization": f"Bearer {METRICS_TOKEN}"}) as resp:
                 assert resp.status == 200
-                text = await resp.text()
+                metrics = Metrics(await resp.text())
         endpoint = f"https://{shards['b'].target}"
-        assert f'cronoq_router_shard_leader{{shard="b",endpoint="{endpoint}"}} 1' in text
-        assert 'cronoq_router_forwarded_total{shard="b",method="Submit",outcome="ok"} 1' in text
+        assert metrics("cronoq_router_shard_leader", shard="b", endpoint=endpoint) == 1
+        assert metrics("cronoq_router_forwarded_total", shard="b", method="Submit", outcome="ok") == 1
 
 
 async def test_forwarding_to_a_shard_whose_certificate_does_not_verify_fails_clearly(

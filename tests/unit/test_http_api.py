@@ -12,7 +12,7 @@ import base64
 import contextlib
 import json
 import re
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -24,7 +24,7 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from cronoq.api import http_codec as codec
-from cronoq.api.http_api import PROMETHEUS_TYPE, build_http_app
+from cronoq.api.http_api import build_http_app
 from cronoq.api.openapi import OPENAPI
 from cronoq.auth import Authenticator, Role, TokenEntry
 from cronoq.engine import Engine
@@ -43,6 +43,7 @@ from cronoq.engine.model import (
     TokenBucket,
 )
 from cronoq.errors import Unavailable
+from cronoq.prometheus import Exposition, family
 from cronoq.v1 import cronoq_pb2 as pb
 from shard.outputs import OutputCache
 from shard.runtime import Runtime
@@ -55,6 +56,7 @@ ADMIN = "admin-token-0123456789"
 OTHER_ONLY = "other-pool-client-token"
 NO_POOLS = "no-pool-client-token-0123"
 MAX_BODY = 4096
+UP = Exposition(lambda: [family("cronoq_up", "gauge", "Up.", [({}, 1.0)])], store="memory")
 Client = TestClient[web.Request, web.Application]
 
 
@@ -131,7 +133,7 @@ class Api:
 
 @contextlib.asynccontextmanager
 async def serve(
-    *, auth: bool = True, metrics: Callable[[], str] | None = None, max_body: int = MAX_BODY
+    *, auth: bool = True, metrics: Exposition | None = None, max_body: int = MAX_BODY
 ) -> AsyncIterator[Api]:
     pools = [
         PoolConfig("default", max=8, retry=RetryRule(max_attempts=2, initial_backoff=0.01, jitter=False)),
@@ -372,7 +374,7 @@ async def test_routes_that_read_no_body_refuse_one_before_acting(api: Api) -> No
 async def test_an_unknown_query_parameter_is_refused_on_every_route_before_acting(
     method: str, url: str, token: str | None, body: object, name: str
 ) -> None:
-    async with serve(metrics=lambda: "cronoq_up 1\n") as api:
+    async with serve(metrics=UP) as api:
         task_id = await api.submit()
         schedule = {"name": "nightly", "cron": "0 3 * * *"}
         assert (await api.call("POST", "/v1/recurring", schedule, token=ADMIN))[0] == 200
@@ -1046,11 +1048,20 @@ async def test_recurring_roles(api: Api) -> None:
 
 
 async def test_metrics_text_needs_the_metrics_role() -> None:
-    async with serve(metrics=lambda: "cronoq_up 1\n") as api:
+    async with serve(metrics=UP) as api:
         async with api.client.get("/metrics", headers={"Authorization": f"Bearer {METRICS}"}) as resp:
             assert resp.status == 200
-            assert resp.headers["Content-Type"] == PROMETHEUS_TYPE
-            assert await resp.text() == "cronoq_up 1\n"
+            assert resp.headers["Content-Type"] == "text/plain; version=0.0.4; charset=utf-8"
+            assert "\ncronoq_up 1.0\n" in await resp.text()
+        openmetrics = {
+            "Authorization": f"Bearer {METRICS}",
+            "Accept": "application/openmetrics-text; version=1.0.0",
+        }
+        async with api.client.get("/metrics", headers=openmetrics) as resp:
+            assert resp.status == 200
+            assert resp.headers["Content-Type"].startswith("application/openmetrics-text; version=1.0.0;")
+            page = await resp.text()
+            assert "\ncronoq_up 1.0\n" in page and page.endswith("\n# EOF\n")
         assert (await api.call("GET", "/metrics"))[0] == 403
     async with serve() as api:
         status, answer = await api.call("GET", "/metrics", token=METRICS)
@@ -1196,7 +1207,7 @@ def response_schema(method: str, path: str, status: int) -> dict[str, Any]:
 
 
 async def test_every_route_is_described_by_the_openapi_document() -> None:
-    async with serve(metrics=lambda: "") as api:
+    async with serve(metrics=UP) as api:
         routes = {
             (route.method, route.resource.canonical)
             for route in api.client.app.router.routes()

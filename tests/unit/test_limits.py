@@ -56,12 +56,12 @@ def test_counts_start_at_zero_and_render_as_one_counter_family() -> None:
     hits = LimitHits()
     hits.hit("max_list")
     hits.hit("max_list")
-    text = hits.render()
-    assert text.startswith("# HELP cronoq_limit_hits_total ")
-    assert "# TYPE cronoq_limit_hits_total counter" in text
-    assert 'cronoq_limit_hits_total{limit="max_list"} 2' in text
-    assert 'cronoq_limit_hits_total{limit="max_tasks_per_batch"} 0' in text
-    assert "keepalive" not in text and len(text.splitlines()) == 2 + len(COUNTED)
+    [counter] = hits.families()
+    assert (counter.name, counter.type) == ("cronoq_limit_hits", "counter")
+    assert {s.name for s in counter.samples} == {"cronoq_limit_hits_total"}
+    by_limit = {s.labels["limit"]: s.value for s in counter.samples}
+    assert by_limit["max_list"] == 2 and by_limit["max_tasks_per_batch"] == 0
+    assert "keepalive_timeout_s" not in by_limit and len(by_limit) == len(COUNTED)
     with pytest.raises(ValueError, match="not a counted limit"):
         hits.hit("keepalive_timeout_s")
     with pytest.raises(ValueError, match="not a counted limit"):
@@ -177,7 +177,10 @@ def test_gates_refuse_one_more_and_free_their_place() -> None:
         pass
     counts = limits.hits.counts()
     assert (counts["max_concurrent_requests"], counts["max_concurrent_streams"]) == (1, 1)
-    assert "cronoq_requests_in_flight 0" in limits.render()
+    assert {m.name: m.samples[0].value for m in limits.families()} == {
+        "cronoq_requests_in_flight": 0,
+        "cronoq_streams_open": 0,
+    }
 
 
 async def test_deadline_cancels_the_call_and_counts() -> None:

@@ -36,7 +36,7 @@ from cronoq.errors import (
 from cronoq.hosts import is_loopback_host_header
 from cronoq.limit_hits import LimitHits
 from cronoq.logs import get_logger
-from cronoq.prometheus import CONTENT_TYPE as PROMETHEUS_CONTENT_TYPE
+from cronoq.prometheus import Exposition
 from cronoq.transport import FORWARDED_KEY, UNAVAILABLE_SHARDS_KEY
 from cronoq.v1 import cronoq_pb2 as pb
 
@@ -45,7 +45,6 @@ from .handler import RequestHandler
 from .limits import RequestLimits, limits_middleware
 from .openapi import OPENAPI
 
-PROMETHEUS_TYPE = PROMETHEUS_CONTENT_TYPE
 SSE_KEEPALIVE_S = 15.0
 PROBES = frozenset({"/healthz", "/readyz"})
 OPENAPI_JSON = codec.dump_json(OPENAPI)
@@ -139,8 +138,10 @@ def _json(body: object, status: int = 200) -> web.Response:
     return web.Response(text=codec.dump_json(body), status=status, content_type=codec.JSON_TYPE)
 
 
-def _prometheus(render: Callable[[], str]) -> web.Response:
-    return web.Response(body=render().encode(), headers={hdrs.CONTENT_TYPE: PROMETHEUS_TYPE})
+async def _prometheus(exposition: Exposition, request: web.Request) -> web.Response:
+    """The page in the format the request's ``Accept`` asks for."""
+    body, content_type = await exposition.render(request.headers.get(hdrs.ACCEPT, ""))
+    return web.Response(body=body, headers={hdrs.CONTENT_TYPE: content_type})
 
 
 async def _defer_continue(request: web.Request) -> None:
@@ -214,14 +215,14 @@ class _Gateway:
         service: RequestHandler,
         *,
         max_body_bytes: int | None,
-        metrics: Callable[[], str] | None,
+        metrics: Exposition | None,
         sse_keepalive_s: float,
         limit_hits: LimitHits | None = None,
     ) -> None:
         self.service = service
         self.limit_hits = limit_hits
         self.max_body_bytes = max_body_bytes  # None: a listener without routes that read a body
-        self.metrics_text = metrics
+        self.exposition = metrics
         self.sse_keepalive_s = sse_keepalive_s
 
     def _authorized(self, role: Role, endpoint: Endpoint) -> Handler:
@@ -401,13 +402,13 @@ class _Gateway:
         req = pb.RemoveRecurringRequest(name=request.match_info["name"])
         return {"removed": (await _ask(self.service.remove_recurring(caller, req))).removed}
 
-    def metrics(self, render: Callable[[], str]) -> Endpoint:
-        async def text(caller: Principal, request: web.Request) -> web.StreamResponse:
-            if caller.pools is not None:  # the text covers every pool and process-wide counters
+    def metrics(self, exposition: Exposition) -> Endpoint:
+        async def page(caller: Principal, request: web.Request) -> web.StreamResponse:
+            if caller.pools is not None:  # the page covers every pool and process-wide counters
                 raise PermissionDenied("/metrics covers every pool: it needs a credential without pools")
-            return _prometheus(render)
+            return await _prometheus(exposition, request)
 
-        return text
+        return page
 
     # ----------------------------------------------------------------------------------- probes
 
@@ -442,8 +443,8 @@ class _Gateway:
             ("POST", "/v1/recurring", Role.ADMIN, strict(self.add_recurring, body=True)),
             ("DELETE", "/v1/recurring/{name}", Role.ADMIN, strict(self.remove_recurring)),
         ]
-        if self.metrics_text is not None:
-            routes.append(("GET", "/metrics", Role.METRICS, strict(self.metrics(self.metrics_text))))
+        if self.exposition is not None:
+            routes.append(("GET", "/metrics", Role.METRICS, strict(self.metrics(self.exposition))))
         return routes
 
     def add_routes(self, router: web.UrlDispatcher) -> None:
@@ -456,11 +457,11 @@ class _Gateway:
         _add_route(router, "GET", "/healthz", self._public(self.healthz))
         _add_route(router, "GET", "/readyz", self._public(self.readyz))
 
-    def add_open_metrics_route(self, router: web.UrlDispatcher, metrics: Callable[[], str]) -> None:
+    def add_open_metrics_route(self, router: web.UrlDispatcher, exposition: Exposition) -> None:
         """``/metrics`` without credentials (the metrics listener)."""
 
         async def open_metrics(request: web.Request) -> web.StreamResponse:
-            return _prometheus(metrics)
+            return await _prometheus(exposition, request)
 
         _add_route(router, "GET", "/metrics", self._public(open_metrics))
 
@@ -504,7 +505,7 @@ def build_http_app(
     *,
     max_body_bytes: int,
     loopback_only_guard: bool,
-    metrics: Callable[[], str] | None = None,
+    metrics: Exposition | None = None,
     sse_keepalive_s: float = SSE_KEEPALIVE_S,
     require_client_cert: bool = False,
     limits: RequestLimits | None = None,
@@ -512,8 +513,8 @@ def build_http_app(
     """The HTTP/JSON application of a shard server or a router.
 
     ``loopback_only_guard`` (set when no credential is configured) refuses requests whose ``Host`` is not
-    a loopback name, except the probes. ``metrics`` renders the Prometheus text for ``/metrics`` (the
-    route is absent without it). ``require_client_cert`` (mTLS) refuses every route but the probes to a caller
+    a loopback name, except the probes. ``metrics`` serves ``/metrics`` (text format 0.0.4, or OpenMetrics
+    when asked for; the route is absent without it). ``require_client_cert`` (mTLS) refuses every route but the probes to a caller
     without a verified client certificate. ``limits`` (shared with the process's gRPC server) bounds
     concurrent requests and streams and each request's time, and counts limit hits.
     """
@@ -532,7 +533,7 @@ def build_http_app(
     return app
 
 
-def build_metrics_app(service: RequestHandler, metrics: Callable[[], str]) -> web.Application:
+def build_metrics_app(service: RequestHandler, metrics: Exposition) -> web.Application:
     """The ``server.metrics_addr`` listener: ``/metrics`` without credentials, for a Prometheus on an
     internal network, plus the probes. Nothing else is served there, so binding it internally exposes
     counters and nothing that changes state."""
@@ -543,4 +544,4 @@ def build_metrics_app(service: RequestHandler, metrics: Callable[[], str]) -> we
     return app
 
 
-__all__ = ["PROMETHEUS_TYPE", "build_http_app", "build_metrics_app"]
+__all__ = ["build_http_app", "build_metrics_app"]

@@ -35,6 +35,7 @@ import asyncio
 import json
 import ssl
 from collections import Counter
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Final
 
@@ -42,10 +43,11 @@ from aiohttp import web
 from aiohttp.web_protocol import RequestHandler
 from aiohttp.web_request import BaseRequest
 from aiohttp.web_response import StreamResponse
+from prometheus_client.metrics_core import Metric
 
 from cronoq.config.model import ServerSection
 from cronoq.logs import get_logger
-from cronoq.prometheus import Writer
+from cronoq.prometheus import family
 from cronoq.transport import NOT_RECEIVED_KEY, unadmitted
 
 from .http_api import error_body
@@ -286,21 +288,20 @@ class HttpListeners:
             await listener.close()
         self.listeners.clear()
 
-    def render(self) -> str:
-        w = Writer()
-        w.family(
+    def families(self) -> Iterator[Metric]:
+        yield family(
             "cronoq_http_connections_open",
             "gauge",
             "HTTP connections open, by listener.",
             [({"listener": x.name}, float(x.open)) for x in self.listeners],
         )
-        w.family(
+        yield family(
             "cronoq_http_connections_max",
             "gauge",
             "Most HTTP connections a listener holds (server.http_max_connections, after the open-file fit).",
             [({"listener": x.name}, float(x.bounds.max_connections)) for x in self.listeners],
         )
-        w.family(
+        yield family(
             "cronoq_http_connections_closed_total",
             "counter",
             "HTTP connections the server closed or refused, by listener and reason.",
@@ -310,7 +311,6 @@ class HttpListeners:
                 for reason in REASONS
             ],
         )
-        return w.text()
 
 
 __all__ = ["HttpBounds", "HttpListeners", "Listener", "waiting_for_request"]

@@ -30,11 +30,12 @@ import grpc
 from aiohttp import web
 from aiohttp.typedefs import Middleware
 from google.protobuf.message import Message
+from prometheus_client.metrics_core import Metric
 
 from cronoq.config.model import Limits
 from cronoq.errors import ApiError, DeadlineExceeded, ResourceExhausted
 from cronoq.limit_hits import LimitHits
-from cronoq.prometheus import Writer
+from cronoq.prometheus import family
 from cronoq.transport import grpc_status, take_first_message
 
 GRPC_PREFIX = "/cronoq.v1."
@@ -164,22 +165,20 @@ class RequestLimits:
                 ),
             ) from None
 
-    def render(self) -> str:
-        """Gauges of what the gates hold now, in Prometheus text format."""
-        w = Writer()
-        w.family(
+    def families(self) -> Iterator[Metric]:
+        """Gauges of what the gates hold now."""
+        yield family(
             "cronoq_requests_in_flight",
             "gauge",
             "Calls in progress (bounded by limits.max_concurrent_requests).",
             [({}, float(self.requests))],
         )
-        w.family(
+        yield family(
             "cronoq_streams_open",
             "gauge",
             "Work and Watch streams open (bounded by limits.max_concurrent_streams).",
             [({}, float(self.streams))],
         )
-        return w.text()
 
     def oversized(self, size: int) -> ResourceExhausted:
         return self.hits.refuse(

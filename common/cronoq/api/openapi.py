@@ -576,9 +576,15 @@ PATHS: Final[dict[str, Schema]] = {
     "/metrics": {
         "get": {
             "operationId": "metrics",
-            "summary": "Prometheus text format 0.0.4 (metrics role)",
+            "summary": "Prometheus text format 0.0.4, or OpenMetrics 1.0 when Accept asks for it (metrics role)",
             "responses": {
-                "200": {"description": "metrics", "content": {"text/plain": {"schema": STRING}}},
+                "200": {
+                    "description": "metrics",
+                    "content": {
+                        "text/plain": {"schema": STRING},
+                        "application/openmetrics-text": {"schema": STRING},
+                    },
+                },
                 **_error_responses(*_ANY, 401, 403, 503, 404),  # not subject to [limits]
             },
         }

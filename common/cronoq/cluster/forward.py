@@ -11,19 +11,20 @@ from __future__ import annotations
 
 import asyncio
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 from urllib.parse import urlsplit
 
 import grpc
 from google.protobuf.message import Message
+from prometheus_client.metrics_core import Metric
 
 from cronoq.auth import Principal
 from cronoq.config.model import GRPC_STREAMS_PER_CONNECTION
 from cronoq.errors import ApiError, DeadlineExceeded, Unavailable
 from cronoq.hosts import is_loopback_name
-from cronoq.prometheus import Writer, labelled
+from cronoq.prometheus import family, labelled
 from cronoq.transport import (
     FORWARDED_KEY,
     OUTPUT_TYPE_KEY,
@@ -545,16 +546,16 @@ def unwatched() -> None:
     """Stops watching nothing: what :meth:`LeaderSearch.on_silence` returns for a URL it does not watch."""
 
 
-def write_forwarding(w: Writer, peers: Peers, prefix: str) -> None:
+def forwarded_families(peers: Peers, prefix: str) -> Iterator[Metric]:
     """The calls ``peers`` forwarded, as ``{prefix}forwarded_total`` and ``{prefix}retries_total``: a
     router's (``cronoq_router_``) and a sharded server's (``cronoq_shard_``) own view of its peers."""
-    w.family(
+    yield family(
         f"{prefix}forwarded_total",
         "counter",
         "Calls forwarded to a shard, by method and outcome (ok, or the error's code).",
         labelled(peers.calls, ("shard", "method", "outcome")),
     )
-    w.family(
+    yield family(
         f"{prefix}retries_total",
         "counter",
         "Forwarded calls sent again after UNAVAILABLE (when that cannot run them twice).",
