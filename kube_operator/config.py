@@ -5,9 +5,10 @@ credentials given here. Tokens come from the environment (``token_env``, filled 
 ``secretKeyRef``) or from a file (``token_file``, a mounted Secret); they never appear in the file
 itself. A server that requires client certificates (mTLS) is read with ``cert_file`` and ``key_file``
 (a mounted ``kubernetes.io/tls`` Secret), with or without a token. Every file is read again each round,
-so a rotated token or a renewed certificate is picked up without a restart. The file is TOML, read with
-the same key and type checks as ``cronoq.toml`` (unknown keys are errors, with a suggestion), and every
-mistake is reported at once, naming its key (``servers[1].url: ...``).
+so a rotated token or a renewed certificate is picked up without a restart. The file is TOML or YAML (by
+its extension, as ``cronoq.toml``), read with the same key and type checks as the server's configuration
+(unknown keys are errors, with a suggestion), and every mistake is reported at once, naming its key
+(``servers[1].url: ...``).
 """
 
 from __future__ import annotations
@@ -15,16 +16,16 @@ from __future__ import annotations
 import os
 import re
 import ssl
-import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from cronoq.config import ConfigError, EnvVariable, Problem
+from cronoq.config import EnvVariable, Syntax
 from cronoq.config.problems import Problems, show
-from cronoq.config.reader import read_table
+from cronoq.config.reader import read_text
 from cronoq.config.rules import check_env_name, check_name
+from cronoq.config.syntax import read_file
 
 DEFAULT_INTERVAL_S = 15.0
 DEFAULT_TIMEOUT_S = 5.0
@@ -65,21 +66,20 @@ def parse_operator_config(
     text: str,
     *,
     source: str = "<string>",
+    syntax: Syntax = "toml",
     env: Mapping[str, str] | None = None,
     needed: list[EnvVariable] | None = None,
 ) -> OperatorConfig:
-    """The configuration in ``text``, checked: keys, types, ranges, names, URLs, and the secrets and
-    files it names (every ``token_env`` set, every ``token_file``, ``ca_file``, ``cert_file`` and
-    ``key_file`` readable), so that a file that loads is one the operator can run with. ``env``
-    defaults to the process environment. With ``needed`` (``--check``, which runs where the secrets
-    often are not) every ``token_env`` is added to it instead, and an unset one is no problem."""
+    """The configuration in ``text`` (``syntax``: ``"toml"`` or ``"yaml"``), checked: keys, types,
+    ranges, names, URLs, and the secrets and files it names (every ``token_env`` set, every
+    ``token_file``, ``ca_file``, ``cert_file`` and ``key_file`` readable), so that a file that loads is
+    one the operator can run with. ``env`` defaults to the process environment. With ``needed``
+    (``--check``, which runs where the secrets often are not) every ``token_env`` is added to it
+    instead, and an unset one is no problem."""
     problems = Problems()
-    try:
-        document = tomllib.loads(text)
-    except (tomllib.TOMLDecodeError, ValueError) as err:  # ValueError: an integer of > 4300 digits
-        problems.add("", f"not valid TOML: {err}")
-        raise problems.error(source) from None
-    config = read_table(OperatorConfig, document, "", problems)
+    config = read_text(OperatorConfig, text, syntax, problems)
+    if config is None:
+        raise problems.error(source)
     _check(config, os.environ if env is None else env, problems, needed)
     if problems:
         raise problems.error(source)
@@ -92,12 +92,10 @@ def load_operator_config(
     env: Mapping[str, str] | None = None,
     needed: list[EnvVariable] | None = None,
 ) -> OperatorConfig:
-    """:func:`parse_operator_config` on a file."""
-    try:
-        text = Path(path).read_text(encoding="utf-8-sig")
-    except (OSError, UnicodeDecodeError) as err:
-        raise ConfigError([Problem("", f"cannot read the configuration: {err}")], os.fspath(path)) from err
-    return parse_operator_config(text, source=os.fspath(path), env=env, needed=needed)
+    """:func:`parse_operator_config` on a file, in the syntax its extension names (``.toml``,
+    ``.yaml`` or ``.yml``)."""
+    text, syntax = read_file(path)
+    return parse_operator_config(text, source=os.fspath(path), syntax=syntax, env=env, needed=needed)
 
 
 def _check(
