@@ -47,7 +47,7 @@ def read_text(cls: type[T], text: str, syntax: Syntax, problems: Problems) -> T 
 
 def read_table(cls: type[T], table: Mapping[str, object], path: str, problems: Problems, kind: str = "") -> T:
     """An instance of the dataclass ``cls`` from a table; ``kind`` names the variant in messages."""
-    schema = _schema(cls)
+    schema = file_keys(cls)
     values: dict[str, object] = {}
     for key, value in table.items():
         here = key_path(path, key)
@@ -60,20 +60,20 @@ def read_table(cls: type[T], table: Mapping[str, object], path: str, problems: P
         else:
             values[key] = converted
     for name, (spec, annotation) in schema.items():
-        if name not in values and _required(spec):
+        if name not in values and required(spec):
             if name not in table:
                 problems.add(key_path(path, name), "required")
             values[name] = _placeholder(annotation)
     return cls(**values)
 
 
-def _schema(cls: type[Any]) -> dict[str, tuple[Field[Any], Any]]:
+def file_keys(cls: type[Any]) -> dict[str, tuple[Field[Any], Any]]:
     """Key -> (dataclass field, resolved annotation) for the keys a file may set in this table."""
     hints = get_type_hints(cls)
     return {f.name: (f, hints[f.name]) for f in fields(cls) if not f.metadata.get(RESOLVED_KEY)}
 
 
-def _required(spec: Field[Any]) -> bool:
+def required(spec: Field[Any]) -> bool:
     return spec.default is MISSING and spec.default_factory is MISSING
 
 
@@ -193,8 +193,8 @@ def _placeholder(annotation: Any) -> object:
         return annotation(
             **{
                 name: _placeholder(hint)
-                for name, (spec, hint) in _schema(annotation).items()
-                if _required(spec)
+                for name, (spec, hint) in file_keys(annotation).items()
+                if required(spec)
             }
         )
     if isinstance(annotation, type) and issubclass(annotation, enum.Enum):
