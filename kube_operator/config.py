@@ -5,9 +5,11 @@ credentials given here. Tokens come from the environment (``token_env``, filled 
 ``secretKeyRef``) or from a file (``token_file``, a mounted Secret); they never appear in the file
 itself. A server that requires client certificates (mTLS) is read with ``cert_file`` and ``key_file``
 (a mounted ``kubernetes.io/tls`` Secret), with or without a token. Every file is read again each round,
-so a rotated token or a renewed certificate is picked up without a restart. The file is TOML, read with
-the same key and type checks as ``cronoq.toml`` (unknown keys are errors, with a suggestion), and every
-mistake is reported at once, naming its key (``servers[1].url: ...``).
+so a rotated token or a renewed certificate is picked up without a restart. The file is TOML or YAML (by
+its extension, as ``cronoq.toml``), read with the same key and type checks as the server's configuration
+(unknown keys are errors, with a suggestion), and every mistake is reported at once, naming its key
+(``servers[1].url: ...``). As there, the rule of a key's value is in its field's metadata, which the JSON
+Schema of the file is generated from too (:mod:`cronoq.operator.schema`).
 """
 
 from __future__ import annotations
@@ -15,16 +17,17 @@ from __future__ import annotations
 import os
 import re
 import ssl
-import tomllib
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from cronoq.config import ConfigError, EnvVariable, Problem
+from cronoq.config import EnvVariable, Syntax
 from cronoq.config.problems import Problems, show
-from cronoq.config.reader import read_table
-from cronoq.config.rules import check_env_name, check_name
+from cronoq.config.reader import read_text
+from cronoq.config.rules import ENV_NAME, HTTP_SCHEME, NAME, between, check_env_name, checked, matching
+from cronoq.config.syntax import read_file
+from cronoq.config.validate import check_rules
 
 DEFAULT_INTERVAL_S = 15.0
 DEFAULT_TIMEOUT_S = 5.0
@@ -34,13 +37,33 @@ MAX_TIMEOUT_S = 300.0
 _NAMESPACE = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
 
 
+def check_server_url(url: str) -> str | None:
+    """A server's gRPC address as ``http://host:port`` or ``https://host:port``: the port is required
+    (gRPC would otherwise pick 443 for both), and nothing may follow it (gRPC has no path)."""
+    expected = "expected http://host:port or https://host:port (the server's gRPC port)"
+    try:
+        parts = urlsplit(url)
+        port = parts.port
+    except ValueError:
+        return expected
+    if parts.scheme not in ("http", "https") or not parts.hostname or port is None:
+        return expected
+    if parts.username is not None or parts.path not in ("", "/") or parts.query or parts.fragment:
+        return expected
+    return None
+
+
+def check_namespace(name: str) -> str | None:
+    return None if _NAMESPACE.fullmatch(name) else "expected a Kubernetes namespace name"
+
+
 @dataclass(frozen=True, slots=True)
 class ServerEntry:
     """A cronoq server (or router) the operator may read: ``[[servers]]`` in the file."""
 
-    name: str
-    url: str
-    token_env: str | None = None
+    name: str = field(metadata=NAME)
+    url: str = field(metadata=checked(check_server_url, schema=HTTP_SCHEME))
+    token_env: str | None = field(default=None, metadata=ENV_NAME)
     token_file: str | None = None
     ca_file: str | None = None
     cert_file: str | None = None
@@ -53,9 +76,11 @@ class OperatorConfig:
     bounds one snapshot read; ``namespaces`` (empty: all) restricts the scalers the operator acts on."""
 
     servers: tuple[ServerEntry, ...] = ()
-    interval_s: float = DEFAULT_INTERVAL_S
-    timeout_s: float = DEFAULT_TIMEOUT_S
-    namespaces: tuple[str, ...] = ()
+    interval_s: float = field(default=DEFAULT_INTERVAL_S, metadata=between(1, MAX_INTERVAL_S))
+    timeout_s: float = field(default=DEFAULT_TIMEOUT_S, metadata=between(0.1, MAX_TIMEOUT_S))
+    namespaces: tuple[str, ...] = field(
+        default=(), metadata=checked(check_namespace, schema=matching(_NAMESPACE))
+    )
 
     def server(self, name: str) -> ServerEntry | None:
         return next((entry for entry in self.servers if entry.name == name), None)
@@ -65,21 +90,20 @@ def parse_operator_config(
     text: str,
     *,
     source: str = "<string>",
+    syntax: Syntax = "toml",
     env: Mapping[str, str] | None = None,
     needed: list[EnvVariable] | None = None,
 ) -> OperatorConfig:
-    """The configuration in ``text``, checked: keys, types, ranges, names, URLs, and the secrets and
-    files it names (every ``token_env`` set, every ``token_file``, ``ca_file``, ``cert_file`` and
-    ``key_file`` readable), so that a file that loads is one the operator can run with. ``env``
-    defaults to the process environment. With ``needed`` (``--check``, which runs where the secrets
-    often are not) every ``token_env`` is added to it instead, and an unset one is no problem."""
+    """The configuration in ``text`` (``syntax``: ``"toml"`` or ``"yaml"``), checked: keys, types,
+    ranges, names, URLs, and the secrets and files it names (every ``token_env`` set, every
+    ``token_file``, ``ca_file``, ``cert_file`` and ``key_file`` readable), so that a file that loads is
+    one the operator can run with. ``env`` defaults to the process environment. With ``needed``
+    (``--check``, which runs where the secrets often are not) every ``token_env`` is added to it
+    instead, and an unset one is no problem."""
     problems = Problems()
-    try:
-        document = tomllib.loads(text)
-    except (tomllib.TOMLDecodeError, ValueError) as err:  # ValueError: an integer of > 4300 digits
-        problems.add("", f"not valid TOML: {err}")
-        raise problems.error(source) from None
-    config = read_table(OperatorConfig, document, "", problems)
+    config = read_text(OperatorConfig, text, syntax, problems)
+    if config is None:
+        raise problems.error(source)
     _check(config, os.environ if env is None else env, problems, needed)
     if problems:
         raise problems.error(source)
@@ -92,19 +116,16 @@ def load_operator_config(
     env: Mapping[str, str] | None = None,
     needed: list[EnvVariable] | None = None,
 ) -> OperatorConfig:
-    """:func:`parse_operator_config` on a file."""
-    try:
-        text = Path(path).read_text(encoding="utf-8-sig")
-    except (OSError, UnicodeDecodeError) as err:
-        raise ConfigError([Problem("", f"cannot read the configuration: {err}")], os.fspath(path)) from err
-    return parse_operator_config(text, source=os.fspath(path), env=env, needed=needed)
+    """:func:`parse_operator_config` on a file, in the syntax its extension names (``.toml``,
+    ``.yaml`` or ``.yml``)."""
+    text, syntax = read_file(path)
+    return parse_operator_config(text, source=os.fspath(path), syntax=syntax, env=env, needed=needed)
 
 
 def _check(
     config: OperatorConfig, env: Mapping[str, str], problems: Problems, needed: list[EnvVariable] | None
 ) -> None:
-    _range("interval_s", config.interval_s, 1.0, MAX_INTERVAL_S, problems)
-    _range("timeout_s", config.timeout_s, 0.1, MAX_TIMEOUT_S, problems)
+    check_rules(config, "", problems)
     if not config.servers and not problems.failed("servers"):
         problems.add("servers", "required: at least one [[servers]] entry for scalers to name")
     seen: dict[str, str] = {}
@@ -116,16 +137,6 @@ def _check(
             earlier = seen.setdefault(entry.name, name)
             if earlier != name:
                 problems.add(name, f"duplicate server name {show(entry.name)} (also at {earlier})")
-    for index, namespace in enumerate(config.namespaces):
-        if not problems.failed(f"namespaces[{index}]") and not _NAMESPACE.fullmatch(namespace):
-            problems.add(
-                f"namespaces[{index}]", f"expected a Kubernetes namespace name (got {show(namespace)})"
-            )
-
-
-def _range(key: str, value: float, low: float, high: float, problems: Problems) -> None:
-    if not problems.failed(key) and not low <= value <= high:
-        problems.add(key, f"must be at least {show(low)} and at most {show(high)} (got {show(value)})")
 
 
 def _check_server(
@@ -135,10 +146,9 @@ def _check_server(
     problems: Problems,
     needed: list[EnvVariable] | None,
 ) -> None:
-    """Each key's problem, unless reading already reported that key (a wrong type, a missing name)."""
+    """Each key's problem beyond its rule, unless reading or the rules already reported that key (a wrong
+    type, a missing name)."""
     found = [
-        ("name", _quoted(check_name(entry.name), entry.name)),
-        ("url", _quoted(check_server_url(entry.url), entry.url)),
         _token_problem(entry, env, None if needed is None else (needed, f"{path}.token_env")),
         *_tls_problems(entry),
     ]
@@ -152,10 +162,6 @@ def _check_server(
         problems.add(here, problem)
 
 
-def _quoted(problem: str | None, value: str) -> str | None:
-    return None if problem is None else f"{problem} (got {show(value)})"
-
-
 def _token_problem(
     entry: ServerEntry, env: Mapping[str, str], listing: tuple[list[EnvVariable], str] | None
 ) -> tuple[str, str | None]:
@@ -167,13 +173,14 @@ def _token_problem(
     if entry.token_env is not None and entry.token_file is not None:
         return "token_file", "token_env and token_file are exclusive: set one"
     if entry.token_env is not None:
-        wrong = _quoted(check_env_name(entry.token_env), entry.token_env)
+        if check_env_name(entry.token_env) is not None:  # not a variable's name: the key's rule says so
+            return "token_env", None
         is_set = bool(env.get(entry.token_env, "").strip())
-        if wrong is None and listing is not None:
+        if listing is not None:
             listing[0].append(EnvVariable(listing[1], entry.token_env, is_set))
-        elif wrong is None and not is_set:
-            wrong = f"environment variable {entry.token_env} is not set"
-        return "token_env", wrong
+        elif not is_set:
+            return "token_env", f"environment variable {entry.token_env} is not set"
+        return "token_env", None
     if entry.token_file is not None:
         return "token_file", check_token_file(entry.token_file)
     if entry.cert_file is not None or entry.key_file is not None:
@@ -201,22 +208,6 @@ def _tls_problems(entry: ServerEntry) -> list[tuple[str, str | None]]:
     elif entry.cert_file is not None:
         found.append(("key_file", "required with cert_file (the client certificate's private key)"))
     return found
-
-
-def check_server_url(url: str) -> str | None:
-    """A server's gRPC address as ``http://host:port`` or ``https://host:port``: the port is required
-    (gRPC would otherwise pick 443 for both), and nothing may follow it (gRPC has no path)."""
-    expected = "expected http://host:port or https://host:port (the server's gRPC port)"
-    try:
-        parts = urlsplit(url)
-        port = parts.port
-    except ValueError:
-        return expected
-    if parts.scheme not in ("http", "https") or not parts.hostname or port is None:
-        return expected
-    if parts.username is not None or parts.path not in ("", "/") or parts.query or parts.fragment:
-        return expected
-    return None
 
 
 def read_token_file(path: str) -> str:

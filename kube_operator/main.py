@@ -32,7 +32,7 @@ def parser() -> argparse.ArgumentParser:
         "cronoq-operator",
         "Run the cronoq operator: for each CronoqWorkerScaler, read its pool's desired capacity from a "
         "configured cronoq server and set its Deployment's replicas to match.",
-        "the operator's TOML configuration: its servers and their tokens",
+        "the operator's configuration file (TOML: .toml, or YAML: .yaml, .yml): its servers and their tokens",
         CONFIG_ENV,
     )
     p.add_argument(

@@ -20,8 +20,8 @@ def parser() -> argparse.ArgumentParser:
         "Run a cronoq router: the same gRPC and HTTP API as a server, forwarding each call to the leader of "
         "the shard that owns it and fanning listings out to every shard. It keeps no state: run as many "
         "replicas as you like behind one address.",
-        "the cluster's TOML configuration, with its [[shards]]; the router listens on [router] grpc_addr "
-        "and http_addr",
+        "the cluster's configuration file (TOML: .toml, or YAML: .yaml, .yml), with its [[shards]]; the "
+        "router listens on [router] grpc_addr and http_addr",
         "CRONOQ_CONFIG",
     )
 

@@ -26,7 +26,7 @@ def parser() -> argparse.ArgumentParser:
         "cronoq-server",
         "Run a cronoq server: the scheduler, its gRPC API (Tasks, Workers, Admin, health) and the HTTP/JSON "
         "gateway. Without --config: one pool 'default', memory store, loopback only, no auth.",
-        "TOML configuration file",
+        "configuration file: TOML (.toml) or YAML (.yaml, .yml), by its extension",
         "CRONOQ_CONFIG",
     )
     p.add_argument(

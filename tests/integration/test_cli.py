@@ -21,7 +21,7 @@ from grpc_tools import protoc
 from cronoq.client import Client, Lease
 from cronoq.engine import compiled
 from cronoq.serving import SQLITE_FAILOVER_NOTE
-from tests.ports import free_port
+from tests.ports import free_port, free_ports
 
 from . import test_tls
 from .helpers import Metrics, sqlite_store, worker
@@ -138,6 +138,61 @@ def test_check_rejects_a_bad_config_naming_every_key(tmp_path: Path) -> None:
     assert "pools[0].lease_ttl_s" in out.stderr
     assert "pools[0].bogus" in out.stderr
     assert "limits.max_wait_sx" in out.stderr
+
+
+def test_check_reads_yaml_by_the_extension_naming_lines(tmp_path: Path) -> None:
+    """``.yaml`` and ``.yml`` files are YAML, for the server and the router alike; a problem names its
+    key and its line; a name with any other extension is refused, naming the ones accepted."""
+    good = [
+        (
+            run_server_cli,
+            "pools:\n  - name: default\n    max: 4\n  - {name: gpu, lease_ttl_s: 10}\n",
+            "2 pool(s)",
+        ),
+        (run_router_cli, "router:\n  members: [http://s-0:7070, http://s-1:7070]\n", "one unsharded cluster"),
+    ]
+    for run, text, summary in good:
+        (tmp_path / "good.yaml").write_text(text)
+        out = run("--config", str(tmp_path / "good.yaml"), "--check")
+        assert out.returncode == 0, out.stderr
+        assert out.stdout.startswith(f"configuration ok: {summary}")
+    bad = tmp_path / "bad.yml"
+    bad.write_text("pools:\n- name: default\n  lease_ttl_s: -1\n  bogus: 1\nlimits:\n  max_wait_sx: 3\n")
+    out = run_server_cli("--config", str(bad), "--check")
+    assert out.returncode == 1
+    assert out.stderr.splitlines() == [
+        f"cronoq-server: invalid configuration {bad}:",
+        "  - limits.max_wait_sx (line 6): unknown key (did you mean max_wait_s?)",
+        "  - pools[0].bogus (line 4): unknown key",
+        "  - pools[0].lease_ttl_s (line 3): must be > 0 and at most 31536000 (got -1)",
+    ]
+    unknown = tmp_path / "cronoq.conf"
+    unknown.write_text('[[pools]]\nname = "a"\n')
+    for run in (run_server_cli, run_router_cli):
+        out = run("--config", str(unknown), "--check")
+        assert out.returncode == 1
+        assert f"invalid configuration {unknown}:" in out.stderr
+        assert (
+            "cannot tell the syntax from the file name: expected it to end in .toml (TOML), .yaml or .yml (YAML)"
+            in out.stderr
+        )
+
+
+def test_a_server_serves_from_a_yaml_file(tmp_path: Path) -> None:
+    grpc_port, http_port = free_ports(2)
+    config = tmp_path / "cronoq.yaml"
+    config.write_text(
+        f"server:\n  grpc_addr: 127.0.0.1:{grpc_port}\n  http_addr: 127.0.0.1:{http_port}\n"
+        "pools:\n  - name: from-yaml\n    max: 3\n"
+    )
+    server = ServerProcess(config, tmp_path / "server.log", grpc_port=grpc_port, http_port=http_port)
+    server.start()
+    try:
+        with urllib.request.urlopen(f"{server.http}/v1/snapshot", timeout=5) as response:
+            pools = json.load(response)["pools"]
+        assert [pool["name"] for pool in pools] == ["from-yaml"]
+    finally:
+        server.stop()
 
 
 def test_check_rejects_missing_file(tmp_path: Path) -> None:

@@ -1,4 +1,5 @@
-"""The configuration layer: good files load with the right values, bad ones name the offending key.
+"""The configuration layer: good files load with the right values, bad ones name the offending key, in
+TOML and in YAML alike (every bad TOML case is also checked as the same document in YAML).
 
 No sockets and no real environment: every test passes ``env`` explicitly.
 """
@@ -6,6 +7,7 @@ No sockets and no real environment: every test passes ``env`` explicitly.
 from __future__ import annotations
 
 import copy
+import itertools
 import json
 import math
 import tomllib
@@ -15,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -39,6 +42,7 @@ from cronoq.config import (
     ServerSection,
     ShardSection,
     SqliteStoreSection,
+    Syntax,
     TlsSection,
     TokenBucketResource,
     TokenSection,
@@ -51,6 +55,7 @@ from cronoq.config import (
 )
 from cronoq.config.model import MAX_KEY_BYTES
 from cronoq.config.rules import RESOLVED_KEY
+from cronoq.config.syntax import MAX_DEPTH, MAX_VALUES
 from cronoq.engine.model import (
     AutoscaleRule,
     EngineLimits,
@@ -236,18 +241,37 @@ SECTIONS: tuple[type[Any], ...] = (
 )
 
 
-def problems(text: str, env: Mapping[str, str] | None = None, **overrides: Any) -> list[Problem]:
+SYNTAXES: list[Syntax] = ["toml", "yaml"]
+
+
+def in_syntax(toml_text: str, syntax: Syntax) -> str:
+    """The document of ``toml_text`` written in ``syntax``: for YAML, as PyYAML writes it (block style)."""
+    if syntax == "toml":
+        return toml_text
+    return yaml.safe_dump(tomllib.loads(toml_text), sort_keys=False, allow_unicode=True)
+
+
+def problems(
+    text: str, env: Mapping[str, str] | None = None, syntax: Syntax = "toml", **overrides: Any
+) -> list[Problem]:
     with pytest.raises(ConfigError) as caught:
-        parse_config(text, env=ENV if env is None else env, **overrides)
+        parse_config(text, env=ENV if env is None else env, syntax=syntax, **overrides)
     return list(caught.value.problems)
 
 
-def problem_at(text: str, path: str, env: Mapping[str, str] | None = None) -> str:
-    """The message of the one problem reported at ``path`` (fails listing all problems otherwise)."""
-    found = problems(text, env)
-    at = [p.message for p in found if p.path == path]
+def the_problem(
+    text: str, path: str, env: Mapping[str, str] | None = None, syntax: Syntax = "toml"
+) -> Problem:
+    """The one problem reported at ``path`` (fails listing all problems otherwise)."""
+    found = problems(text, env, syntax)
+    at = [p for p in found if p.path == path]
     assert len(at) == 1, [str(p) for p in found]
     return at[0]
+
+
+def problem_at(text: str, path: str, env: Mapping[str, str] | None = None) -> str:
+    """The message of the one problem reported at ``path``."""
+    return the_problem(text, path, env).message
 
 
 def pool(body: str) -> str:
@@ -595,8 +619,8 @@ def test_shards_on_one_sqlite_file_are_refused_naming_them() -> None:
         '(e.g. path = "/var/lib/cronoq/{shard}.db")'
     )
     for path in ("/var/lib/cronoq/state.db", "/var/lib/cronoq/{shard}/../state.db"):
-        for reader in ({}, {"shard": "a"}, {"shard": "c"}):
-            assert [str(p) for p in problems(sqlite_at(path), env={}, **reader)] == [shared], (path, reader)
+        for shard in (None, "a", "c"):
+            assert [str(p) for p in problems(sqlite_at(path), env={}, shard=shard)] == [shared], (path, shard)
         parse_config(sqlite_at(path), env={}, router=True)
     assert [p.message for p in problems(sqlite_at("state.db", "ab"), env={})] == [
         "shards 'a' and 'b' would share the SQLite file 'state.db', where only one server leads: put "
@@ -641,9 +665,44 @@ def test_max_key_len_goes_no_higher_than_a_key_can_take_in_bytes() -> None:
     assert "limits.max_key_len: must be at least 1 and at most 2048 (got 2049)" in str(caught.value)
 
 
-def test_syntax_errors_are_config_errors() -> None:
-    found = problems("[server\n", env={})
-    assert found[0].path == "" and "not valid TOML" in found[0].message
+@pytest.mark.parametrize(
+    ("syntax", "text", "message"),
+    [
+        (
+            "toml",
+            "[server\n",
+            "not valid TOML: Expected ']' at the end of a table declaration (at line 1, column 8)",
+        ),
+        (
+            "yaml",
+            "server:\n  grpc_addr: 'x\n",
+            "not valid YAML: while scanning a quoted scalar, found unexpected end of stream (at line 3, column 1)",
+        ),
+        (
+            "yaml",
+            "server:\n\tgrpc_addr: x\n",
+            "not valid YAML: while scanning for the next token, found character '\\t' that cannot start any token (at line 2, column 1)",
+        ),
+        ("yaml", "pools: *p\n", "not valid YAML: found undefined alias 'p' (at line 1, column 8)"),
+        (
+            "yaml",
+            "a: 1\n---\nb: 2\n",
+            "not valid YAML: expected a single document in the stream, but found another document (at line 2, column 1)",
+        ),
+        (
+            "yaml",
+            "a: \x00\n",
+            "not valid YAML: unacceptable character #x0000: special characters are not allowed (at character 4)",
+        ),
+        (
+            "yaml",
+            "x: " + "[" * 2000 + "]" * 2000,
+            f"not valid YAML: nested more than {MAX_DEPTH} levels deep",
+        ),
+    ],
+)
+def test_syntax_errors_are_config_errors_saying_where(syntax: Syntax, text: str, message: str) -> None:
+    assert [str(p) for p in problems(text, env={}, syntax=syntax)] == [message]
 
 
 def test_read_config_checks_types_but_not_ranges() -> None:
@@ -976,11 +1035,203 @@ BAD: list[tuple[str, str, str]] = [
 BAD_ENV = {**ENV, "EMPTY": "", "SHORT": "too-short"}
 
 
+@pytest.mark.parametrize("syntax", SYNTAXES)
 @pytest.mark.parametrize(
     ("text", "path", "message"), BAD, ids=[f"{i}:{case[1]}" for i, case in enumerate(BAD)]
 )
-def test_bad_config_names_the_offending_key(text: str, path: str, message: str) -> None:
-    assert message in problem_at(text, path, BAD_ENV)
+def test_bad_config_names_the_offending_key(text: str, path: str, message: str, syntax: Syntax) -> None:
+    """The same message for the same mistake in either syntax; in YAML, with the line of the key (or of
+    the nearest enclosing key the file has), which TOML's parser does not tell."""
+    found = the_problem(in_syntax(text, syntax), path, BAD_ENV, syntax)
+    assert message in found.message
+    assert (found.line is not None) == (syntax == "yaml"), found
+
+
+# Mistakes only YAML can make, each with the line it names: YAML's own types where the model wants
+# another (on/yes/no are booleans, dates, hex and exponent numbers, null), keys that are not strings or
+# are given twice, tags, and aliases.
+YAML_BAD: list[tuple[str, str, str, int]] = [
+    ("pools:\n- name: on\n", "pools[0].name", "expected a string (got boolean)", 2),
+    ("pools:\n- name: a\n- name: yes\n", "pools[1].name", "expected a string (got boolean)", 3),
+    ("pools:\n- name: 2024-01-01\n", "pools[0].name", "expected a string (got date)", 2),
+    ("pools:\n- name: 2024-01-01 10:00:00\n", "pools[0].name", "expected a string (got datetime)", 2),
+    ("pools:\n- name: 0x1F\n", "pools[0].name", "expected a string (got integer)", 2),
+    ("pools:\n- name: 1e3\n", "pools[0].name", "expected a string (got float)", 2),
+    ("server:\n  shard: 12\n", "server.shard", "expected a string (got integer)", 2),
+    ("server:\n  grpc_addr:\n", "server.grpc_addr", "expected a string (got null)", 2),
+    ("server: ~\n", "server", "expected a table (got null)", 1),
+    ("pools:\n", "pools", "expected an array of tables (got null)", 1),
+    ("server:\n  insecure_no_auth: 'true'\n", "server.insecure_no_auth", "expected true or false (got string)", 2),
+    ("limits:\n  max_list: '10'\n", "limits.max_list", "expected an integer (got string)", 2),
+    ("pools:\n- name: a\n  overflow: no\n", "pools[0].overflow", "must be one of wait, reject, shed_lowest, shed_oldest (got false)", 3),
+    ("server:\n  on: 1\n", "server.on", "keys must be strings (got boolean): quote it", 2),
+    ("1: x\n", "1", "keys must be strings (got integer): quote it", 1),
+    ("limits:\n  max_list: 1\n  max_deps: 2\n  max_list: 3\n", "limits.max_list", "duplicate key (also on line 2)", 4),
+    ("pools:\n- name: !!binary aGk=\n", "pools[0].name", "the YAML tag !!binary is not supported", 2),
+    ("pools: !!set {a}\n", "pools", "the YAML tag !!set is not supported", 1),
+    ("pools:\n- name: !local x\n", "pools[0].name", "the YAML tag !local is not supported", 2),
+    ("pools: !!str [a]\n", "pools", "the YAML tag !!str does not fit a sequence", 1),
+    ("pools:\n- name: 2024-02-30\n", "pools[0].name", "not a valid timestamp: day is out of range for month", 2),
+    ("pools: &p\n- name: a\n  retry: *p\n", "pools[0].retry", "an alias (*name) of a mapping or sequence that contains it", 3),
+    ("pools:\n- &a\n  name: a\n  retry:\n    <<: *a\n", "pools[0].retry", "<< merges a mapping that contains it", 4),
+    ("pools:\n- name: a\n  retry:\n    <<: [1]\n", "pools[0].retry", "<< merges mappings only (got integer)", 3),
+    # Later checks name lines too: a rule about two keys gives the line of the key it names, a key left
+    # out the line of its entry.
+    ("pools:\n- name: a\n  min: 20\n  max: 10\n", "pools[0].min", "must not exceed max (20 > 10)", 3),
+    ("limits: {}\npools:\n- min: 2\n", "pools[0].name", "required", 3),
+    ("store:\n  kind: postgres\n", "store.url_env", "environment variable DATABASE_URL is not set", 1),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("text", "path", "message", "line"), YAML_BAD, ids=[f"{i}:{case[1]}" for i, case in enumerate(YAML_BAD)]
+)
+def test_yaml_mistakes_name_the_key_and_its_line(text: str, path: str, message: str, line: int) -> None:
+    found = the_problem(text, path, BAD_ENV, "yaml")
+    assert message in found.message and found.line == line, found
+    assert str(found).startswith(f"{path} (line {line}): ")
+
+
+def test_yaml_tags_never_build_python_objects(tmp_path: Path) -> None:
+    """The safe loader builds plain values only; a tag naming a Python callable is a problem, not a call."""
+    target = tmp_path / "made-by-yaml"
+    text = f"pools:\n- name: !!python/object/apply:os.mkdir ['{target}']\n"
+    found = the_problem(text, "pools[0].name", {}, "yaml")
+    assert "the YAML tag !!python/object/apply:os.mkdir is not supported" in found.message
+    assert not target.exists()
+
+
+def test_yaml_nesting_and_aliases_are_bounded() -> None:
+    """A document nested past MAX_DEPTH, or whose aliases or merge keys expand past MAX_VALUES values
+    (the "billion laughs"), is refused instead of exhausting the stack or the memory."""
+    deep = problems("x: " + "[" * 40 + "]" * 40, env={}, syntax="yaml")
+    assert [(p.path, p.message) for p in deep if p.path != "x"] == [
+        ("x" + "[0]" * (MAX_DEPTH - 1), f"nested more than {MAX_DEPTH} levels deep")
+    ]
+    names = [f"k{i}" for i in range(MAX_DEPTH + 2)]
+    chain = "k0: &k0 {a: 1}\n" + "".join(
+        f"{name}: &{name} {{<<: *{previous}}}\n" for previous, name in itertools.pairwise(names)
+    )
+    assert f"<< merges mappings nested more than {MAX_DEPTH} levels deep" in {
+        p.message for p in problems(chain, env={}, syntax="yaml")
+    }
+    too_many = [f"more than {MAX_VALUES} values: a YAML alias (*name) repeats its anchor's values each time"]
+    for laughs in (
+        "a: &a [x, x, x, x, x, x, x, x, x, x]\n"
+        + "".join(
+            f"{name}: &{name} [{', '.join([f'*{previous}'] * 10)}]\n"
+            for previous, name in zip("abcdefg", "bcdefgh", strict=True)
+        ),
+        "a: &a {w: 1, x: 2, y: 3, z: 4}\n"
+        + "".join(
+            f"{name}: &{name} {{<<: [{', '.join([f'*{previous}'] * 10)}]}}\n"
+            for previous, name in zip("abcdefg", "bcdefgh", strict=True)
+        ),
+    ):
+        assert [str(p) for p in problems(laughs, env={}, syntax="yaml")] == too_many
+
+
+def test_the_top_of_a_yaml_file_is_a_mapping_or_nothing() -> None:
+    assert [str(p) for p in problems("- a\n- b\n", env={}, syntax="yaml")] == [
+        "expected a mapping of keys at the top of the file (got array)"
+    ]
+    assert [str(p) for p in problems("just text\n", env={}, syntax="yaml")] == [
+        "expected a mapping of keys at the top of the file (got string)"
+    ]
+    for empty in ("", "# comments only\n", "---\n", "~\n"):  # as an empty TOML file: every default
+        assert (
+            parse_config(empty, syntax="yaml", env={})
+            == parse_config("", env={})
+            == validate_config(default_config(), env={})
+        )
+
+
+def test_a_yaml_file_reads_as_the_same_toml_file() -> None:
+    assert parse_config(in_syntax(FULL, "yaml"), env=ENV, syntax="yaml") == parse_config(FULL, env=ENV)
+    assert read_config(in_syntax(FULL, "yaml"), syntax="yaml") == read_config(FULL)
+
+
+def test_idiomatic_yaml_reads_as_its_toml() -> None:
+    """Flow and block style, comments, quoting, YAML 1.2 exponents, anchors and merge keys (an entry's
+    own keys win over merged ones, and an earlier merged mapping over a later one)."""
+    yaml_text = """
+# cronoq.yaml
+server:
+  grpc_addr: 127.0.0.1:7070      # host:port needs no quotes
+  shutdown_grace_s: 1.5e1
+pools:
+  - name: &first cpu
+    max: 4
+    retry: &retry {max_attempts: 5, multiplier: 3}
+    tenant_weights: {"on": 2, research: 1e0}
+  - name: 'on'
+    lease_ttl_s: 3.2e2
+    retry:
+      <<: [*retry, {max_attempts: 9, jitter: false}]
+      max_backoff_s: 7
+auth:
+  tokens:
+    - {token_env: T, role: worker, pools: [*first]}
+"""
+    toml_text = """
+[server]
+grpc_addr = "127.0.0.1:7070"
+shutdown_grace_s = 15.0
+[[pools]]
+name = "cpu"
+max = 4
+retry = { max_attempts = 5, multiplier = 3 }
+tenant_weights = { on = 2, research = 1.0 }
+[[pools]]
+name = "on"
+lease_ttl_s = 320.0
+retry = { max_attempts = 5, multiplier = 3, jitter = false, max_backoff_s = 7 }
+[[auth.tokens]]
+token_env = "T"
+role = "worker"
+pools = ["cpu"]
+"""
+    env = {"T": "worker-token-0123456789"}
+    assert parse_config(yaml_text, syntax="yaml", env=env) == parse_config(toml_text, env=env)
+
+
+def test_the_file_extension_chooses_the_syntax(tmp_path: Path) -> None:
+    toml_text = '[[pools]]\nname = "a"\nmax = 3\n'
+    yaml_text = "pools:\n- name: a\n  max: 3\n"
+    expected = parse_config(toml_text, env={})
+    for name, text in [
+        ("c.toml", toml_text),
+        ("c.yaml", yaml_text),
+        ("c.yml", yaml_text),
+        ("C.YAML", yaml_text),
+    ]:
+        (tmp_path / name).write_text(text)
+        assert load_config(tmp_path / name, env={}) == expected, name
+    (tmp_path / "bom.yaml").write_bytes(("\ufeff" + yaml_text).encode())
+    assert load_config(tmp_path / "bom.yaml", env={}) == expected
+    (tmp_path / "swapped.toml").write_text(yaml_text)  # the extension decides, not the content
+    with pytest.raises(ConfigError, match="not valid TOML"):
+        load_config(tmp_path / "swapped.toml", env={})
+
+
+@pytest.mark.parametrize("name", ["cronoq.conf", "cronoq.json", "cronoq", "cronoq.toml.bak"])
+def test_an_unknown_extension_is_refused_naming_the_accepted_ones(tmp_path: Path, name: str) -> None:
+    path = tmp_path / name
+    path.write_text('[[pools]]\nname = "a"\n')
+    with pytest.raises(ConfigError) as caught:
+        load_config(path, env={})
+    assert str(caught.value) == (
+        f"invalid configuration in {path}:\n  cannot tell the syntax from the file name: expected it to end in .toml (TOML), .yaml or .yml (YAML)"
+    )
+
+
+def test_parse_config_reads_toml_unless_told_otherwise() -> None:
+    text = "pools:\n- name: a\n"
+    with pytest.raises(ConfigError, match="not valid TOML"):
+        parse_config(text, env={})
+    assert parse_config(text, syntax="yaml", env={}).pools[0].name == "a"
+    with pytest.raises(ValueError, match="unknown configuration syntax 'json'"):
+        parse_config("{}", syntax="json", env={})  # type: ignore[arg-type]
 
 
 def test_the_brief_examples_are_reported_verbatim() -> None:
@@ -1073,6 +1324,18 @@ def test_docs_describe_every_key() -> None:
                 assert f"`{spec.name}`" in docs, f"{section.__name__}.{spec.name} is not documented"
 
 
+def test_the_documented_yaml_example_is_its_toml_example() -> None:
+    """docs/configuration.md shows one configuration in YAML and then in TOML: they read the same."""
+    section = DOCS.read_text(encoding="utf-8").split("\n## TOML or YAML\n", 1)[1].split("\n## ", 1)[0]
+    yaml_text, toml_text = (
+        section.split(f"```{syntax}\n", 1)[1].split("```", 1)[0] for syntax in ("yaml", "toml")
+    )
+    env = {"CRONOQ_CLIENT_TOKEN": LITERAL_TOKEN, "CRONOQ_WORKER_TOKEN": WORKER_TOKEN}
+    config = parse_config(yaml_text, syntax="yaml", env=env)
+    assert config == parse_config(toml_text, env=env)
+    assert [pool.retry.max_attempts for pool in config.pools] == [5, 2]
+
+
 # -------------------------------------------------------------------------------------- random input
 
 KEYS = sorted({f.name for section in SECTIONS for f in fields(section)} | {"kind", "tokens", "certs", "auth"})
@@ -1124,11 +1387,18 @@ def to_toml(document: Mapping[str, object]) -> str:
     return "\n".join(f"{toml_key(k)} = {toml_value(v)}" for k, v in document.items())
 
 
+def written(document: Mapping[str, object], syntax: Syntax) -> str:
+    return to_toml(document) if syntax == "toml" else yaml.safe_dump(dict(document), allow_unicode=True)
+
+
+@pytest.mark.parametrize("syntax", SYNTAXES)
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(documents)
-def test_random_documents_raise_only_config_errors(document: dict[str, object]) -> None:
+def test_random_documents_raise_only_config_errors(syntax: Syntax, document: dict[str, object]) -> None:
     try:
-        config = parse_config(to_toml(document), env={"ENV_A": "a-token-of-24-characters"})
+        config = parse_config(
+            written(document, syntax), syntax=syntax, env={"ENV_A": "a-token-of-24-characters"}
+        )
     except ConfigError as exc:
         assert exc.problems and str(exc)
     else:
@@ -1147,10 +1417,11 @@ FULL_DOCUMENT = tomllib.loads(FULL)
 FULL_PATHS = [p for p in _leaf_paths(FULL_DOCUMENT) if p]
 
 
+@pytest.mark.parametrize("syntax", SYNTAXES)
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.sampled_from(FULL_PATHS), values | st.none())
 def test_changing_one_value_of_a_full_file_raises_only_config_errors(
-    path: tuple[str | int, ...], replacement: object
+    syntax: Syntax, path: tuple[str | int, ...], replacement: object
 ) -> None:
     document = copy.deepcopy(FULL_DOCUMENT)
     parent: Any = document
@@ -1161,6 +1432,23 @@ def test_changing_one_value_of_a_full_file_raises_only_config_errors(
     else:
         parent[path[-1]] = replacement
     try:
-        parse_config(to_toml(document), env=ENV)
+        parse_config(written(document, syntax), syntax=syntax, env=ENV)
     except ConfigError as exc:
         assert exc.problems and all(p.path or "TOML" in p.message for p in exc.problems)
+
+
+# Pieces of YAML syntax, strung together at random: mostly not YAML, sometimes odd YAML.
+YAML_PIECES = [
+    *"\n\t :-,[]{}?&*!|>'\"%@`#~.<=", "- ", ": ", "\n  ", "\n- ", "<<: ", "&a ", "*a", "!!str ", "!!binary ",
+    "!!python/name:os.getcwd ", "!x ", "---\n", "...\n", "pools", "name", "server", "retry", "kind", "on", "1e3",
+    "0x1F", "1:30", "2024-02-30", "null", ".inf", "'q'", '"\\x00"', "\ufeff", "\x85", "\u2028",
+]  # fmt: skip
+
+
+@settings(max_examples=500, deadline=None)
+@given(st.lists(st.sampled_from(YAML_PIECES), max_size=40).map("".join) | st.text(max_size=60))
+def test_random_yaml_text_raises_only_config_errors(text: str) -> None:
+    try:
+        parse_config(text, syntax="yaml", env={})
+    except ConfigError as exc:
+        assert exc.problems and str(exc)

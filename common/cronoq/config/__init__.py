@@ -1,4 +1,7 @@
-"""The ``cronoq.toml`` configuration shared by every cronoq process (server, router, CLI checks).
+"""The configuration file shared by every cronoq process (server, router, CLI checks).
+
+The file is TOML (``cronoq.toml``) or YAML (``cronoq.yaml``, ``cronoq.yml``), chosen by its extension
+(:mod:`cronoq.config.syntax`); both are read into the same model with the same checks and messages.
 
 Reading follows the reference server: read the file (keys and types), apply command-line overrides,
 then validate (ranges, cross-references, secrets from the environment)::
@@ -48,10 +51,12 @@ from .model import (
     default_config,
 )
 from .problems import ConfigError, Problem, Problems
-from .reader import read_toml
+from .reader import read_text
+from .syntax import SYNTAXES, Syntax, read_file, syntax_of
 from .validate import EnvVariable, check_config, validate_config
 
 __all__ = [
+    "SYNTAXES",
     "AuthSection",
     "CertSection",
     "Config",
@@ -77,6 +82,7 @@ __all__ = [
     "ShardSection",
     "SqliteStoreSection",
     "StoreSection",
+    "Syntax",
     "TlsSection",
     "TokenBucketResource",
     "TokenSection",
@@ -85,14 +91,15 @@ __all__ = [
     "load_config",
     "parse_config",
     "read_config",
+    "syntax_of",
     "validate_config",
 ]
 
 
-def read_config(text: str, *, source: str = "<string>") -> Config:
+def read_config(text: str, *, source: str = "<string>", syntax: Syntax = "toml") -> Config:
     """The config in ``text`` with keys and types checked but not validated (secrets unresolved)."""
     problems = Problems()
-    config = read_toml(text, problems)
+    config = read_text(Config, text, syntax, problems)
     if config is None or problems:
         raise problems.error(source)
     return config
@@ -102,6 +109,7 @@ def parse_config(
     text: str,
     *,
     source: str = "<string>",
+    syntax: Syntax = "toml",
     env: Mapping[str, str] | None = None,
     shard: str | None = None,
     insecure_no_auth: bool = False,
@@ -110,14 +118,15 @@ def parse_config(
 ) -> Config:
     """Read, override and validate in one go, reporting the problems of every stage together.
 
-    ``source`` names the text in the error; ``env`` is where ``token_env``/``url_env`` are looked up
-    (default: the process environment); ``shard`` and ``insecure_no_auth`` are the command-line flags;
-    ``router=True`` is for ``cronoq-router``, which ignores ``[store]`` and sends no webhook, so it
-    needs neither's secrets. ``needed`` is for ``--check``: the variables secrets are read from are
-    listed there, and unset ones are not problems (see :func:`~cronoq.config.validate.check_config`).
+    ``source`` names the text in the error; ``syntax`` is ``"toml"`` or ``"yaml"``; ``env`` is where
+    ``token_env``/``url_env`` are looked up (default: the process environment); ``shard`` and
+    ``insecure_no_auth`` are the command-line flags; ``router=True`` is for ``cronoq-router``, which
+    ignores ``[store]`` and sends no webhook, so it needs neither's secrets. ``needed`` is for
+    ``--check``: the variables secrets are read from are listed there, and unset ones are not problems
+    (see :func:`~cronoq.config.validate.check_config`).
     """
     problems = Problems()
-    config = read_toml(text, problems)
+    config = read_text(Config, text, syntax, problems)
     if config is None:
         raise problems.error(source)
     overridden = config.with_overrides(shard, insecure_no_auth)
@@ -138,15 +147,13 @@ def load_config(
     router: bool = False,
     needed: list[EnvVariable] | None = None,
 ) -> Config:
-    """:func:`parse_config` on a file (UTF-8; a byte-order mark left by some editors is ignored)."""
-    try:
-        with open(path, encoding="utf-8-sig") as file:
-            text = file.read()
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ConfigError([Problem("", f"cannot read the configuration: {exc}")], os.fspath(path)) from exc
+    """:func:`parse_config` on a file (UTF-8; a byte-order mark left by some editors is ignored), in the
+    syntax its extension names: ``.toml``, ``.yaml`` or ``.yml`` (any other is a :class:`ConfigError`)."""
+    text, syntax = read_file(path)
     return parse_config(
         text,
         source=os.fspath(path),
+        syntax=syntax,
         env=env,
         shard=shard,
         insecure_no_auth=insecure_no_auth,

@@ -1,9 +1,11 @@
 """How configuration mistakes are reported.
 
 An operator fixing a config file wants every mistake at once, each pointing at the key to change, so
-reading and validation never stop at the first problem: they add :class:`Problem` entries (a TOML key
-path such as ``pools[1].lease_ttl_s`` and a message) to a :class:`Problems` collector, and one
-:class:`ConfigError` carries them all at the end.
+reading and validation never stop at the first problem: they add :class:`Problem` entries (a key path
+such as ``pools[1].lease_ttl_s`` and a message) to a :class:`Problems` collector, and one
+:class:`ConfigError` carries them all at the end. Key paths are written the same way whatever the
+file's syntax (TOML or YAML). A YAML parser tells where each key is, so a problem in a YAML file also
+carries the line of its key (or of the nearest enclosing key the file has); TOML's parser does not.
 """
 
 from __future__ import annotations
@@ -18,6 +20,8 @@ from dataclasses import dataclass
 from cronoq.errors import CronoqError
 
 _BARE_KEY = re.compile(r"[A-Za-z0-9_-]+")
+# The last step of a key path: ``.name``, ``."quoted name"`` or ``[index]``.
+_LAST_STEP = re.compile(r'(\.[A-Za-z0-9_-]+|\."(?:[^"\\]|\\.)*"|\[[0-9]+\])$')
 
 
 def key_path(parent: str, key: str) -> str:
@@ -26,8 +30,20 @@ def key_path(parent: str, key: str) -> str:
     return f"{parent}.{name}" if parent else name
 
 
-def toml_type(value: object) -> str:
-    """The TOML name of a parsed value's type, for "expected X (got Y)" messages."""
+def _parent_path(path: str) -> str | None:
+    """The path of the table or array holding ``path`` ("" for a top-level key); None for ""."""
+    if not path:
+        return None
+    parent = _LAST_STEP.sub("", path, count=1)
+    return "" if parent == path else parent
+
+
+def type_name(value: object) -> str:
+    """The name of a parsed value's type, for "expected X (got Y)" messages. TOML's names, whatever the
+    syntax (a YAML mapping is a table, a sequence an array), so one message reads the same for both;
+    ``null`` exists in YAML only."""
+    if value is None:
+        return "null"
     if isinstance(value, bool):
         return "boolean"
     if isinstance(value, int):
@@ -57,18 +73,23 @@ def show(value: object) -> str:
         return text if len(text) <= 30 else f"{text[:12]}...({len(text)} digits)"
     if isinstance(value, str):
         return repr(value if len(value) <= 80 else value[:77] + "...")
-    return toml_type(value)
+    return type_name(value)
 
 
 @dataclass(frozen=True, slots=True)
 class Problem:
-    """One mistake: the key path it is about ("" for the file as a whole) and what is wrong."""
+    """One mistake: the key path it is about ("" for the file as a whole), what is wrong, and the line
+    of the file the key is on, when the parser said (YAML only)."""
 
     path: str
     message: str
+    line: int | None = None
 
     def __str__(self) -> str:
-        return f"{self.path}: {self.message}" if self.path else self.message
+        if not self.path:
+            return self.message
+        where = self.path if self.line is None else f"{self.path} (line {self.line})"
+        return f"{where}: {self.message}"
 
 
 class ConfigError(CronoqError):
@@ -92,10 +113,25 @@ class Problems:
     def __init__(self) -> None:
         self._items: list[Problem] = []
         self._paths: set[str] = set()
+        self._lines: dict[str, int] = {}
+
+    def locate(self, lines: dict[str, int]) -> None:
+        """Where each key path is in the file (1-based lines), for the problems added from now on."""
+        self._lines = lines
 
     def add(self, path: str, message: str) -> None:
-        self._items.append(Problem(path, message))
+        self._items.append(Problem(path, message, self._line(path)))
         self._paths.add(path)
+
+    def _line(self, path: str) -> int | None:
+        """The line of ``path``, or of the nearest table or array holding it that the file has: a key
+        left out (``required``) or a rule about a whole entry still points into the file."""
+        here: str | None = path
+        while here:
+            if here in self._lines:
+                return self._lines[here]
+            here = _parent_path(here)
+        return None
 
     def mark(self, path: str) -> None:
         """Record that ``path`` holds a stand-in value, whose problem was reported under a sub-key."""

@@ -1,4 +1,4 @@
-"""From TOML text to :class:`~cronoq.config.model.Config`, checking keys and types only.
+"""From a file's text (TOML or YAML) to :class:`~cronoq.config.model.Config`, checking keys and types only.
 
 The dataclasses of :mod:`cronoq.config.model` are the schema, so this module has no per-key code: it
 walks the field annotations. Ranges and cross-references are left to :mod:`cronoq.config.validate`,
@@ -7,28 +7,29 @@ reference server does (read, override, validate).
 
 A key with a wrong type is reported and replaced by a placeholder, and an array entry that is not a table
 by a placeholder entry, so reading carries on, later checks see the same indices as the file, and one
-run reports every mistake. Checks skip paths that already failed (:meth:`Problems.failed`).
+run reports every mistake. Checks skip paths that already failed (:meth:`Problems.failed`), and so does
+reading: a YAML value that :mod:`cronoq.config.syntax` already reported (an unsupported tag, a bad alias)
+is not reported again, nor as a missing key.
 """
 
 from __future__ import annotations
 
 import difflib
 import enum
-import tomllib
 from collections.abc import Mapping
 from dataclasses import MISSING, Field, fields, is_dataclass
 from types import UnionType
 from typing import Any, TypeVar, Union, get_args, get_origin, get_type_hints
 
-from .model import Config
-from .problems import Problems, key_path, show, toml_type
+from .problems import Problems, key_path, show, type_name
 from .rules import RESOLVED_KEY
+from .syntax import Syntax, parse_document
 
 T = TypeVar("T")
 
 _BAD = object()  # returned by a conversion that reported a problem
 
-# Scalar annotation -> (what a message says is expected, the parsed TOML types accepted for it).
+# Scalar annotation -> (what a message says is expected, the parsed types accepted for it).
 _SCALARS: dict[object, tuple[str, type | tuple[type, ...]]] = {
     bool: ("true or false", bool),
     int: ("an integer", int),
@@ -37,19 +38,16 @@ _SCALARS: dict[object, tuple[str, type | tuple[type, ...]]] = {
 }
 
 
-def read_toml(text: str, problems: Problems) -> Config | None:
-    """The config in ``text``, or None when it is not TOML at all (the problem is then in ``problems``)."""
-    try:
-        document = tomllib.loads(text)
-    except (tomllib.TOMLDecodeError, ValueError) as exc:  # ValueError: an integer of > 4300 digits
-        problems.add("", f"not valid TOML: {exc}")
-        return None
-    return read_table(Config, document, "", problems)
+def read_text(cls: type[T], text: str, syntax: Syntax, problems: Problems) -> T | None:
+    """The file ``text`` as the dataclass ``cls`` (a whole configuration file), or None when it is not
+    ``syntax`` at all (the problem is then in ``problems``)."""
+    document = parse_document(text, syntax, problems)
+    return None if document is None else read_table(cls, document, "", problems)
 
 
 def read_table(cls: type[T], table: Mapping[str, object], path: str, problems: Problems, kind: str = "") -> T:
-    """An instance of the dataclass ``cls`` from a TOML table; ``kind`` names the variant in messages."""
-    schema = _schema(cls)
+    """An instance of the dataclass ``cls`` from a table; ``kind`` names the variant in messages."""
+    schema = file_keys(cls)
     values: dict[str, object] = {}
     for key, value in table.items():
         here = key_path(path, key)
@@ -62,20 +60,20 @@ def read_table(cls: type[T], table: Mapping[str, object], path: str, problems: P
         else:
             values[key] = converted
     for name, (spec, annotation) in schema.items():
-        if name not in values and _required(spec):
+        if name not in values and required(spec):
             if name not in table:
                 problems.add(key_path(path, name), "required")
             values[name] = _placeholder(annotation)
     return cls(**values)
 
 
-def _schema(cls: type[Any]) -> dict[str, tuple[Field[Any], Any]]:
+def file_keys(cls: type[Any]) -> dict[str, tuple[Field[Any], Any]]:
     """Key -> (dataclass field, resolved annotation) for the keys a file may set in this table."""
     hints = get_type_hints(cls)
     return {f.name: (f, hints[f.name]) for f in fields(cls) if not f.metadata.get(RESOLVED_KEY)}
 
 
-def _required(spec: Field[Any]) -> bool:
+def required(spec: Field[Any]) -> bool:
     return spec.default is MISSING and spec.default_factory is MISSING
 
 
@@ -86,7 +84,10 @@ def _unknown_key(key: str, schema: Mapping[str, object], kind: str) -> str:
 
 
 def _convert(annotation: Any, value: object, path: str, problems: Problems) -> object:
-    """``value`` as the annotation's Python type, or ``_BAD`` after reporting why it is not one."""
+    """``value`` as the annotation's Python type, or ``_BAD`` after reporting why it is not one (or
+    when that was reported already)."""
+    if problems.failed(path):
+        return _BAD
     origin = get_origin(annotation)
     if origin in (Union, UnionType):
         options = [a for a in get_args(annotation) if a is not type(None)]
@@ -99,7 +100,7 @@ def _convert(annotation: Any, value: object, path: str, problems: Problems) -> o
         return _read_mapping(get_args(annotation)[1], value, path, problems)
     if isinstance(annotation, type) and is_dataclass(annotation):
         if not isinstance(value, dict):
-            problems.add(path, f"expected a table (got {toml_type(value)})")
+            problems.add(path, f"expected a table (got {type_name(value)})")
             return _BAD
         return read_table(annotation, value, path, problems)
     if isinstance(annotation, type) and issubclass(annotation, enum.Enum):
@@ -110,7 +111,7 @@ def _convert(annotation: Any, value: object, path: str, problems: Problems) -> o
 def _read_scalar(annotation: object, value: object, path: str, problems: Problems) -> object:
     expected, accepted = _SCALARS[annotation]
     if isinstance(value, bool) != (annotation is bool) or not isinstance(value, accepted):
-        problems.add(path, f"expected {expected} (got {toml_type(value)})")
+        problems.add(path, f"expected {expected} (got {type_name(value)})")
         return _BAD
     if annotation is float and isinstance(value, int):
         try:
@@ -131,7 +132,7 @@ def _read_enum(annotation: type[enum.Enum], value: object, path: str, problems: 
 def _read_array(item: Any, value: object, path: str, problems: Problems) -> object:
     if not isinstance(value, list):
         what = "an array of tables" if _is_table(item) else "an array"
-        problems.add(path, f"expected {what} (got {toml_type(value)})")
+        problems.add(path, f"expected {what} (got {type_name(value)})")
         return _BAD
     items = []
     for index, entry in enumerate(value):
@@ -146,7 +147,7 @@ def _read_array(item: Any, value: object, path: str, problems: Problems) -> obje
 
 def _read_mapping(item: Any, value: object, path: str, problems: Problems) -> object:
     if not isinstance(value, dict):
-        problems.add(path, f"expected a table (got {toml_type(value)})")
+        problems.add(path, f"expected a table (got {type_name(value)})")
         return _BAD
     entries = {}
     for key, entry in value.items():
@@ -159,11 +160,13 @@ def _read_mapping(item: Any, value: object, path: str, problems: Problems) -> ob
 def _read_variant(variants: list[Any], value: object, path: str, problems: Problems) -> object:
     """A table whose ``kind`` key picks the dataclass that reads the rest of it."""
     if not isinstance(value, dict):
-        problems.add(path, f"expected a table (got {toml_type(value)})")
+        problems.add(path, f"expected a table (got {type_name(value)})")
         return _BAD
     by_kind = {variant.KIND: variant for variant in variants}
     kind = value.get("kind")
     chosen = by_kind.get(kind) if isinstance(kind, str) else None
+    if chosen is None and problems.failed(key_path(path, "kind")):
+        return _BAD
     if chosen is None:
         allowed = ", ".join(by_kind)
         message = (
@@ -190,8 +193,8 @@ def _placeholder(annotation: Any) -> object:
         return annotation(
             **{
                 name: _placeholder(hint)
-                for name, (spec, hint) in _schema(annotation).items()
-                if _required(spec)
+                for name, (spec, hint) in file_keys(annotation).items()
+                if required(spec)
             }
         )
     if isinstance(annotation, type) and issubclass(annotation, enum.Enum):

@@ -2,7 +2,11 @@
 
 Each dataclass field in :mod:`cronoq.config.model` may carry one rule in its metadata: a :class:`Range`
 for numbers or a :class:`Check` for strings. Validation walks every field and applies its rule, so a
-key's default, type and allowed values are declared in one place, next to each other.
+key's default, type and allowed values are declared in one place, next to each other. The JSON Schema of
+the file (:mod:`cronoq.config.schema`) is generated from the same rules: a range's bounds, and what a
+check declares of itself in JSON Schema words (``Check.schema``: a pattern taken from the very regular
+expression the check uses, or a condition every accepted value meets), so an editor flags what it can
+and never a value the check accepts.
 """
 
 from __future__ import annotations
@@ -11,7 +15,7 @@ import ipaddress
 import math
 import re
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
 from cronoq.hosts import is_loopback_name
@@ -47,10 +51,12 @@ class Range:
 
 @dataclass(frozen=True, slots=True)
 class Check:
-    """A string rule; ``secret`` values are never quoted back in a message."""
+    """A string rule; ``secret`` values are never quoted back in a message. ``schema`` is what JSON
+    Schema can say of the values ``test`` accepts (every value it accepts must pass it)."""
 
     test: Callable[[str], str | None]
     secret: bool = False
+    schema: Mapping[str, object] = field(default_factory=dict)
 
 
 Rule = Range | Check
@@ -64,8 +70,15 @@ def above(low: float, high: float) -> Mapping[str, Rule]:
     return {RULE: Range(low, high, low_open=True)}
 
 
-def checked(test: Callable[[str], str | None], *, secret: bool = False) -> Mapping[str, Rule]:
-    return {RULE: Check(test, secret)}
+def checked(
+    test: Callable[[str], str | None], *, secret: bool = False, schema: Mapping[str, object] | None = None
+) -> Mapping[str, Rule]:
+    return {RULE: Check(test, secret, schema or {})}
+
+
+def matching(pattern: re.Pattern[str]) -> Mapping[str, object]:
+    """The JSON Schema of strings that ``pattern.fullmatch`` accepts (the schema's are searches)."""
+    return {"pattern": f"^(?:{pattern.pattern})$"}
 
 
 # ------------------------------------------------------------------------------------------ checks
@@ -174,17 +187,24 @@ def _is_ip(text: str, version: int) -> bool:
 
 # ------------------------------------------------------------------------- metadata used by model
 
-NAME = checked(check_name)
-ADDRESS = checked(check_address)
-HTTP_URL = checked(check_http_url)
-ORIGIN = checked(check_origin)
-ENV_NAME = checked(check_env_name)
-LABEL = checked(check_label)
-DNS_NAME = checked(check_dns_name)
-SCHEMA = checked(check_schema)
-NOT_EMPTY = checked(check_not_empty)
-TOKEN = checked(check_token, secret=True)
-SECRET_NOT_EMPTY = checked(check_not_empty, secret=True)
+# What every accepted value meets, where the check is more than one regular expression: a port at the
+# end, an http(s) URL's scheme (in any case, and not necessarily first: urlsplit lowers the scheme and
+# drops leading spaces), a name before "=", a character that is not a space.
+_ENDS_WITH_PORT = {"pattern": ":[0-9]{1,5}$"}
+HTTP_SCHEME = {"pattern": "[Hh][Tt][Tt][Pp][Ss]?://"}
+_NOT_EMPTY = {"pattern": "\\S"}
+
+NAME = checked(check_name, schema=matching(_NAME))
+ADDRESS = checked(check_address, schema=_ENDS_WITH_PORT)
+HTTP_URL = checked(check_http_url, schema=HTTP_SCHEME)
+ORIGIN = checked(check_origin, schema={"pattern": "^\\*$|[Hh][Tt][Tt][Pp][Ss]?://"})
+ENV_NAME = checked(check_env_name, schema=matching(_ENV_NAME))
+LABEL = checked(check_label, schema={"pattern": "^[^=]+="})
+DNS_NAME = checked(check_dns_name, schema={**matching(_DNS_NAME), "maxLength": 253})
+SCHEMA = checked(check_schema, schema=matching(_SCHEMA))
+NOT_EMPTY = checked(check_not_empty, schema=_NOT_EMPTY)
+TOKEN = checked(check_token, secret=True, schema={"minLength": MIN_TOKEN_LEN})
+SECRET_NOT_EMPTY = checked(check_not_empty, secret=True, schema=_NOT_EMPTY)
 DURATION = above(0, YEAR_S)
 DURATION_OR_ZERO = between(0, YEAR_S)
 FRACTION = between(0, 1)

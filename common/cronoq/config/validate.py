@@ -92,7 +92,7 @@ def check_config(
     its secret stays "", and only start-up refuses it.
     """
     secrets = _Secrets(env, problems, needed)
-    _check_rules(config, "", problems)
+    check_rules(config, "", problems)
     _check_listeners(config, problems)
     _check_pools(config, problems)
     _check_shards(config, problems)
@@ -121,8 +121,9 @@ def _scheduled_pools(config: Config) -> set[str]:
 # ------------------------------------------------------------------------------ per-value rules
 
 
-def _check_rules(section: DataclassInstance, path: str, problems: Problems) -> None:
-    """Apply each field's rule (see :mod:`cronoq.config.rules`) throughout the section, recursively."""
+def check_rules(section: DataclassInstance, path: str, problems: Problems) -> None:
+    """Apply each field's rule (see :mod:`cronoq.config.rules`) throughout the section, recursively
+    (any model of a file: the operator's too)."""
     for spec in fields(section):
         if not spec.metadata.get(RESOLVED_KEY):
             _check_value(
@@ -134,7 +135,7 @@ def _check_value(value: object, rule: object, path: str, problems: Problems) -> 
     if value is None or problems.failed(path):
         return
     if is_dataclass(value) and not isinstance(value, type):
-        _check_rules(value, path, problems)
+        check_rules(value, path, problems)
     elif isinstance(value, tuple):
         for index, item in enumerate(value):
             _check_value(item, rule, f"{path}[{index}]", problems)

@@ -6,17 +6,19 @@ from pathlib import Path
 
 import pytest
 
-from cronoq.config import ConfigError
+from cronoq.config import ConfigError, Syntax
 from kube_operator.config import OperatorConfig, ServerEntry, load_operator_config, parse_operator_config
 from tests.unit.operator.operator_pki import OperatorPki
+from tests.unit.test_config import in_syntax
 
 ENV = {"METRICS_TOKEN": "metrics-token-0123456789"}
 
 
-def problems(text: str, env: dict[str, str] | None = None) -> list[str]:
+def problems(text: str, env: dict[str, str] | None = None, syntax: Syntax = "toml") -> list[str]:
+    """Each problem as ``path: message``: its line (YAML's) is left out, so both syntaxes compare."""
     with pytest.raises(ConfigError) as caught:
-        parse_operator_config(text, env=ENV if env is None else env)
-    return [str(problem) for problem in caught.value.problems]
+        parse_operator_config(text, env=ENV if env is None else env, syntax=syntax)
+    return [str(problem).replace(f" (line {problem.line})", "") for problem in caught.value.problems]
 
 
 def test_a_full_configuration(tmp_path: Path, pki: OperatorPki) -> None:
@@ -77,9 +79,9 @@ def test_defaults() -> None:
     assert (config.interval_s, config.timeout_s, config.namespaces) == (15.0, 5.0, ())
 
 
-def test_every_problem_is_reported_with_its_key(tmp_path: Path) -> None:
-    found = problems(
-        f"""
+@pytest.mark.parametrize("syntax", ["toml", "yaml"])
+def test_every_problem_is_reported_with_its_key(tmp_path: Path, syntax: Syntax) -> None:
+    text = f"""
 interval_s = 0.5
 namespaces = ["Bad_Namespace"]
 
@@ -100,7 +102,7 @@ url = "http://c:7070"
 ca_file = "{tmp_path / "ca.pem"}"
 tokn_env = "METRICS_TOKEN"
 """
-    )
+    found = problems(in_syntax(text, syntax), syntax=syntax)
     assert found == [
         "interval_s: must be at least 1 and at most 3600 (got 0.5)",
         "namespaces[0]: expected a Kubernetes namespace name (got 'Bad_Namespace')",
@@ -146,11 +148,39 @@ tokn_env = "METRICS_TOKEN"
             'timeout_s = 301\n[[servers]]\nname = "a"\nurl = "http://c:7070"\ntoken_env = "METRICS_TOKEN"',
             "timeout_s: must be at least 0.1 and at most 300 (got 301)",
         ),
-        ("interval_s = [", "not valid TOML: Invalid value (at end of document)"),
     ],
 )
 def test_single_problems(text: str, expected: str) -> None:
     assert problems(text) == [expected]
+    assert problems(in_syntax(text, "yaml"), syntax="yaml") == [expected]
+
+
+def test_syntax_errors() -> None:
+    assert problems("interval_s = [") == ["not valid TOML: Invalid value (at end of document)"]
+    assert problems("interval_s: [", syntax="yaml") == [
+        "not valid YAML: while parsing a flow node, expected the node content, but found '<stream end>' "
+        "(at line 1, column 14)"
+    ]
+
+
+def test_a_yaml_file_reads_as_its_toml(tmp_path: Path) -> None:
+    """The extension chooses the syntax; a YAML problem names its line."""
+    toml_text = '[[servers]]\nname = "main"\nurl = "http://c:7070"\ntoken_env = "METRICS_TOKEN"\n'
+    for name in ("operator.yaml", "operator.yml"):
+        (tmp_path / name).write_text(in_syntax(toml_text, "yaml"))
+        assert load_operator_config(tmp_path / name, env=ENV) == parse_operator_config(toml_text, env=ENV)
+    (tmp_path / "operator.yaml").write_text(
+        "servers:\n- name: main\n  url: c:7070\n  token_env: METRICS_TOKEN\n"
+    )
+    with pytest.raises(ConfigError) as caught:
+        load_operator_config(tmp_path / "operator.yaml", env=ENV)
+    assert [str(problem) for problem in caught.value.problems] == [
+        "servers[0].url (line 3): expected http://host:port or https://host:port (the server's gRPC port) "
+        "(got 'c:7070')"
+    ]
+    (tmp_path / "operator.cfg").write_text(toml_text)
+    with pytest.raises(ConfigError, match=r"expected it to end in \.toml \(TOML\), \.yaml or \.yml \(YAML\)"):
+        load_operator_config(tmp_path / "operator.cfg", env=ENV)
 
 
 def test_token_and_ca_files_are_checked(tmp_path: Path) -> None:

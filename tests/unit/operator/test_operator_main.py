@@ -72,6 +72,25 @@ def test_check_lists_every_problem(
     ]
 
 
+def test_check_reads_a_yaml_file_naming_lines(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("OPERATOR_TEST_TOKEN", "metrics-token-0123456789")
+    path = tmp_path / "operator.yaml"
+    server = "servers:\n  - name: main\n    url: {url}\n    token_env: OPERATOR_TEST_TOKEN\n"
+    path.write_text(server.format(url="http://cronoq.cronoq:7070"))
+    assert main(["--config", str(path), "--check"]) == 0
+    assert capsys.readouterr().out.splitlines()[0] == "configuration ok: 1 server(s): main"
+    path.write_text("interval_s: 0\n" + server.format(url="http://cronoq"))
+    assert main(["--config", str(path), "--check"]) == 1
+    assert capsys.readouterr().err.splitlines() == [
+        f"cronoq-operator: invalid configuration {path}:",
+        "  - interval_s (line 1): must be at least 1 and at most 3600 (got 0)",
+        "  - servers[0].url (line 4): expected http://host:port or https://host:port (the server's gRPC port) "
+        "(got 'http://cronoq')",
+    ]
+
+
 def test_starting_refuses_an_unset_token_variable(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
