@@ -6,6 +6,7 @@ import argparse
 import sys
 from functools import partial
 
+from cronoq import telemetry
 from cronoq.config import Config, ConfigError, EnvVariable, load_config
 from cronoq.logs import configure, get_logger
 from cronoq.process import serve_until_signalled
@@ -59,7 +60,8 @@ def main(argv: list[str] | None = None) -> int:
         config = load_config(args.config, router=True, needed=needed if args.check else None)
     except ConfigError as err:
         return refuse(invalid, err.problems)
-    failed = preflight("cronoq-router", invalid, config, problems(config), router=True)
+    serving = [] if args.check else telemetry.problems(config.telemetry)  # the extra is where it runs
+    failed = preflight("cronoq-router", invalid, config, problems(config) + serving, router=True)
     if failed is not None:
         return failed
     if args.check:

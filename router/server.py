@@ -15,6 +15,7 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from prometheus_client.metrics_core import Metric
 
+from cronoq import telemetry
 from cronoq.api.grpc_api import AdminServicer, Ctx, TasksServicer, authorize_worker, call, registration
 from cronoq.api.http_listener import HttpBounds, HttpListeners
 from cronoq.api.limits import RequestLimits
@@ -87,6 +88,7 @@ class RouterServer:
             max_wait_s=limits.max_wait_s,
             max_list=limits.max_list,
             max_message_bytes=limits.max_message_bytes,
+            tracing=telemetry.start(config.telemetry, "cronoq-router"),
         )
         # The server-wide [limits] gates both listeners share; hits counted with the service's.
         self.request_limits = RequestLimits(limits, self.service.limit_hits)
@@ -140,4 +142,6 @@ class RouterServer:
             await self.grpc_server.stop(DRAIN_S)
         await self.http.close()
         await asyncio.gather(self.finder.close(), self.peers.close())
+        if self.service.tracing is not None:  # exports the spans still batched
+            await asyncio.to_thread(self.service.tracing.shutdown)
         log.info("stopped")

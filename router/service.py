@@ -11,7 +11,7 @@ from collections import Counter
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import replace
 from functools import partial
-from typing import NoReturn, TypeVar
+from typing import TYPE_CHECKING, NoReturn, TypeVar
 
 from google.protobuf.message import Message
 
@@ -22,8 +22,12 @@ from cronoq.cluster.routing import Routing, check_batch, named_pool
 from cronoq.cluster.shards import Shard, ShardMap
 from cronoq.errors import FailedPrecondition, InvalidArgument, NotFound, shown
 from cronoq.limit_hits import LimitHits
+from cronoq.telemetry import traced
 from cronoq.transport import ADD_RECURRING, CANCEL, GET, SUBMIT, SUBMIT_BATCH, WAIT, Resp, Rpc
 from cronoq.v1 import cronoq_pb2 as pb
+
+if TYPE_CHECKING:
+    from cronoq.otel import ServerTracing
 
 DEFAULT_PAGE = 100  # ListTasks without a limit
 # Answers that name unreachable shards (Watch in its initial metadata).
@@ -49,8 +53,10 @@ class RouterService:
         max_wait_s: float,
         max_list: int,
         max_message_bytes: int,
+        tracing: ServerTracing | None = None,
     ) -> None:
         self.auth = auth
+        self.tracing = tracing  # None: the router does not trace (cronoq.telemetry)
         self.shards = shards
         self.max_tasks_per_batch = max_tasks_per_batch
         self.max_list = max_list
@@ -126,15 +132,27 @@ class RouterService:
     # ------------------------------------------------------------------------------------ tasks
 
     async def submit(self, caller: Principal, req: pb.SubmitRequest) -> pb.SubmitResponse:
-        return await self.routing.forward(self._owner("task.pool", req.task.pool), SUBMIT, req, caller)
+        owner = self._owner("task.pool", req.task.pool)
+        return await traced(
+            self.tracing,
+            ("Submit", req.task.pool or self.default_pool),
+            lambda _: self.routing.forward(owner, SUBMIT, req, caller),
+            lambda answer: [answer.id],
+        )
 
     async def submit_batch(self, caller: Principal, req: pb.SubmitBatchRequest) -> pb.SubmitBatchResponse:
         with self.limit_hits.counting():
             check_batch(req, self.max_tasks_per_batch)
         owner = self.routing.batch_owner(req)
+        pool = req.tasks[0].pool or self.default_pool
         if owner is None:
-            raise NotFound(f"tasks[0].pool: unknown pool {shown(req.tasks[0].pool or self.default_pool)}")
-        return await self.routing.forward(owner, SUBMIT_BATCH, req, caller)
+            raise NotFound(f"tasks[0].pool: unknown pool {shown(pool)}")
+        return await traced(
+            self.tracing,
+            ("SubmitBatch", pool),
+            lambda _: self.routing.forward(owner, SUBMIT_BATCH, req, caller),
+            lambda answer: [t.id for t in answer.tasks],
+        )
 
     async def cancel(self, caller: Principal, req: pb.CancelRequest, pool: str = "") -> pb.CancelResponse:
         return await self._lookup(caller, CANCEL, req, pool)

@@ -31,6 +31,7 @@ from cronoq.engine.model import (
 from cronoq.engine.readonly import NO_RESOURCES
 from cronoq.errors import InvalidArgument, NotFound
 from cronoq.limit_hits import exceeded
+from cronoq.tracecontext import TraceContext, with_context
 from cronoq.v1 import cronoq_pb2 as pb
 
 HUNDRED_YEARS_S = 100 * 365 * 86_400.0
@@ -225,16 +226,32 @@ def spec_from_wire(
         resources_from_wire(f"{field}.resources", resources, limits) if resources else NO_RESOURCES,
     )
     if spec.tags or lease_size_bound(spec) > limits.max_message_bytes:
-        size = lease_size(spec)
-        if size > limits.max_message_bytes:
-            raise exceeded(
-                "max_message_bytes",
-                InvalidArgument(
-                    f"{field}.payload: {len(payload)} bytes; the lease sent to a worker would take {size} "
-                    f"bytes, more than limits.max_message_bytes ({limits.max_message_bytes})"
-                ),
-            )
+        check_lease_size(field, spec, limits)
     return spec
+
+
+def check_lease_size(field: str, spec: TaskSpec, limits: SpecLimits) -> None:
+    """Refuse a task whose lease could never be sent to a worker (see :func:`lease_size`)."""
+    size = lease_size(spec)
+    if size > limits.max_message_bytes:
+        raise exceeded(
+            "max_message_bytes",
+            InvalidArgument(
+                f"{field}.payload: {len(spec.payload)} bytes; the lease sent to a worker would take {size} "
+                f"bytes, more than limits.max_message_bytes ({limits.max_message_bytes})"
+            ),
+        )
+
+
+def carry_trace(field: str, spec: TaskSpec, context: TraceContext, limits: SpecLimits) -> None:
+    """Keep the caller's trace context with the task, as its ``traceparent``/``tracestate`` tags (unless
+    it set a ``traceparent`` tag itself). Those tags are the server's: not counted against
+    ``max_tags``/``max_tag_len`` (the context is bounded, :data:`~cronoq.tracecontext.MAX_TRACESTATE`),
+    but the lease that carries them must still fit ``max_message_bytes``."""
+    tags = with_context(spec.tags, context)
+    if tags is not spec.tags:
+        spec.tags = tags
+        check_lease_size(field, spec, limits)
 
 
 def _text(field: str, name: str, value: str, max_len: int, limit: str | None) -> str:

@@ -8,6 +8,7 @@ import sys
 from functools import partial
 from importlib import resources
 
+from cronoq import telemetry
 from cronoq.config import Config, ConfigError, EnvVariable, default_config, load_config, validate_config
 from cronoq.logs import configure, get_logger
 from cronoq.process import serve_until_signalled
@@ -98,7 +99,9 @@ def main(argv: list[str] | None = None) -> int:
         return refuse(invalid, err.problems)
     # One file serves every shard and CI checks it once: --check without a shard checks it for all of
     # them; only a server about to serve must know its shard.
-    failed = preflight("cronoq-server", invalid, config, [] if args.check else server_problems(config))
+    # The otel extra is the installation's that serves, not the file's: --check does not ask for it.
+    serving = [] if args.check else server_problems(config) + telemetry.problems(config.telemetry)
+    failed = preflight("cronoq-server", invalid, config, serving)
     if failed is not None:
         return failed
     if args.check:

@@ -24,7 +24,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from cronoq.engine import Engine
 from cronoq.engine.model import (
@@ -44,6 +44,9 @@ from cronoq.timers import call_no_earlier
 
 from .outputs import OutputCache
 from .store import Batch, Store, StoreError, StoreUnavailable
+
+if TYPE_CHECKING:
+    from cronoq.otel import ServerTracing
 
 log = get_logger("cronoq.runtime")
 RETRY_COMMIT_S = (0.05, 0.1, 0.2, 0.5, 1.0)  # backoff between attempts at a batch the store refused
@@ -139,8 +142,12 @@ class Runtime:
         on_scale: Callable[[str, int], None] | None = None,
         first_worker_id: int = 1,
         commit_failures: CommitFailures | None = None,
+        tracing: ServerTracing | None = None,
     ) -> None:
         self.engine = engine
+        # The server's spans (None: it does not trace): attempts open with their leases, end with the
+        # status change that ends them, as those are delivered (after their commit).
+        self.tracing = tracing
         self.outputs = outputs
         self.clock = clock
         self.watch_buffer = watch_buffer
@@ -208,9 +215,12 @@ class Runtime:
 
     def _deliver(self, actions: list[Action]) -> None:
         sessions = self.sessions
+        tracing = self.tracing
         for action in actions:
             if type(action) is tuple:  # a StatusChange
                 self._on_event(action)
+                if tracing is not None:
+                    tracing.changed(action)
             elif isinstance(action, Dispatch):
                 sink = sessions.get(action.worker_id)
                 if sink is not None:  # (a held lease whose worker left meanwhile was retried by then)

@@ -41,6 +41,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 from prometheus_client.metrics_core import Metric
 
+from cronoq import telemetry
 from cronoq.api.grpc_api import AdminServicer, TasksServicer
 from cronoq.api.http_api import build_metrics_app
 from cronoq.api.http_listener import HttpBounds, HttpListeners, Listener, waiting_for_request
@@ -153,6 +154,7 @@ class ShardServer:
         # gates both listeners share.
         self.limit_hits = LimitHits()
         self.request_limits = RequestLimits(limits, self.limit_hits)
+        self.tracing = telemetry.start(config.telemetry, "cronoq-server")
         self.service = ShardService(
             all_pools,
             self.auth,
@@ -164,6 +166,7 @@ class ShardServer:
             shards=self.shards,
             peers=self.peers,
             limit_hits=self.limit_hits,
+            tracing=self.tracing,
         )
         self.connected = self.service.connected
         self.workers = WorkersServicer(self.service, self._make_stream)
@@ -294,6 +297,7 @@ class ShardServer:
             on_scale=self.scalers.desired,
             first_worker_id=self.shards.first_worker_id(),
             commit_failures=self.commit_failures,
+            tracing=self.tracing,
         )
         runtime.max_id = recovered.max_id
         runtime.start_committer()
@@ -335,6 +339,8 @@ class ShardServer:
         runtime.stop_accepting()
         runtime.cancel_timer()
         await runtime.abandon()
+        if self.tracing is not None:
+            self.tracing.abandon("this server is no longer the leader")
         message = "this server is no longer the leader; retry against the new leader"
         runtime.wake_waiters_unavailable(message)
         runtime.close_watchers(Unavailable(message))
@@ -533,6 +539,8 @@ class ShardServer:
             await self.finder.close()
         if self.peers is not None:
             await self.peers.close()
+        if self.tracing is not None:  # exports the spans still batched (bounded by the exporter's timeout)
+            await asyncio.to_thread(self.tracing.shutdown)
         log.info("stopped", left_running=runtime.busy() if runtime is not None else 0)
         self._stopped.set()
 

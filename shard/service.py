@@ -11,6 +11,7 @@ import contextlib
 import math
 from collections.abc import AsyncIterator, Collection, Sequence
 from dataclasses import replace
+from typing import TYPE_CHECKING
 
 from cronoq.auth import Authenticator, Principal, Role
 from cronoq.checks import check_key
@@ -34,12 +35,15 @@ from cronoq.errors import (
     shown,
 )
 from cronoq.limit_hits import LimitHits
+from cronoq.telemetry import traced
+from cronoq.tracecontext import TraceContext
 from cronoq.transport import ADD_RECURRING, CANCEL, GET, SUBMIT, SUBMIT_BATCH, WAIT, unadmitted
 from cronoq.v1 import cronoq_pb2 as pb
 
 from .convert import (
     NS,
     SpecLimits,
+    carry_trace,
     check_duration,
     recurring_from_wire,
     recurring_info,
@@ -50,6 +54,9 @@ from .convert import (
 )
 from .runtime import Runtime
 from .store import StoredTask, StoreError
+
+if TYPE_CHECKING:
+    from cronoq.otel import ServerTracing
 
 # A full pool's bound, as error messages name it.
 POOL_BOUND = "(its max_pending; by default limits.max_pending_per_pool)"
@@ -99,8 +106,10 @@ class ShardService:
         shards: ShardMap | None = None,
         peers: Peers | None = None,
         limit_hits: LimitHits | None = None,
+        tracing: ServerTracing | None = None,
     ) -> None:
         self._runtime: Runtime | None = None
+        self.tracing = tracing  # None: this server does not trace (cronoq.telemetry)
         # Hits of [limits] enforced here (refusals, and waits and pages cut short), for /metrics.
         self.limit_hits = limit_hits if limit_hits is not None else LimitHits()
         # Worker id -> (name, connected Unix ns), kept by the worker streams, for ListWorkers.
@@ -240,8 +249,11 @@ class ShardService:
 
     # ---------------------------------------------------------------------------------- submit
 
-    def _specs(self, caller: Principal, field: str, msgs: Sequence[pb.TaskSpec]) -> list[TaskSpec]:
-        """The validated specs of a Submit (``field`` is ``task``) or a SubmitBatch (``tasks[i]``)."""
+    def _specs(
+        self, caller: Principal, field: str, msgs: Sequence[pb.TaskSpec], trace: TraceContext
+    ) -> list[TaskSpec]:
+        """The validated specs of a Submit (``field`` is ``task``) or a SubmitBatch (``tasks[i]``), each
+        carrying the ``trace`` context of the call (its Submit span's, when this server traces)."""
         now = self.runtime.clock()
         specs: list[TaskSpec] = []
         with self.limit_hits.counting():
@@ -255,6 +267,8 @@ class ShardService:
                     limits=self.spec_limits,
                     now=now,
                 )
+                if trace:
+                    carry_trace(where, spec, trace, self.spec_limits)
                 self._own(caller, where, spec)
                 self._scoped_refs(caller, where, spec)
                 specs.append(spec)
@@ -386,6 +400,16 @@ class ShardService:
         return {i: held[spec.key] for i, spec in enumerate(specs) if spec.key in held}
 
     async def submit(self, caller: Principal, req: pb.SubmitRequest) -> pb.SubmitResponse:
+        return await traced(
+            self.tracing,
+            ("Submit", req.task.pool or self.default_pool),
+            lambda trace: self._submit(caller, req, trace),
+            lambda answer: [answer.id],
+        )
+
+    async def _submit(
+        self, caller: Principal, req: pb.SubmitRequest, trace: TraceContext
+    ) -> pb.SubmitResponse:
         if req.HasField("wait_timeout_s") and not req.wait:
             raise InvalidArgument("wait_timeout_s: only meaningful with wait = true")
         remote = self.routing.pool_owner(req.task.pool) if self.routing is not None else None
@@ -398,7 +422,7 @@ class ShardService:
             if req.wait
             else 0.0
         )
-        specs = self._specs(caller, "task", [req.task])
+        specs = self._specs(caller, "task", [req.task], trace)
         elsewhere = await self._held_elsewhere(caller, "task", specs)
         if elsewhere:
             return await self._duplicate_elsewhere(caller, *elsewhere[0], timeout if req.wait else None)
@@ -467,13 +491,23 @@ class ShardService:
         return response
 
     async def submit_batch(self, caller: Principal, req: pb.SubmitBatchRequest) -> pb.SubmitBatchResponse:
+        return await traced(
+            self.tracing,
+            ("SubmitBatch", (req.tasks[0].pool if req.tasks else "") or self.default_pool),
+            lambda trace: self._submit_batch(caller, req, trace),
+            lambda answer: [t.id for t in answer.tasks],
+        )
+
+    async def _submit_batch(
+        self, caller: Principal, req: pb.SubmitBatchRequest, trace: TraceContext
+    ) -> pb.SubmitBatchResponse:
         with self.limit_hits.counting():
             check_batch(req, self.max_tasks_per_batch)
         if self.routing is not None:
             remote = self.routing.batch_owner(req)
             if remote is not None:
                 return await self.routing.forward(remote, SUBMIT_BATCH, req, caller)
-        specs = self._specs(caller, "tasks", req.tasks)
+        specs = self._specs(caller, "tasks", req.tasks, trace)
         elsewhere = await self._held_elsewhere(caller, "tasks", specs)
         positions = [i for i in range(len(specs)) if i not in elsewhere]
         await self._own_shard_deps(caller, "tasks", specs, positions)

@@ -115,6 +115,7 @@ class WorkerStream:
         task = action.task
         spec = task.spec
         self.leases[action.lease] = task.id
+        tracing = self.runtime.tracing
         lease = pb.Lease(
             lease=action.lease,
             task_id=task.id,
@@ -123,7 +124,7 @@ class WorkerStream:
             content_type=spec.content_type,
             kind=spec.kind,
             key=spec.key,
-            tags=spec.tags,
+            tags=spec.tags if tracing is None else tracing.attempt(action),
             pool=spec.pool,
             priority=priority_to_wire(spec.priority),
         )

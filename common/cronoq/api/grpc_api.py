@@ -15,6 +15,7 @@ from cronoq.checks import MAX_POOL_LEN, check_text
 from cronoq.cluster.routing import Watch, serving
 from cronoq.errors import ApiError, FailedPrecondition, InvalidArgument
 from cronoq.logs import get_logger
+from cronoq.tracecontext import from_metadata, incoming_trace
 from cronoq.transport import (
     KEY_PROBE_KEY,
     OUTPUT_TYPE_KEY,
@@ -102,7 +103,9 @@ class TasksServicer(pbg.TasksServicer):
 
     async def Submit(self, request: pb.SubmitRequest, context: Ctx) -> pb.SubmitResponse:
         async def run() -> pb.SubmitResponse:
-            response = await self.service.submit(self._caller(context), request)
+            caller = self._caller(context)
+            with incoming_trace(from_metadata(context.invocation_metadata())):
+                response = await self.service.submit(caller, request)
             self._output_type(context, response.result)
             return response
 
@@ -110,7 +113,9 @@ class TasksServicer(pbg.TasksServicer):
 
     async def SubmitBatch(self, request: pb.SubmitBatchRequest, context: Ctx) -> pb.SubmitBatchResponse:
         async def run() -> pb.SubmitBatchResponse:
-            return await self.service.submit_batch(self._caller(context), request)
+            caller = self._caller(context)
+            with incoming_trace(from_metadata(context.invocation_metadata())):
+                return await self.service.submit_batch(caller, request)
 
         return await call(context, run)
 

@@ -37,6 +37,7 @@ from cronoq.hosts import is_loopback_host_header
 from cronoq.limit_hits import LimitHits
 from cronoq.logs import get_logger
 from cronoq.prometheus import Exposition
+from cronoq.tracecontext import from_headers, incoming_trace
 from cronoq.transport import FORWARDED_KEY, UNAVAILABLE_SHARDS_KEY
 from cronoq.v1 import cronoq_pb2 as pb
 
@@ -312,11 +313,14 @@ class _Gateway:
 
     async def submit(self, caller: Principal, request: web.Request) -> codec.JsonObject:
         req = codec.submit_request(await self._body(request))
-        return codec.submit_response(await _ask(self.service.submit(caller, req)), self._content_type)
+        with incoming_trace(from_headers(request.headers)):
+            answer = await _ask(self.service.submit(caller, req))
+        return codec.submit_response(answer, self._content_type)
 
     async def submit_batch(self, caller: Principal, request: web.Request) -> codec.JsonObject:
         req = codec.submit_batch_request(await self._body(request))
-        return codec.submit_batch_response(await _ask(self.service.submit_batch(caller, req)))
+        with incoming_trace(from_headers(request.headers)):
+            return codec.submit_batch_response(await _ask(self.service.submit_batch(caller, req)))
 
     async def get(self, caller: Principal, request: web.Request) -> codec.JsonObject:
         req = pb.GetRequest(task=codec.task_ref(request.match_info["ref"]))

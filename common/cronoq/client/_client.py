@@ -23,6 +23,7 @@ from cronoq.client._models import (
     WorkerInfo,
 )
 from cronoq.client._spec import Ref, TaskOptions, task
+from cronoq.client._tracing import outgoing
 from cronoq.client._wire import duration, overlap_value, status_value, task_ref
 from cronoq.errors import Cancelled
 from cronoq.transport import (
@@ -112,12 +113,16 @@ class Client:
         deadline: float | None = None,
         waits: bool = False,
         pool: str | None = None,
+        traced: bool = False,
     ) -> Resp:
         """One unary call; ``pool`` names the pool of the task a lookup names (``POOL_KEY``). For calls
         that wait for a task (``waits``), DEADLINE_EXCEEDED, from the server's wait limit or the call's
-        own deadline, means the wait ran out: TimeoutError."""
+        own deadline, means the wait ran out: TimeoutError. A ``traced`` call (a Submit) carries the
+        current OpenTelemetry context, if any (:mod:`._tracing`)."""
         stubs = self._stubs()
         metadata = self._metadata if not pool else (*self._metadata, (POOL_KEY, pool))
+        if traced:
+            metadata = (*metadata, *outgoing())
         try:
             response: Resp = await rpc.on(stubs.tasks, stubs.admin)(
                 request, metadata=metadata, timeout=deadline
@@ -152,13 +157,15 @@ class Client:
             call_timeout = wait_s + WAIT_MARGIN
         request = pb.SubmitRequest(task=_spec(payload, task_opts), wait=wait, wait_timeout_s=wait_s)
         deadline = duration("call_timeout", call_timeout)
-        response = await self._call(transport.SUBMIT, request, deadline=deadline, waits=True)
+        response = await self._call(transport.SUBMIT, request, deadline=deadline, waits=True, traced=True)
         return Submitted.from_proto(response)
 
     async def submit_batch(self, specs: Iterable[pb.TaskSpec]) -> list[Submitted]:
         """Submits specs built with :func:`task` atomically: all are accepted or none. Results are in
         input order; specs may depend on keys defined in the same batch."""
-        response = await self._call(transport.SUBMIT_BATCH, pb.SubmitBatchRequest(tasks=list(specs)))
+        response = await self._call(
+            transport.SUBMIT_BATCH, pb.SubmitBatchRequest(tasks=list(specs)), traced=True
+        )
         return [Submitted.from_proto(item) for item in response.tasks]
 
     # ``pool`` on a lookup names the task's pool: in a sharded cluster a key two shards hold (two

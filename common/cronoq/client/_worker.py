@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import inspect
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
@@ -29,6 +30,7 @@ from cronoq.client._connect import (
     shard_redirect,
     with_defaults,
 )
+from cronoq.client._tracing import handling
 from cronoq.client._wire import duration, optional_seconds, priority_name
 from cronoq.errors import (
     MAX_REPORT_CHARS,
@@ -551,12 +553,16 @@ class _Session:
         return self._complete(lease.id, value)
 
     async def _invoke(self, lease: Lease) -> object:
+        """The handler's result, run in its span (with OpenTelemetry, see :mod:`._tracing`); a plain
+        function runs in the executor in a copy of this context, so that the span is its current one."""
         handler = self._worker._handler
-        if self._worker._handler_is_async:
-            return await cast(Awaitable[object], handler(lease))
-        result = await asyncio.get_running_loop().run_in_executor(None, handler, lease)
-        # A plain function may still hand back a coroutine (a lambda around an async function).
-        return await result if inspect.isawaitable(result) else result
+        with handling(lease):
+            if self._worker._handler_is_async:
+                return await cast(Awaitable[object], handler(lease))
+            run = contextvars.copy_context().run
+            result = await asyncio.get_running_loop().run_in_executor(None, run, handler, lease)
+            # A plain function may still hand back a coroutine (a lambda around an async function).
+            return await result if inspect.isawaitable(result) else result
 
     def _complete(self, lease_id: int, value: object) -> pb.WorkerMessage:
         try:

@@ -25,6 +25,7 @@ from cronoq.config.model import GRPC_STREAMS_PER_CONNECTION
 from cronoq.errors import ApiError, DeadlineExceeded, Unavailable
 from cronoq.hosts import is_loopback_name
 from cronoq.prometheus import family, labelled
+from cronoq.tracecontext import incoming
 from cronoq.transport import (
     FORWARDED_KEY,
     OUTPUT_TYPE_KEY,
@@ -253,9 +254,11 @@ class Peers:
 
     @staticmethod
     def _metadata(caller: Principal, extra: Metadata = ()) -> Metadata:
+        """The forwarded call's metadata: the caller's credential, the forwarded marker, ``extra``, and
+        the trace context of the call being served (a Submit's: the tasks it submits carry it)."""
         if caller.credential:
-            return (("authorization", caller.credential), (FORWARDED_KEY, "1"), *extra)
-        return ((FORWARDED_KEY, "1"), *extra)
+            return (("authorization", caller.credential), (FORWARDED_KEY, "1"), *extra, *incoming.get())
+        return ((FORWARDED_KEY, "1"), *extra, *incoming.get())
 
     async def call(
         self,

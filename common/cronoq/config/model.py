@@ -476,6 +476,18 @@ class RouterSection:
     endpoint: str | None = field(default=None, metadata=HTTP_URL)
 
 
+@dataclass(frozen=True, slots=True)
+class TelemetrySection:
+    """``[telemetry]``: OpenTelemetry traces, exported over OTLP/gRPC (the ``cronoq[otel]`` extra). Off
+    unless ``enabled`` here or an ``OTEL_EXPORTER_OTLP_*ENDPOINT`` variable says where to send them
+    (:mod:`cronoq.telemetry`); a key left unset here is the SDK's to read from its ``OTEL_*`` variables."""
+
+    enabled: bool = False
+    endpoint: str | None = field(default=None, metadata=HTTP_URL)  # None: OTEL_EXPORTER_OTLP_*ENDPOINT
+    service_name: str | None = field(default=None, metadata=NOT_EMPTY)  # None: OTEL_SERVICE_NAME, program
+    sample_ratio: float | None = field(default=None, metadata=FRACTION)  # None: OTEL_TRACES_SAMPLER
+
+
 # -------------------------------------------------------------------------------------------- config
 
 
@@ -492,6 +504,7 @@ class Config:
     outputs: OutputsSection = field(default_factory=OutputsSection)
     shards: tuple[ShardSection, ...] = ()
     router: RouterSection = field(default_factory=RouterSection)
+    telemetry: TelemetrySection = field(default_factory=TelemetrySection)
 
     def with_overrides(self, shard: str | None = None, insecure_no_auth: bool = False) -> Config:
         """Apply ``--shard`` / ``--insecure-no-auth``; must happen before validation, which checks them.
