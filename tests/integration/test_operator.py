@@ -263,7 +263,11 @@ async def test_scalers_it_cannot_act_on_are_left_alone_and_say_why(cluster: Clus
 
     # What the operator asked the API for is what its ClusterRole grants, and nothing more.
     allowed = {
-        ("GET", r"/apis/cronoq\.io/v1alpha1/cronoqworkerscalers"),
+        ("GET", r"/apis/cronoq\.io/v1alpha1/cronoqworkerscalers"),  # list and watch
+        ("GET", r"/apis/coordination\.k8s\.io/v1/namespaces/cronoq/leases/cronoq-operator"),
+        ("POST", r"/apis/coordination\.k8s\.io/v1/namespaces/cronoq/leases"),
+        ("PUT", r"/apis/coordination\.k8s\.io/v1/namespaces/cronoq/leases/cronoq-operator"),
+        ("POST", r"/api/v1/namespaces/[^/]+/events"),
         ("PATCH", r"/apis/cronoq\.io/v1alpha1/namespaces/[^/]+/cronoqworkerscalers/[^/]+/status"),
         ("GET", r"/apis/apps/v1/namespaces/[^/]+/deployments/[^/]+/scale"),
         ("PATCH", r"/apis/apps/v1/namespaces/[^/]+/deployments/[^/]+/scale"),
