@@ -10,22 +10,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from aiohttp.test_utils import TestServer
 
 from kube_operator.election import Elector
 from kube_operator.kube import KubeApi, KubeError, KubeTarget
-from tests.kube_fake import FakeKube, make_app
+from tests.kube_fake import FakeKube
+from tests.unit.operator.fakekit import Clock, in_process_fake
 
-TOKEN = "kube-token-0123456789"
 DURATION = 15.0
-
-
-@dataclass
-class Clock:
-    now: float = 100.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 @dataclass
@@ -40,16 +31,8 @@ class Setup:
 
 @pytest.fixture
 async def setup(tmp_path: Path) -> AsyncIterator[Setup]:
-    kube = FakeKube(tmp_path, TOKEN)
-    server = TestServer(make_app(TOKEN), host="127.0.0.1", port=kube.port)
-    await server.start_server()
-    kube.token_file.write_text(TOKEN)
-    try:
-        async with KubeApi(KubeTarget(kube.url, kube.token_file, None)) as api:
-            yield Setup(kube, api, Clock())
-    finally:
-        await kube.stop()
-        await server.close()
+    async with in_process_fake(tmp_path) as (kube, api):
+        yield Setup(kube, api, Clock())
 
 
 async def test_one_holder_and_a_takeover_after_the_lease_went_unrenewed(setup: Setup) -> None:

@@ -12,7 +12,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from aiohttp.test_utils import TestServer
 
 from cronoq.client import Snapshot
 from cronoq.v1 import cronoq_pb2 as pb
@@ -22,9 +21,9 @@ from kube_operator.kube import KubeApi, KubeError, KubeTarget
 from kube_operator.metrics import Stats
 from kube_operator.readings import Unknown
 from kube_operator.reconciler import Reconciler
-from tests.kube_fake import FakeKube, make_app
+from tests.kube_fake import FakeKube
+from tests.unit.operator.fakekit import Clock, in_process_fake
 
-TOKEN = "kube-token-0123456789"
 CONFIG = OperatorConfig(
     servers=(
         ServerEntry("main", "http://a:7070", token_env="T"),
@@ -53,14 +52,6 @@ class ScriptedServers:
         self.rounds.append(wanted)
         self.asked.set()
         return {name: self.answers[name] for name in wanted}
-
-
-@dataclass
-class Clock:
-    now: float = 100.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 @dataclass
@@ -115,17 +106,9 @@ def spec(server: str, pool: str, deployment: str, interval: int | None = None) -
 
 @pytest.fixture
 async def setup(tmp_path: Path) -> AsyncIterator[Setup]:
-    kube = FakeKube(tmp_path, TOKEN)
-    server = TestServer(make_app(TOKEN), host="127.0.0.1", port=kube.port)
-    await server.start_server()
-    kube.token_file.write_text(TOKEN)
     servers = ScriptedServers({"main": snapshot(cpu=6, gpu=3), "other": snapshot(io=1)})
-    try:
-        async with KubeApi(KubeTarget(kube.url, kube.token_file, None)) as api:
-            yield Setup(kube, api, servers, Clock())
-    finally:
-        await kube.stop()
-        await server.close()
+    async with in_process_fake(tmp_path) as (kube, api):
+        yield Setup(kube, api, servers, Clock())
 
 
 async def add(kube: FakeKube, namespace: str, name: str, body: dict[str, Any], replicas: int = 1) -> None:
