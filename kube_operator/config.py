@@ -25,7 +25,16 @@ from urllib.parse import urlsplit
 from cronoq.config import EnvVariable, Syntax
 from cronoq.config.problems import Problems, show
 from cronoq.config.reader import read_text
-from cronoq.config.rules import ENV_NAME, HTTP_SCHEME, NAME, between, check_env_name, checked, matching
+from cronoq.config.rules import (
+    ADDRESS,
+    ENV_NAME,
+    HTTP_SCHEME,
+    NAME,
+    between,
+    check_env_name,
+    checked,
+    matching,
+)
 from cronoq.config.syntax import read_file
 from cronoq.config.validate import check_rules
 
@@ -33,6 +42,9 @@ DEFAULT_INTERVAL_S = 15.0
 DEFAULT_TIMEOUT_S = 5.0
 MAX_INTERVAL_S = 3600.0
 MAX_TIMEOUT_S = 300.0
+DEFAULT_HTTP_ADDR = "127.0.0.1:8080"
+DEFAULT_LEASE_NAME = "cronoq-operator"
+DEFAULT_LEASE_DURATION_S = 15.0
 # A Kubernetes namespace name (RFC 1123 label).
 _NAMESPACE = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
 
@@ -57,6 +69,10 @@ def check_namespace(name: str) -> str | None:
     return None if _NAMESPACE.fullmatch(name) else "expected a Kubernetes namespace name"
 
 
+def check_lease_name(name: str) -> str | None:
+    return None if _NAMESPACE.fullmatch(name) else "expected a Lease name (lower-case letters, digits and -)"
+
+
 @dataclass(frozen=True, slots=True)
 class ServerEntry:
     """A cronoq server (or router) the operator may read: ``[[servers]]`` in the file."""
@@ -73,7 +89,9 @@ class ServerEntry:
 @dataclass(frozen=True, slots=True)
 class OperatorConfig:
     """The whole file. ``interval_s`` applies to scalers without ``intervalSeconds``; ``timeout_s``
-    bounds one snapshot read; ``namespaces`` (empty: all) restricts the scalers the operator acts on."""
+    bounds one snapshot read; ``namespaces`` (empty: all) restricts the scalers the operator acts on;
+    ``http_addr`` serves its probes and ``/metrics``; the ``lease_*`` keys are its leader election's
+    Lease (``lease_namespace`` None: the operator's own namespace)."""
 
     servers: tuple[ServerEntry, ...] = ()
     interval_s: float = field(default=DEFAULT_INTERVAL_S, metadata=between(1, MAX_INTERVAL_S))
@@ -81,6 +99,14 @@ class OperatorConfig:
     namespaces: tuple[str, ...] = field(
         default=(), metadata=checked(check_namespace, schema=matching(_NAMESPACE))
     )
+    http_addr: str = field(default=DEFAULT_HTTP_ADDR, metadata=ADDRESS)
+    lease_name: str = field(
+        default=DEFAULT_LEASE_NAME, metadata=checked(check_lease_name, schema=matching(_NAMESPACE))
+    )
+    lease_namespace: str | None = field(
+        default=None, metadata=checked(check_namespace, schema=matching(_NAMESPACE))
+    )
+    lease_duration_s: float = field(default=DEFAULT_LEASE_DURATION_S, metadata=between(2, 300))
 
     def server(self, name: str) -> ServerEntry | None:
         return next((entry for entry in self.servers if entry.name == name), None)

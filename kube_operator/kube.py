@@ -1,8 +1,9 @@
 """The few Kubernetes API calls the operator makes, over HTTP with aiohttp.
 
-It lists ``CronoqWorkerScaler`` resources, reads and changes Deployments through their ``scale``
-subresource, and writes scalers' ``status`` subresource: exactly what its ClusterRole allows, nothing
-else (no Secrets, no Deployments themselves).
+It lists and watches ``CronoqWorkerScaler`` resources, reads and changes Deployments through their
+``scale`` subresource, writes scalers' ``status`` subresource, records Events about scalers, and holds
+its leader-election Lease: exactly what its RBAC allows, nothing else (no Secrets, no Deployments
+themselves).
 
 Inside a cluster it uses the pod's service account (``KUBERNETES_SERVICE_HOST``/``PORT``, the token and
 CA under ``/var/run/secrets/kubernetes.io/serviceaccount``); elsewhere an explicit API URL, token file and
@@ -15,7 +16,7 @@ from __future__ import annotations
 
 import json
 import ssl
-from collections.abc import Mapping
+from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
@@ -23,6 +24,7 @@ from typing import Any
 from urllib.parse import quote
 
 import aiohttp
+from aiohttp.http_exceptions import HttpProcessingError
 
 from cronoq import __version__
 
@@ -32,6 +34,12 @@ SERVICE_ACCOUNT = Path("/var/run/secrets/kubernetes.io/serviceaccount")
 MERGE_PATCH = "application/merge-patch+json"
 USER_AGENT = f"cronoq-operator/{__version__}"
 PAGE_SIZE = 500
+# How long the API server keeps one watch open before ending it (the operator then watches again from
+# where it was), and how long the stream may stay silent meanwhile: longer means a dead connection.
+WATCH_TIMEOUT_S = 300
+WATCH_SILENCE_S = WATCH_TIMEOUT_S + 30
+# A watch event's line may be long (a scaler with a large status), but not unboundedly.
+WATCH_LINE_LIMIT = 1 << 20
 
 
 class KubeError(Exception):
@@ -51,6 +59,22 @@ class KubeTarget:
     url: str
     token_file: Path | None
     ca_file: Path | None
+
+
+@dataclass(frozen=True, slots=True)
+class Listed:
+    """A list's items and the ``resourceVersion`` to watch from so that no change in between is missed."""
+
+    items: list[dict[str, Any]]
+    resource_version: str
+
+
+@dataclass(frozen=True, slots=True)
+class WatchEvent:
+    """One line of a watch: ``ADDED``, ``MODIFIED``, ``DELETED`` or ``BOOKMARK``, and the object."""
+
+    kind: str
+    obj: dict[str, Any]
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,6 +110,15 @@ def scaler_status_path(namespace: str, name: str) -> str:
     return f"{scalers_path(namespace)}/{quote(name, safe='')}/status"
 
 
+def lease_path(namespace: str, name: str = "") -> str:
+    where = f"/apis/coordination.k8s.io/v1/namespaces/{quote(namespace, safe='')}/leases"
+    return f"{where}/{quote(name, safe='')}" if name else where
+
+
+def events_path(namespace: str) -> str:
+    return f"/api/v1/namespaces/{quote(namespace, safe='')}/events"
+
+
 def scale_path(namespace: str, deployment: str) -> str:
     return (
         f"/apis/apps/v1/namespaces/{quote(namespace, safe='')}/deployments/{quote(deployment, safe='')}/scale"
@@ -117,19 +150,67 @@ class KubeApi:
     async def close(self) -> None:
         await self._session.close()
 
-    async def list_scalers(self, namespace: str | None = None) -> list[dict[str, Any]]:
-        """Every scaler (in ``namespace``, or in all), following the list's pages."""
+    async def list_scalers(self, namespace: str | None = None) -> Listed:
+        """Every scaler (in ``namespace``, or in all), following the list's pages, and the version of
+        the list (its first page's: the pages are one consistent snapshot)."""
         items: list[dict[str, Any]] = []
         params = {"limit": str(PAGE_SIZE)}
+        version = ""
         while True:
             page = await self._request("GET", scalers_path(namespace), params=params)
             found = page.get("items")
             items += [item for item in found if isinstance(item, dict)] if isinstance(found, list) else []
             meta = page.get("metadata")
-            token = meta.get("continue") if isinstance(meta, dict) else None
+            meta = meta if isinstance(meta, dict) else {}
+            version = version or str(meta.get("resourceVersion") or "")
+            token = meta.get("continue")
             if not token:
-                return items
+                return Listed(items, version)
             params = {"limit": str(PAGE_SIZE), "continue": str(token)}
+
+    async def watch_scalers(self, namespace: str | None, resource_version: str) -> AsyncIterator[WatchEvent]:
+        """The changes to scalers after ``resource_version``, as the API server streams them, until it
+        ends the watch (after :data:`WATCH_TIMEOUT_S`). An ``ERROR`` event ends it with a
+        :class:`KubeError` of the status it carries: 410 when ``resource_version`` is too old to watch
+        from (the caller lists again)."""
+        params = {
+            "watch": "1",
+            "resourceVersion": resource_version,
+            "allowWatchBookmarks": "true",
+            "timeoutSeconds": str(WATCH_TIMEOUT_S),
+        }
+        path = scalers_path(namespace)
+        timeout = aiohttp.ClientTimeout(total=None, sock_connect=10, sock_read=WATCH_SILENCE_S)
+        try:
+            async with self._session.get(
+                self._base + path, params=params, headers=self._headers(), timeout=timeout
+            ) as response:
+                if response.status >= 400:
+                    text = await response.text()
+                    raise KubeError(
+                        response.status, _message(_json(text), f"watch {path}: {response.reason}")
+                    )
+                while line := await response.content.readline(max_line_length=WATCH_LINE_LIMIT):
+                    if line.strip():
+                        yield _watch_event(line)
+        except (aiohttp.ClientError, HttpProcessingError) as err:
+            raise KubeError(0, f"the watch of {path} at {self._base} broke: {err}") from None
+        except TimeoutError:
+            raise KubeError(0, f"the watch of {path} at {self._base} went silent") from None
+
+    async def get_lease(self, namespace: str, name: str) -> dict[str, Any]:
+        return await self._request("GET", lease_path(namespace, name))
+
+    async def create_lease(self, namespace: str, lease: Mapping[str, Any]) -> dict[str, Any]:
+        return await self._request("POST", lease_path(namespace), body=dict(lease))
+
+    async def replace_lease(self, namespace: str, name: str, lease: Mapping[str, Any]) -> dict[str, Any]:
+        """Replaces the Lease; its ``metadata.resourceVersion`` is a precondition (409 when someone
+        else wrote it since), which is what makes two operators' claims exclusive."""
+        return await self._request("PUT", lease_path(namespace, name), body=dict(lease))
+
+    async def create_event(self, namespace: str, event: Mapping[str, Any]) -> None:
+        await self._request("POST", events_path(namespace), body=dict(event))
 
     async def get_scale(self, namespace: str, deployment: str) -> Scale:
         body = await self._request("GET", scale_path(namespace, deployment))
@@ -151,9 +232,9 @@ class KubeApi:
             patch["metadata"] = {"resourceVersion": resource_version}
         await self._request("PATCH", scale_path(namespace, deployment), body=patch, content_type=MERGE_PATCH)
 
-    async def patch_status(self, namespace: str, name: str, status: Mapping[str, Any]) -> None:
-        """Merges ``status`` into the scaler's status (a None field removes it)."""
-        await self._request(
+    async def patch_status(self, namespace: str, name: str, status: Mapping[str, Any]) -> dict[str, Any]:
+        """Merges ``status`` into the scaler's status (a None field removes it); the scaler as written."""
+        return await self._request(
             "PATCH",
             scaler_status_path(namespace, name),
             body={"status": dict(status)},
@@ -169,9 +250,7 @@ class KubeApi:
         body: object = None,
         content_type: str = "application/json",
     ) -> dict[str, Any]:
-        headers = {"Accept": "application/json", "User-Agent": USER_AGENT}
-        if self._target.token_file is not None:
-            headers["Authorization"] = f"Bearer {self._token()}"
+        headers = self._headers()
         if body is not None:
             headers["Content-Type"] = content_type
         try:
@@ -191,6 +270,12 @@ class KubeApi:
             raise KubeError(status, f"{method} {path}: the answer is not a JSON object")
         return answer
 
+    def _headers(self) -> dict[str, str]:
+        headers = {"Accept": "application/json", "User-Agent": USER_AGENT}
+        if self._target.token_file is not None:
+            headers["Authorization"] = f"Bearer {self._token()}"
+        return headers
+
     def _token(self) -> str:
         assert self._target.token_file is not None
         try:
@@ -206,6 +291,18 @@ def _json(text: str) -> object:
         return json.loads(text)
     except ValueError:
         return None
+
+
+def _watch_event(line: bytes) -> WatchEvent:
+    event = _json(line.decode("utf-8", errors="replace"))
+    kind = event.get("type") if isinstance(event, dict) else None
+    obj = event.get("object") if isinstance(event, dict) else None
+    if not isinstance(kind, str) or not isinstance(obj, dict):
+        raise KubeError(0, "the watch sent a line that is not a watch event")
+    if kind == "ERROR":
+        code = obj.get("code")
+        raise KubeError(code if isinstance(code, int) else 0, _message(obj, "the watch ended with an error"))
+    return WatchEvent(kind, obj)
 
 
 def _message(answer: object, fallback: str) -> str:

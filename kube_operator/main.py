@@ -6,6 +6,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import secrets
+import socket
 import ssl
 import sys
 from collections.abc import Mapping
@@ -18,7 +20,7 @@ from cronoq.process import choose_event_loop, serve_until_signalled
 from cronoq.serving import command_line, refuse, secret_notes
 
 from .config import OperatorConfig, check_token_file, load_operator_config
-from .kube import KubeApi, KubeTarget, in_cluster
+from .kube import SERVICE_ACCOUNT, KubeApi, KubeTarget, in_cluster
 
 log = get_logger("cronoq.operator")
 
@@ -89,33 +91,81 @@ def _explicit_target(url: str, token_file: str | None, ca_file: str | None) -> K
     return KubeTarget(url, Path(token_file) if token_file else None, Path(ca_file) if ca_file else None)
 
 
-async def serve(config: OperatorConfig, target: KubeTarget) -> None:
-    """Reconcile until SIGTERM or SIGINT; the round in progress then gets :data:`STOP_GRACE_S`."""
+def lease_namespace(config: OperatorConfig, env: Mapping[str, str], account: Path = SERVICE_ACCOUNT) -> str:
+    """Where the leader-election Lease lives: ``lease_namespace``, else the operator's own namespace
+    (``POD_NAMESPACE``, which the chart sets, or the service account's); ValueError outside a pod."""
+    if config.lease_namespace:
+        return config.lease_namespace
+    if env.get("POD_NAMESPACE"):
+        return env["POD_NAMESPACE"]
+    try:
+        return (account / "namespace").read_text(encoding="utf-8").strip()
+    except OSError:
+        raise ValueError(
+            "lease_namespace: not set, and not running in a pod (no POD_NAMESPACE, no service-account "
+            "namespace): set it to the namespace of the leader-election Lease"
+        ) from None
+
+
+def identity(env: Mapping[str, str]) -> str:
+    """This replica's name in the Lease: its pod's (``POD_NAME``, else the host name) and a random part,
+    so that two operators on one host never share it."""
+    return f"{env.get('POD_NAME') or socket.gethostname()}_{secrets.token_hex(4)}"
+
+
+async def serve(config: OperatorConfig, target: KubeTarget, namespace: str) -> None:
+    """Watch, elect and reconcile until SIGTERM or SIGINT; the round in progress then gets
+    :data:`STOP_GRACE_S`, and a leader releases its Lease."""
+    from aiohttp import web
+
+    from .election import Elector
+    from .inventory import Inventory
+    from .metrics import Stats, make_app
     from .reconciler import Reconciler
     from .servers import Servers
 
     kube = KubeApi(target)
     servers = Servers(config, os.environ)
+    inventory = Inventory(kube, config.namespaces)
+    elector = Elector(kube, namespace, config.lease_name, identity(os.environ), config.lease_duration_s)
+    stats = Stats()
     stop = asyncio.Event()
-    running: list[asyncio.Task[None]] = []
+    loops: list[asyncio.Task[None]] = []
+    host, _, port = config.http_addr.rpartition(":")
+    runner = web.AppRunner(
+        make_app(stats, inventory, lambda: elector.is_leader, loops), access_log=None, handle_signals=False
+    )
 
     async def start() -> None:
-        running.append(asyncio.create_task(Reconciler(config, kube, servers).run(stop)))
+        await runner.setup()
+        await web.TCPSite(runner, host.strip("[]"), int(port)).start()
+        reconciler = Reconciler(config, kube, servers, inventory, elector, stats)
+        loops.append(asyncio.create_task(reconciler.run(stop), name="reconcile"))
+        loops.append(asyncio.create_task(inventory.run(), name="watch"))
+        loops.append(asyncio.create_task(elector.run(), name="election"))
         log.info(
             "operator_started",
             kube_api=target.url,
             servers=[entry.name for entry in config.servers],
             namespaces=list(config.namespaces) or "all",
             interval_s=config.interval_s,
+            http_addr=config.http_addr,
+            lease=f"{namespace}/{config.lease_name}",
+            identity=elector.identity,
         )
 
     async def halt() -> None:
         stop.set()
         try:
-            await asyncio.wait_for(running[0], STOP_GRACE_S)
+            await asyncio.wait_for(loops[0], STOP_GRACE_S)
         except TimeoutError:
             log.warning("operator_round_cancelled", grace_s=STOP_GRACE_S)
         finally:
+            for task in loops[1:]:
+                task.cancel()
+            await asyncio.gather(*loops[1:], return_exceptions=True)
+            await elector.release()
+            await runner.cleanup()
             await servers.close()
             await kube.close()
         log.info("operator_stopped")
@@ -145,11 +195,16 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     try:
         target = kube_target(args, os.environ)
+        namespace = lease_namespace(config, os.environ)
         loop = choose_event_loop()
     except ValueError as err:
         print(f"cronoq-operator: {err}", file=sys.stderr)
         return 1
-    loop.run(serve(config, target))
+    try:
+        loop.run(serve(config, target, namespace))
+    except OSError as err:
+        print(f"cronoq-operator: cannot listen on http_addr {config.http_addr}: {err}", file=sys.stderr)
+        return 1
     return 0
 
 

@@ -1,17 +1,19 @@
 """The operator's loop: the reads and writes around :func:`~.decision.decide`.
 
-A round lists the scalers, picks those that are due (their ``intervalSeconds``, else the operator's
-``interval_s``, has passed since they were last reconciled, or their spec changed), reads the snapshot of
-each server they name once, then for each due scaler reads its Deployment's scale, decides, sets the
-replicas when they differ and writes the status when it changed. Every scaler is handled on its own: an
-error in one is logged and recorded, and the others go on. The loop sleeps until the next scaler is due
-(at most ``interval_s``, so new scalers are found within that time) or until it is told to stop.
+A round takes the scalers the watch keeps current (:class:`~.inventory.Inventory`), picks those that
+are due (their ``intervalSeconds``, else the operator's ``interval_s``, has passed since they were last
+reconciled, or their spec changed), reads the snapshot of each server they name once, then for each due
+scaler reads its Deployment's scale, decides, sets the replicas when they differ and writes the status
+when it changed, and records an Event on the scaler when it scaled or when it starts leaving the
+Deployment alone. Every scaler is handled on its own: an error in one is logged and recorded, and the
+others go on. The loop sleeps until the next scaler is due, until the watch brings a change, or until
+it is told to stop. Only the leader (:class:`~.election.Elector`) runs rounds; a standby waits, and
+reconciles every scaler at once when it takes over.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -22,8 +24,11 @@ from cronoq.client import Snapshot
 from cronoq.logs import get_logger
 
 from .config import OperatorConfig
-from .decision import Decision, Observation, decide, status_changed
+from .decision import Decision, Observation, decide, status_changed, timestamp
+from .election import micro_time
+from .inventory import Inventory
 from .kube import KubeApi, KubeError, Scale
+from .metrics import Stats
 from .readings import (
     DEPLOYMENT_NOT_FOUND,
     KUBERNETES_ERROR,
@@ -32,10 +37,11 @@ from .readings import (
     pool_reading,
     unknown,
 )
-from .scaler import InvalidSpec, ScalerRef, ScalerSpec, parse_spec
+from .scaler import GROUP, KIND, VERSION, InvalidSpec, ScalerRef, ScalerSpec, parse_spec
 
 log = get_logger("cronoq.operator")
 
+EVENT_SOURCE = "cronoq-operator"
 _EARLY = 0.001  # a wake-up this close to a due time counts as on time (timers fire a little early)
 
 
@@ -43,6 +49,19 @@ class SnapshotSource(Protocol):
     """Where a round's snapshots come from (:class:`~.servers.Servers`)."""
 
     async def snapshots(self, names: Iterable[str]) -> dict[str, Snapshot | Unknown]: ...
+
+
+class Leadership(Protocol):
+    """Whether this replica may act (:class:`~.election.Elector`), and how often that is tried."""
+
+    @property
+    def is_leader(self) -> bool: ...
+
+    @property
+    def retry_s(self) -> float: ...
+
+    @property
+    def identity(self) -> str: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,6 +89,9 @@ class Reconciler:
         config: OperatorConfig,
         kube: KubeApi,
         servers: SnapshotSource,
+        inventory: Inventory,
+        leadership: Leadership,
+        stats: Stats,
         *,
         clock: Callable[[], float] = time.monotonic,
         wall: Callable[[], datetime] = lambda: datetime.now(UTC),
@@ -77,35 +99,49 @@ class Reconciler:
         self._config = config
         self._kube = kube
         self._servers = servers
+        self._inventory = inventory
+        self._leadership = leadership
+        self._stats = stats
         self._clock = clock
         self._wall = wall
         self._seen: dict[str, _Seen] = {}
 
     async def run(self, stop: asyncio.Event) -> None:
         """Rounds until ``stop`` is set; a round that fails as a whole (a bug, not a scaler's problem)
-        is logged and tried again after ``interval_s``."""
+        is logged and tried again after ``interval_s``. A change the watch brings ends the pause."""
+        changed = self._inventory.changed
         while not stop.is_set():
+            changed.clear()
             try:
                 pause = await self.round()
             except Exception:
                 log.exception("round_failed")
                 pause = self._config.interval_s
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), pause)
+            waits = [asyncio.ensure_future(stop.wait()), asyncio.ensure_future(changed.wait())]
+            try:
+                await asyncio.wait(waits, timeout=pause, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                for waiting in waits:
+                    waiting.cancel()
 
     async def round(self) -> float:
-        """Reconcile every due scaler; the seconds until the next one is due."""
-        try:
-            listed = await self._list()
-        except KubeError as err:
-            log.warning("scalers_unlisted", error=str(err))
+        """Reconcile every due scaler; the seconds until the next one is due. A standby forgets when it
+        last reconciled anything (it did not; the leader did), so that it reconciles every scaler as soon
+        as it leads. Nothing is done before the scalers have been listed."""
+        if not self._leadership.is_leader:
+            self._seen.clear()
+            return min(self._leadership.retry_s, self._config.interval_s)
+        if not self._inventory.synced:  # not listed yet: the list wakes the loop
             return self._config.interval_s
         now = self._clock()
-        scalers = [_Scaler(ScalerRef.of(obj), obj, parse_spec(obj)) for obj in listed]
+        scalers = [_Scaler(ScalerRef.of(obj), obj, parse_spec(obj)) for obj in self._inventory.scalers()]
         due = [item for item in scalers if self._is_due(item, now)]
         named = {item.spec.server for item in due if isinstance(item.spec, ScalerSpec)}
         snapshots = await self._servers.snapshots(named)
+        self._stats.read_errors += sum(1 for answer in snapshots.values() if isinstance(answer, Unknown))
         for item in due:
+            if not self._leadership.is_leader:  # lost the Lease during the round: the next leader acts
+                break
             try:
                 await self._reconcile(item, snapshots)
             except Exception:  # one scaler's failure must not stop the others
@@ -114,14 +150,6 @@ class Reconciler:
         present = {item.ref.key for item in scalers}
         self._seen = {key: seen for key, seen in self._seen.items() if key in present}
         return self._pause(scalers, self._clock())
-
-    async def _list(self) -> list[dict[str, Any]]:
-        if not self._config.namespaces:
-            return await self._kube.list_scalers()
-        found: list[dict[str, Any]] = []
-        for namespace in self._config.namespaces:
-            found += await self._kube.list_scalers(namespace)
-        return found
 
     def _interval(self, item: _Scaler) -> float:
         """The scaler's own ``intervalSeconds`` when its spec is valid, else the operator's ``interval_s``."""
@@ -165,6 +193,7 @@ class Reconciler:
                     why = unknown(KUBERNETES_ERROR, f"cannot scale deployment {spec.deployment!r}: {err}")
                     decision = self._decide(Observation(spec, reading, why), ref, previous)
                 else:
+                    self._stats.scaled += 1
                     log.info(
                         "deployment_scaled",
                         scaler=str(ref),
@@ -173,9 +202,58 @@ class Reconciler:
                         previous=scale.replicas,
                         desired_slots=decision.status["desiredSlots"],
                     )
+                    await self._event(
+                        item.obj,
+                        "Normal",
+                        SCALED,
+                        f"deployment {spec.deployment!r} scaled from {scale.replicas} to {decision.replicas} "
+                        f"replicas: {decision.status['message']}",
+                    )
+        reason = decision.status["reason"]
+        self._stats.decided(reason)
         if status_changed(previous, decision.status):
-            await self._kube.patch_status(ref.namespace, ref.name, decision.status)
-            self._log_status(ref, previous, decision)
+            written = await self._kube.patch_status(ref.namespace, ref.name, decision.status)
+            self._inventory.update(written)
+            if previous.get("reason") != reason:
+                self._log_status(ref, decision)
+                if reason != SCALED:
+                    await self._event(item.obj, "Warning", reason, decision.status["message"])
+
+    async def _event(self, scaler: Mapping[str, Any], kind: str, reason: str, message: str) -> None:
+        """Records a ``core/v1`` Event on the scaler (``kubectl describe cws`` shows it). An Event the API
+        server refuses is logged and does not change what was done."""
+        ref = ScalerRef.of(scaler)
+        meta = scaler.get("metadata")
+        version = meta.get("resourceVersion") if isinstance(meta, Mapping) else None
+        stamp = self._wall()
+        event = {
+            "apiVersion": "v1",
+            "kind": "Event",
+            "metadata": {"generateName": f"{ref.name}.", "namespace": ref.namespace},
+            "involvedObject": {
+                "apiVersion": f"{GROUP}/{VERSION}",
+                "kind": KIND,
+                "namespace": ref.namespace,
+                "name": ref.name,
+                "uid": ref.uid,
+                "resourceVersion": version,
+            },
+            "type": kind,
+            "reason": reason,
+            "message": message[:1024],
+            "source": {"component": EVENT_SOURCE},
+            "reportingComponent": EVENT_SOURCE,
+            "reportingInstance": self._leadership.identity,
+            "firstTimestamp": timestamp(stamp),
+            "lastTimestamp": timestamp(stamp),
+            "eventTime": micro_time(stamp),
+            "action": "Scale",
+            "count": 1,
+        }
+        try:
+            await self._kube.create_event(ref.namespace, event)
+        except KubeError as err:
+            log.warning("event_not_recorded", scaler=str(ref), reason=reason, error=str(err))
 
     def _decide(
         self, seen: Observation | InvalidSpec, ref: ScalerRef, previous: Mapping[str, Any]
@@ -193,11 +271,9 @@ class Reconciler:
             return unknown(KUBERNETES_ERROR, f"cannot read the scale of deployment {deployment!r}: {err}")
 
     @staticmethod
-    def _log_status(ref: ScalerRef, previous: Mapping[str, Any], decision: Decision) -> None:
+    def _log_status(ref: ScalerRef, decision: Decision) -> None:
         """A line when a scaler's reason changes (not at every round: a server that stays down is
         logged once, when its scalers start saying so)."""
         reason = decision.status["reason"]
-        if previous.get("reason") == reason:
-            return
         emit = log.info if reason == SCALED else log.warning
         emit("scaler_status", scaler=str(ref), reason=reason, message=decision.status["message"])

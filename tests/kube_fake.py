@@ -4,17 +4,24 @@
 
 with the bearer token it accepts in ``KUBE_FAKE_TOKEN``. It keeps ``CronoqWorkerScaler`` resources and
 Deployments in memory and serves what the operator uses, the way the API server does: lists (cluster-wide
-and per namespace, paged with ``limit``/``continue``), the ``status`` subresource of scalers (only the
-status changes; merge patches only), and the ``scale`` subresource of Deployments (``autoscaling/v1``,
-``replicas`` omitted when 0, a ``resourceVersion`` in a patch is a precondition: 409 when stale). Tests
-create and change objects through the same API. Every request with a valid token is recorded, and
-``GET /_fake/requests`` returns them (method, path, user agent), so a test can tell what the operator did and did
-not do. ``GET /_fake/ready`` needs no token.
+and per namespace, paged with ``limit``/``continue``) and watches of scalers (``?watch=1`` from a
+``resourceVersion``: one JSON line per ``ADDED``, ``MODIFIED`` or ``DELETED``, an ``ERROR`` with a 410
+``Status`` when the version is older than what the fake still remembers, ended after ``timeoutSeconds``),
+the ``status`` subresource of scalers (only the status changes; merge patches only), the ``scale``
+subresource of Deployments (``autoscaling/v1``, ``replicas`` omitted when 0, a ``resourceVersion`` in a
+patch is a precondition: 409 when stale), ``coordination.k8s.io/v1`` Leases (create, get, replace with
+the ``resourceVersion`` as precondition) and ``core/v1`` Events (create, list). Tests create and change
+objects through the same API. Every request with a valid token is recorded, and ``GET /_fake/requests``
+returns them (method, path, user agent), so a test can tell what the operator did and did not do;
+``POST /_fake/compact`` forgets the change history (a watch resumed from before gets 410) and
+``POST /_fake/close-watches`` ends every open watch, as an API server restart does. ``GET /_fake/ready``
+needs no token.
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import contextlib
 import itertools
 import json
@@ -37,6 +44,7 @@ from tests.ports import free_port
 
 SCALERS = "/apis/cronoq.io/v1alpha1"
 APPS = "/apis/apps/v1"
+LEASES = "/apis/coordination.k8s.io/v1"
 MERGE_PATCH = "application/merge-patch+json"
 
 Objects = dict[tuple[str, str], dict[str, Any]]
@@ -57,9 +65,13 @@ def merge_patch(target: Any, patch: Any) -> Any:
 
 def status(code: int, message: str) -> web.Response:
     """A ``Status`` object, as the API server explains a refusal."""
-    reason = {401: "Unauthorized", 404: "NotFound", 409: "Conflict", 415: "UnsupportedMediaType"}.get(
-        code, ""
-    )
+    reason = {
+        401: "Unauthorized",
+        404: "NotFound",
+        409: "Conflict",
+        410: "Expired",
+        415: "UnsupportedMediaType",
+    }.get(code, "")
     body = {
         "kind": "Status",
         "apiVersion": "v1",
@@ -77,11 +89,26 @@ class FakeApi:
         self.page_size = page_size
         self.scalers: Objects = {}
         self.deployments: Objects = {}
+        self.leases: Objects = {}
+        self.events: Objects = {}
         self.requests: list[dict[str, str]] = []
         self._versions = itertools.count(1)
+        self.latest = 0
+        # The scalers' changes, as (version, type, object); a watch from before ``forgotten`` gets 410.
+        self.history: list[tuple[int, str, dict[str, Any]]] = []
+        self.forgotten = 0
+        self.changes = asyncio.Condition()
+        self.closing = 0  # bumped to end every open watch
 
     def version(self) -> str:
-        return str(next(self._versions))
+        self.latest = next(self._versions)
+        return str(self.latest)
+
+    async def changed(self, kind: str, obj: dict[str, Any]) -> None:
+        """Records a change to a scaler (whose resourceVersion was just set) for the watches."""
+        self.history.append((int(obj["metadata"]["resourceVersion"]), kind, json.loads(json.dumps(obj))))
+        async with self.changes:
+            self.changes.notify_all()
 
     @web.middleware
     async def authenticate(
@@ -98,8 +125,10 @@ class FakeApi:
 
     # ------------------------------------------------------------------------------------- scalers
 
-    async def list_scalers(self, request: web.Request) -> web.Response:
+    async def list_scalers(self, request: web.Request) -> web.StreamResponse:
         namespace = request.match_info.get("ns")
+        if request.query.get("watch") in ("1", "true"):
+            return await self.watch_scalers(request, namespace)
         items = [obj for (ns, _), obj in sorted(self.scalers.items()) if namespace in (None, ns)]
         limit = int(request.query.get("limit", "0")) or len(items)
         limit = min(limit, self.page_size) if self.page_size else limit
@@ -110,13 +139,43 @@ class FakeApi:
             {
                 "kind": "CronoqWorkerScalerList",
                 "apiVersion": "cronoq.io/v1alpha1",
-                "metadata": {"resourceVersion": self.version(), "continue": more},
+                "metadata": {"resourceVersion": str(self.latest), "continue": more},
                 "items": page,
             }
         )
 
+    async def watch_scalers(self, request: web.Request, namespace: str | None) -> web.StreamResponse:
+        """Streams the changes after ``resourceVersion`` (in ``namespace``, or all), then waits for more
+        until ``timeoutSeconds`` or until the test closes the watches."""
+        since = int(request.query.get("resourceVersion") or self.latest)
+        deadline = time.monotonic() + float(request.query.get("timeoutSeconds", "300"))
+        closing = self.closing
+        response = web.StreamResponse(headers={"Content-Type": "application/json"})
+        await response.prepare(request)
+        if since < self.forgotten:
+            gone = {
+                "kind": "Status",
+                "code": 410,
+                "reason": "Expired",
+                "message": f"too old resource version: {since}",
+            }
+            await response.write(json.dumps({"type": "ERROR", "object": gone}).encode() + b"\n")
+            return response
+        while closing == self.closing and time.monotonic() < deadline:
+            for version, kind, obj in [entry for entry in self.history if entry[0] > since]:
+                since = version
+                if namespace in (None, obj["metadata"]["namespace"]):
+                    await response.write(json.dumps({"type": kind, "object": obj}).encode() + b"\n")
+            async with self.changes:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self.changes.wait(), max(deadline - time.monotonic(), 0))
+        return response
+
     async def create_scaler(self, request: web.Request) -> web.Response:
-        return await self._create(request, self.scalers)
+        response = await self._create(request, self.scalers)
+        if response.status == 201:
+            await self.changed("ADDED", self.scalers[_key(request, json.loads(response.text or "{}"))])
+        return response
 
     async def get_scaler(self, request: web.Request) -> web.Response:
         obj = self.scalers.get(_key(request))
@@ -137,11 +196,16 @@ class FakeApi:
             updated["metadata"]["generation"] = obj["metadata"]["generation"] + 1
         updated["metadata"]["resourceVersion"] = self.version()
         self.scalers[_key(request)] = updated
+        await self.changed("MODIFIED", updated)
         return web.json_response(updated)
 
     async def delete_scaler(self, request: web.Request) -> web.Response:
         obj = self.scalers.pop(_key(request), None)
-        return web.json_response(obj) if obj else status(404, "scaler not found")
+        if obj is None:
+            return status(404, "scaler not found")
+        obj["metadata"]["resourceVersion"] = self.version()
+        await self.changed("DELETED", obj)
+        return web.json_response(obj)
 
     async def patch_scaler_status(self, request: web.Request) -> web.Response:
         obj = self.scalers.get(_key(request))
@@ -152,7 +216,42 @@ class FakeApi:
             return patch
         obj["status"] = merge_patch(obj.get("status", {}), patch.get("status", {}))
         obj["metadata"]["resourceVersion"] = self.version()
+        await self.changed("MODIFIED", obj)
         return web.json_response(obj)
+
+    # -------------------------------------------------------------------------------- leases, events
+
+    async def create_lease(self, request: web.Request) -> web.Response:
+        return await self._create(request, self.leases)
+
+    async def get_lease(self, request: web.Request) -> web.Response:
+        obj = self.leases.get(_key(request))
+        return web.json_response(obj) if obj else status(404, "lease not found")
+
+    async def replace_lease(self, request: web.Request) -> web.Response:
+        """A PUT: the body's ``metadata.resourceVersion`` must be the stored one (409 otherwise)."""
+        obj = self.leases.get(_key(request))
+        if obj is None:
+            return status(404, "lease not found")
+        body = await request.json()
+        if body.get("metadata", {}).get("resourceVersion") != obj["metadata"]["resourceVersion"]:
+            return status(
+                409, "the object has been modified; please apply your changes to the latest version"
+            )
+        obj["spec"] = body.get("spec", {})
+        obj["metadata"]["resourceVersion"] = self.version()
+        return web.json_response(obj)
+
+    async def create_event(self, request: web.Request) -> web.Response:
+        obj = await request.json()
+        obj["metadata"]["name"] = obj["metadata"].pop("generateName", "event.") + self.version()
+        self.events[(request.match_info["ns"], obj["metadata"]["name"])] = obj
+        obj["metadata"]["namespace"] = request.match_info["ns"]
+        return web.json_response(obj, status=201)
+
+    async def list_events(self, request: web.Request) -> web.Response:
+        items = [obj for (ns, _), obj in sorted(self.events.items()) if ns == request.match_info["ns"]]
+        return web.json_response({"kind": "EventList", "apiVersion": "v1", "items": items})
 
     # --------------------------------------------------------------------------------- deployments
 
@@ -222,11 +321,29 @@ class FakeApi:
     async def recorded(self, request: web.Request) -> web.Response:
         return web.json_response(self.requests)
 
+    async def compact(self, request: web.Request) -> web.Response:
+        self.history.clear()
+        self.forgotten = int(self.version())  # every version given out so far is now too old
+        return web.json_response({"forgotten": self.forgotten})
+
+    async def close_watches(self, request: web.Request) -> web.Response:
+        await self.end_watches()
+        return web.json_response({"ok": True})
+
+    async def end_watches(self, app: web.Application | None = None) -> None:
+        """Ends every open watch: on request, and when the fake stops (which waits for open requests)."""
+        self.closing += 1
+        async with self.changes:
+            self.changes.notify_all()
+
     async def ready(self, request: web.Request) -> web.Response:
         return web.json_response({"ok": True})
 
 
-def _key(request: web.Request) -> tuple[str, str]:
+def _key(request: web.Request, created: dict[str, Any] | None = None) -> tuple[str, str]:
+    """The object a request names, or (for a create) the object it created."""
+    if created is not None:
+        return request.match_info["ns"], created["metadata"]["name"]
     return request.match_info["ns"], request.match_info["name"]
 
 
@@ -242,6 +359,7 @@ def make_app(token: str, page_size: int = 0) -> web.Application:
     operator has to follow ``continue``."""
     api = FakeApi(token, page_size)
     app = web.Application(middlewares=[api.authenticate])
+    app.on_shutdown.append(api.end_watches)
     scalers = f"{SCALERS}/namespaces/{{ns}}/cronoqworkerscalers"
     deployments = f"{APPS}/namespaces/{{ns}}/deployments"
     app.router.add_get(f"{SCALERS}/cronoqworkerscalers", api.list_scalers)
@@ -255,6 +373,14 @@ def make_app(token: str, page_size: int = 0) -> web.Application:
     app.router.add_get(f"{deployments}/{{name}}", api.get_deployment)
     app.router.add_get(f"{deployments}/{{name}}/scale", api.get_scale)
     app.router.add_patch(f"{deployments}/{{name}}/scale", api.patch_scale)
+    leases = f"{LEASES}/namespaces/{{ns}}/leases"
+    app.router.add_post(leases, api.create_lease)
+    app.router.add_get(f"{leases}/{{name}}", api.get_lease)
+    app.router.add_put(f"{leases}/{{name}}", api.replace_lease)
+    app.router.add_post("/api/v1/namespaces/{ns}/events", api.create_event)
+    app.router.add_get("/api/v1/namespaces/{ns}/events", api.list_events)
+    app.router.add_post("/_fake/compact", api.compact)
+    app.router.add_post("/_fake/close-watches", api.close_watches)
     app.router.add_get("/_fake/requests", api.recorded)
     app.router.add_get("/_fake/ready", api.ready)
     return app
@@ -361,6 +487,12 @@ class FakeKube:
     async def replicas(self, namespace: str, deployment: str) -> int:
         obj = await self.call("GET", f"{APPS}/namespaces/{namespace}/deployments/{deployment}")
         return int(obj["spec"]["replicas"])
+
+    async def events(self, namespace: str) -> list[dict[str, Any]]:
+        return list((await self.call("GET", f"/api/v1/namespaces/{namespace}/events"))["items"])
+
+    async def lease(self, namespace: str, name: str) -> dict[str, Any]:
+        return dict(await self.call("GET", f"{LEASES}/namespaces/{namespace}/leases/{name}"))
 
     async def operator_requests(self) -> list[tuple[str, str]]:
         """Every request the operator made so far (told from the test's own by its user agent), in order."""

@@ -54,7 +54,8 @@ spec:
   minReplicas: 0
   maxReplicas: 100
 """
-# Exactly what the seed says: read scalers, write their status, read and change deployments/scale.
+# Exactly what docs/operator.md says: read and watch scalers, write their status, read and change
+# deployments/scale, record Events; the Lease in a Role of its own namespace (LEASE_RULES).
 EXPECTED_RULES = [
     {"apiGroups": ["cronoq.io"], "resources": ["cronoqworkerscalers"], "verbs": ["get", "list", "watch"]},
     {
@@ -63,6 +64,16 @@ EXPECTED_RULES = [
         "verbs": ["get", "update", "patch"],
     },
     {"apiGroups": ["apps"], "resources": ["deployments/scale"], "verbs": ["get", "update", "patch"]},
+    {"apiGroups": [""], "resources": ["events"], "verbs": ["create"]},
+]
+LEASE_RULES = [
+    {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["create"]},
+    {
+        "apiGroups": ["coordination.k8s.io"],
+        "resources": ["leases"],
+        "resourceNames": ["ops-cronoq-operator"],
+        "verbs": ["get", "update"],
+    },
 ]
 
 
@@ -214,6 +225,13 @@ def test_the_cluster_role_grants_exactly_what_the_seed_says(helm: Path) -> None:
     assert binding["subjects"] == [
         {"kind": "ServiceAccount", "name": account["metadata"]["name"], "namespace": "cronoq-system"}
     ]
+    lease_role = one(docs, "Role")
+    assert lease_role["rules"] == LEASE_RULES and lease_role["metadata"]["namespace"] == "cronoq-system"
+    [lease_binding] = [doc for doc in docs if doc["kind"] == "RoleBinding"]
+    assert lease_binding["roleRef"]["name"] == lease_role["metadata"]["name"]
+    assert lease_binding["subjects"] == binding["subjects"]
+    config = one(docs, "ConfigMap")["data"]["operator.toml"]
+    assert 'lease_name = "ops-cronoq-operator"' in config  # the name the Role allows
     for doc in docs:
         if doc["kind"] in ("ClusterRole", "Role"):
             for rule in doc["rules"]:
@@ -224,7 +242,9 @@ def test_the_cluster_role_grants_exactly_what_the_seed_says(helm: Path) -> None:
 def test_restricted_to_namespaces_the_role_is_bound_only_there(helm: Path) -> None:
     docs = render(helm, [TLS_VALUES])
     assert not [doc for doc in docs if doc["kind"] == "ClusterRoleBinding"]
-    bindings = [doc for doc in docs if doc["kind"] == "RoleBinding"]
+    bindings = [
+        doc for doc in docs if doc["kind"] == "RoleBinding" and doc["roleRef"]["kind"] == "ClusterRole"
+    ]
     assert sorted(doc["metadata"]["namespace"] for doc in bindings) == ["batch", "workers"]
     assert {doc["roleRef"]["kind"] for doc in bindings} == {"ClusterRole"}
     assert one(docs, "ClusterRole")["rules"] == EXPECTED_RULES
@@ -232,7 +252,8 @@ def test_restricted_to_namespaces_the_role_is_bound_only_there(helm: Path) -> No
 
 def test_the_operator_pod_runs_locked_down(helm: Path) -> None:
     deployment = one(render(helm), "Deployment")
-    assert deployment["spec"]["replicas"] == 1 and deployment["spec"]["strategy"] == {"type": "Recreate"}
+    # Two replicas electing a leader, so the default rolling update is safe too.
+    assert deployment["spec"]["replicas"] == 2 and "strategy" not in deployment["spec"]
     pod = deployment["spec"]["template"]["spec"]
     assert pod["securityContext"] == {
         "runAsNonRoot": True,
@@ -251,6 +272,28 @@ def test_the_operator_pod_runs_locked_down(helm: Path) -> None:
         "capabilities": {"drop": ["ALL"]},
     }
     assert container["resources"]["limits"]["memory"] == "128Mi"
+    assert container["ports"] == [{"name": "http", "containerPort": 8080, "protocol": "TCP"}]
+    assert container["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "http"}
+    assert container["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "http"}
+    env = {
+        entry["name"]: entry.get("valueFrom", {}).get("fieldRef", {}).get("fieldPath")
+        for entry in container["env"]
+    }
+    assert env["POD_NAME"] == "metadata.name" and env["POD_NAMESPACE"] == "metadata.namespace"
+    config = one(render(helm), "ConfigMap")["data"]["operator.toml"]
+    assert 'http_addr = "0.0.0.0:8080"' in config and "lease_duration_s = 15" in config
+
+
+def test_a_service_monitor_scrapes_every_replica_when_asked(helm: Path) -> None:
+    assert not [doc for doc in render(helm) if doc["kind"] in ("Service", "ServiceMonitor")]
+    docs = render(
+        helm, sets=("metrics.serviceMonitor.enabled=true", "metrics.serviceMonitor.labels.release=prom")
+    )
+    service, monitor = one(docs, "Service"), one(docs, "ServiceMonitor")
+    assert service["spec"]["clusterIP"] == "None" and service["spec"]["ports"][0]["targetPort"] == "http"
+    assert monitor["spec"]["endpoints"] == [{"port": "http", "path": "/metrics", "interval": "30s"}]
+    assert monitor["metadata"]["labels"]["release"] == "prom"
+    assert monitor["spec"]["selector"]["matchLabels"] == service["spec"]["selector"]
 
 
 @dataclass(frozen=True)
@@ -292,7 +335,7 @@ def test_the_rendered_configuration_loads_in_the_operator(
     env = {
         item["name"]: f"token-from-{item['valueFrom']['secretKeyRef']['name']}-0123456789"
         for item in container["env"]
-        if "valueFrom" in item
+        if "secretKeyRef" in item.get("valueFrom", {})
     }
     text = config_map["data"]["operator.toml"]
     in_pod = {"ca.crt": pod_files.ca, "tls.crt": pod_files.cert, "tls.key": pod_files.key}
@@ -307,7 +350,9 @@ def test_the_rendered_configuration_loads_in_the_operator(
         server["name"] for server in chart_values["servers"]
     ]
     refs = {
-        item["name"]: item["valueFrom"]["secretKeyRef"] for item in container["env"] if "valueFrom" in item
+        item["name"]: item["valueFrom"]["secretKeyRef"]
+        for item in container["env"]
+        if "secretKeyRef" in item.get("valueFrom", {})
     }
     volumes = {volume["name"]: volume for volume in pod["volumes"]}
     for index, (server, given) in enumerate(zip(config.servers, chart_values["servers"], strict=True)):
@@ -379,6 +424,7 @@ def test_the_rendered_configuration_loads_in_the_operator(
         ),
         ((*SEED_SETS, "intervalSeconds=0"), "intervalSeconds"),
         ((*SEED_SETS, "replicas=2"), "replicas"),
+        ((*SEED_SETS, "leaseDurationSeconds=1"), "leaseDurationSeconds"),
         ((*SEED_SETS, "logLevel=verbose"), "logLevel: Does not match pattern"),
     ],
 )

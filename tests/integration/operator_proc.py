@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import TypeVar
 
 from tests.kube_fake import FakeKube
+from tests.ports import free_port
 
 T = TypeVar("T")
 
@@ -35,13 +36,21 @@ async def until(
 
 @dataclass
 class OperatorProcess:
-    """A ``cronoq-operator`` process (``python -m cronoq.operator.main``) with its log in ``directory``."""
+    """A ``cronoq-operator`` process (``python -m cronoq.operator.main``) with its log in ``directory``.
+    Its configuration gets ``http_addr`` (a free loopback port), the Lease's namespace (outside a pod
+    there is no own namespace) and a short ``lease_duration_s``, before the test's ``config``."""
 
     directory: Path
     config: str
     kube: FakeKube
     env: dict[str, str] = field(default_factory=dict)
+    http_port: int = field(default_factory=free_port)
+    lease_duration_s: float = 2
     proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def http_url(self) -> str:
+        return f"http://127.0.0.1:{self.http_port}"
 
     @property
     def log_path(self) -> Path:
@@ -50,7 +59,10 @@ class OperatorProcess:
     def start(self, timeout: float = 20.0) -> None:
         self.directory.mkdir(parents=True, exist_ok=True)
         config_path = self.directory / "operator.toml"
-        config_path.write_text(self.config)
+        config_path.write_text(
+            f'http_addr = "127.0.0.1:{self.http_port}"\nlease_namespace = "cronoq"\n'
+            f"lease_duration_s = {self.lease_duration_s}\n{self.config}"
+        )
         command = [sys.executable, "-m", "cronoq.operator.main", "--config", str(config_path)]
         command += ["--kube-api", self.kube.url, "--kube-token-file", str(self.kube.token_file)]
         if self.kube.ca is not None:

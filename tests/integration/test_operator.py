@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import grpc
 import pytest
 
@@ -263,7 +264,11 @@ async def test_scalers_it_cannot_act_on_are_left_alone_and_say_why(cluster: Clus
 
     # What the operator asked the API for is what its ClusterRole grants, and nothing more.
     allowed = {
-        ("GET", r"/apis/cronoq\.io/v1alpha1/cronoqworkerscalers"),
+        ("GET", r"/apis/cronoq\.io/v1alpha1/cronoqworkerscalers"),  # list and watch
+        ("GET", r"/apis/coordination\.k8s\.io/v1/namespaces/cronoq/leases/cronoq-operator"),
+        ("POST", r"/apis/coordination\.k8s\.io/v1/namespaces/cronoq/leases"),
+        ("PUT", r"/apis/coordination\.k8s\.io/v1/namespaces/cronoq/leases/cronoq-operator"),
+        ("POST", r"/api/v1/namespaces/[^/]+/events"),
         ("PATCH", r"/apis/cronoq\.io/v1alpha1/namespaces/[^/]+/cronoqworkerscalers/[^/]+/status"),
         ("GET", r"/apis/apps/v1/namespaces/[^/]+/deployments/[^/]+/scale"),
         ("PATCH", r"/apis/apps/v1/namespaces/[^/]+/deployments/[^/]+/scale"),
@@ -413,3 +418,92 @@ key_file = "{stranger_key}"
             assert await cluster.kube.replicas("team-a", f"{name}-workers") == 4
             assert await cluster.scale_writes(f"{name}-workers") == 0
         assert "PRIVATE KEY" not in cluster.operator.logs()
+
+
+async def scrape(operator: OperatorProcess, path: str = "/metrics") -> tuple[int, str]:
+    async with (
+        aiohttp.ClientSession() as session,
+        session.get(operator.http_url + path, timeout=aiohttp.ClientTimeout(total=5)) as response,
+    ):
+        return response.status, await response.text()
+
+
+def sample(page: str, name: str) -> float:
+    """The value of the sample ``name`` (with its labels, if any) on a metrics page; 0 when absent."""
+    for line in page.splitlines():
+        if line.startswith(name + " "):
+            return float(line.split()[-1])
+    return 0.0
+
+
+async def test_two_replicas_one_leader_and_a_takeover(tmp_path: Path) -> None:
+    """Two operators on one fake API: one leads and scales, the other stands by (ready, but acting on
+    nothing); killed without a chance to release its Lease, the leader is replaced within
+    lease_duration_s and a bit (the bound docs/operator.md gives) and the standby scales what changed."""
+    server = new_server(tmp_path / "server", SERVER_CONFIG, env=SERVER_ENV)
+    kube = FakeKube(tmp_path / "kube", KUBE_TOKEN)
+    config = f'interval_s = 1\n\n[[servers]]\nname = "main"\nurl = "http://{server.target}"\n'
+    config += 'token_env = "OPERATOR_METRICS_TOKEN"\n'
+    env = {"OPERATOR_METRICS_TOKEN": METRICS_TOKEN}
+    one, two = (OperatorProcess(tmp_path / name, config, kube, env=env) for name in ("one", "two"))
+
+    async def objects(kube: FakeKube) -> None:
+        await kube.create_deployment("team-a", "jobs-workers", 5)
+        await kube.create_scaler("team-a", "jobs", scaler("main", "jobs", "jobs-workers", 3, 1, 10))
+
+    async with running(Cluster(kube, server, one), objects) as cluster:
+        two.start()
+        try:
+            await cluster.replicas_become("team-a", "jobs-workers", 1)
+            pages = await until(
+                lambda: asyncio.gather(scrape(one), scrape(two)),
+                lambda got: sorted(sample(page, "cronoq_operator_leader") for _, page in got) == [0.0, 1.0],
+                "one leader",
+            )
+            leader, standby = (one, two) if sample(pages[0][1], "cronoq_operator_leader") else (two, one)
+            _, standby_page = await scrape(standby)
+            assert sample(standby_page, "cronoq_operator_replicas_set_total") == 0
+            assert 'cronoq_operator_decisions_total{reason="Scaled"}' not in standby_page
+            for operator in (leader, standby):
+                assert await scrape(operator, "/healthz") == (200, "ok\n")
+                assert await scrape(operator, "/readyz") == (200, "ok\n")
+            _, leader_page = await scrape(leader)
+            assert sample(leader_page, "cronoq_operator_replicas_set_total") == 1
+            assert 'cronoq_build_info{engine="' in leader_page and 'store="none"' in leader_page
+            assert "process_cpu_seconds_total" in leader_page
+
+            assert leader.proc is not None
+            leader.proc.kill()  # no release: the standby must wait for the Lease to expire
+            leader.proc.wait(5)
+            await cluster.kube.patch_scaler("team-a", "jobs", {"spec": {"minReplicas": 2}})
+            bound = leader.lease_duration_s * 1.4 + 1 + 2  # the documented bound, a round, slack
+            await until(
+                lambda: scrape(standby),
+                lambda got: sample(got[1], "cronoq_operator_leader") == 1,
+                "a takeover",
+                timeout=bound,
+            )
+            await cluster.replicas_become("team-a", "jobs-workers", 2)
+            lease = await cluster.kube.lease("cronoq", "cronoq-operator")
+            assert lease["spec"]["leaseTransitions"] == 1
+        finally:
+            two.stop()
+
+
+async def test_a_watch_too_old_to_resume_is_listed_again(cluster: Cluster) -> None:
+    """The API server forgets the changes the operator's watch would resume from (410 Gone) and ends
+    the watch: the operator lists again, counts the restart, and a scaler created after is acted on."""
+    await cluster.status_where("team-a", "jobs", reason="Scaled")
+    await cluster.kube.call("POST", "/_fake/compact")
+    await cluster.kube.call("POST", "/_fake/close-watches")
+    await until(
+        lambda: scrape(cluster.operator),
+        lambda got: sample(got[1], 'cronoq_operator_watch_restarts_total{cause="expired"}') >= 1,
+        "a watch restarted after 410",
+    )
+    await cluster.kube.create_deployment("team-a", "late-workers", 4)
+    await cluster.kube.create_scaler("team-a", "late", scaler("main", "jobs", "late-workers", 3, 1, 10))
+    await cluster.replicas_become("team-a", "late-workers", 1)
+    events = await cluster.kube.events("team-a")
+    assert any(e["involvedObject"]["name"] == "late" and e["reason"] == "Scaled" for e in events)
+    assert "scalers_watch_restarted" in cluster.operator.logs()

@@ -76,6 +76,10 @@ are certificates: only the paths their Secrets are mounted at.
 interval_s = {{ .Values.intervalSeconds }}
 timeout_s = {{ .Values.timeoutSeconds }}
 namespaces = {{ .Values.namespaces | toJson }}
+# Probes and /metrics on every address of the pod (the kubelet and Prometheus reach it there).
+http_addr = "0.0.0.0:{{ .Values.httpPort }}"
+lease_name = {{ include "cronoq-operator.fullname" . | toJson }}
+lease_duration_s = {{ .Values.leaseDurationSeconds }}
 {{- range $i, $server := .Values.servers }}
 {{- if hasKey $seen $server.name }}
 {{- fail (printf "servers[%d].name: %q is already the name of another server" $i $server.name) }}

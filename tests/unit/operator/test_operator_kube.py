@@ -14,7 +14,7 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestServer
 
-from kube_operator.kube import KubeApi, KubeError, KubeTarget, Scale, in_cluster
+from kube_operator.kube import KubeApi, KubeError, KubeTarget, Scale, WatchEvent, in_cluster
 
 TOKEN = "first-token-0123456789"
 
@@ -77,11 +77,18 @@ async def api(served: tuple[Recorder, str], tmp_path: Path) -> AsyncIterator[Api
 
 async def test_listing_follows_continue_tokens(api: Api) -> None:
     api.recorder.answers = [
-        (200, {"items": [{"metadata": {"name": "a"}}], "metadata": {"continue": "next-page"}}),
-        (200, {"items": [{"metadata": {"name": "b"}}], "metadata": {"continue": ""}}),
+        (
+            200,
+            {
+                "items": [{"metadata": {"name": "a"}}],
+                "metadata": {"continue": "next-page", "resourceVersion": "7"},
+            },
+        ),
+        (200, {"items": [{"metadata": {"name": "b"}}], "metadata": {"continue": "", "resourceVersion": "7"}}),
     ]
     found = await api.kube.list_scalers()
-    assert [item["metadata"]["name"] for item in found] == ["a", "b"]
+    assert [item["metadata"]["name"] for item in found.items] == ["a", "b"]
+    assert found.resource_version == "7"  # where a watch starts from
     first, second = api.recorder.seen
     assert first["method"] == "GET" and first["path"] == "/apis/cronoq.io/v1alpha1/cronoqworkerscalers"
     assert first["query"] == {"limit": "500"}
@@ -92,8 +99,40 @@ async def test_listing_follows_continue_tokens(api: Api) -> None:
 
 async def test_listing_one_namespace(api: Api) -> None:
     api.recorder.answers = [(200, {"items": []})]
-    assert await api.kube.list_scalers("team-a") == []
+    assert (await api.kube.list_scalers("team-a")).items == []
     assert api.recorder.seen[0]["path"] == "/apis/cronoq.io/v1alpha1/namespaces/team-a/cronoqworkerscalers"
+
+
+async def test_a_watch_streams_events_from_a_version_and_ends_with_an_error_status(api: Api) -> None:
+    lines = [
+        {"type": "ADDED", "object": {"metadata": {"name": "a", "resourceVersion": "8"}}},
+        {"type": "BOOKMARK", "object": {"metadata": {"resourceVersion": "9"}}},
+        {"type": "ERROR", "object": {"kind": "Status", "code": 410, "message": "too old resource version"}},
+    ]
+    api.recorder.answers = [(200, "".join(json.dumps(line) + "\n" for line in lines))]
+    seen: list[WatchEvent] = []
+    with pytest.raises(KubeError) as gone:
+        async for event in api.kube.watch_scalers("team-a", "7"):
+            seen.append(event)
+    assert [event.kind for event in seen] == ["ADDED", "BOOKMARK"]
+    assert gone.value.status == 410 and gone.value.message == "too old resource version"
+    request = api.recorder.seen[0]
+    assert request["path"] == "/apis/cronoq.io/v1alpha1/namespaces/team-a/cronoqworkerscalers"
+    assert request["query"] == {
+        "watch": "1",
+        "resourceVersion": "7",
+        "allowWatchBookmarks": "true",
+        "timeoutSeconds": "300",
+    }
+    assert request["authorization"] == f"Bearer {TOKEN}"
+
+
+async def test_a_refused_watch_carries_the_api_servers_message(api: Api) -> None:
+    api.recorder.answers = [(403, {"kind": "Status", "message": "cannot watch here"})]
+    with pytest.raises(KubeError) as refused:
+        async for _ in api.kube.watch_scalers(None, "1"):
+            pass
+    assert (refused.value.status, refused.value.message) == (403, "cannot watch here")
 
 
 async def test_the_token_file_is_read_for_every_request(api: Api) -> None:

@@ -1,6 +1,7 @@
 """The loop around the decision, against the fake Kubernetes API (in this process) with scripted
 snapshots and a clock the test moves: one snapshot per server per round, only due scalers, one failing
-scaler never stops the others, and a stop request ends the loop at once."""
+scaler never stops the others, a standby does nothing, Events say what was done, a change the watch
+brings starts a round at once, and a stop request ends the loop at once."""
 
 from __future__ import annotations
 
@@ -11,17 +12,18 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from aiohttp.test_utils import TestServer
 
 from cronoq.client import Snapshot
 from cronoq.v1 import cronoq_pb2 as pb
 from kube_operator.config import OperatorConfig, ServerEntry
+from kube_operator.inventory import Inventory
 from kube_operator.kube import KubeApi, KubeError, KubeTarget
+from kube_operator.metrics import Stats
 from kube_operator.readings import Unknown
 from kube_operator.reconciler import Reconciler
-from tests.kube_fake import FakeKube, make_app
+from tests.kube_fake import FakeKube
+from tests.unit.operator.fakekit import Clock, in_process_fake
 
-TOKEN = "kube-token-0123456789"
 CONFIG = OperatorConfig(
     servers=(
         ServerEntry("main", "http://a:7070", token_env="T"),
@@ -53,11 +55,26 @@ class ScriptedServers:
 
 
 @dataclass
-class Clock:
-    now: float = 100.0
+class Leader:
+    """Leadership as the test sets it."""
 
-    def __call__(self) -> float:
-        return self.now
+    is_leader: bool = True
+    retry_s: float = 0.5
+    identity: str = "test-operator"
+
+
+@dataclass
+class Rounds:
+    """A reconciler and the inventory it reads, listed afresh before each round (as the watch would
+    have brought it up to date)."""
+
+    reconciler: Reconciler
+    inventory: Inventory
+    stats: Stats
+
+    async def round(self) -> float:
+        await self.inventory.resync()
+        return await self.reconciler.round()
 
 
 @dataclass
@@ -66,9 +83,14 @@ class Setup:
     api: KubeApi
     servers: ScriptedServers
     clock: Clock
+    leader: Leader = field(default_factory=Leader)
 
-    def reconciler(self, config: OperatorConfig = CONFIG, api: KubeApi | None = None) -> Reconciler:
-        return Reconciler(config, api or self.api, self.servers, clock=self.clock)
+    def reconciler(self, config: OperatorConfig = CONFIG, api: KubeApi | None = None) -> Rounds:
+        inventory, stats = Inventory(self.api, config.namespaces), Stats()
+        reconciler = Reconciler(
+            config, api or self.api, self.servers, inventory, self.leader, stats, clock=self.clock
+        )
+        return Rounds(reconciler, inventory, stats)
 
 
 def spec(server: str, pool: str, deployment: str, interval: int | None = None) -> dict[str, Any]:
@@ -84,17 +106,9 @@ def spec(server: str, pool: str, deployment: str, interval: int | None = None) -
 
 @pytest.fixture
 async def setup(tmp_path: Path) -> AsyncIterator[Setup]:
-    kube = FakeKube(tmp_path, TOKEN)
-    server = TestServer(make_app(TOKEN), host="127.0.0.1", port=kube.port)
-    await server.start_server()
-    kube.token_file.write_text(TOKEN)
     servers = ScriptedServers({"main": snapshot(cpu=6, gpu=3), "other": snapshot(io=1)})
-    try:
-        async with KubeApi(KubeTarget(kube.url, kube.token_file, None)) as api:
-            yield Setup(kube, api, servers, Clock())
-    finally:
-        await kube.stop()
-        await server.close()
+    async with in_process_fake(tmp_path) as (kube, api):
+        yield Setup(kube, api, servers, Clock())
 
 
 async def add(kube: FakeKube, namespace: str, name: str, body: dict[str, Any], replicas: int = 1) -> None:
@@ -141,10 +155,10 @@ async def test_only_due_scalers_are_reconciled(setup: Setup) -> None:
 
 async def test_a_failing_scaler_does_not_stop_the_others(setup: Setup) -> None:
     class Flaky(KubeApi):
-        async def patch_status(self, namespace: str, name: str, status: Any) -> None:
+        async def patch_status(self, namespace: str, name: str, status: Any) -> dict[str, Any]:
             if name == "first":
                 raise RuntimeError("boom")
-            await super().patch_status(namespace, name, status)
+            return await super().patch_status(namespace, name, status)
 
     await add(setup.kube, "a", "first", spec("main", "cpu", "first-workers"))
     await add(setup.kube, "a", "second", spec("main", "cpu", "second-workers"))
@@ -181,16 +195,67 @@ async def test_namespaces_restrict_the_scalers(setup: Setup) -> None:
     assert await setup.kube.replicas("b", "io-workers") == 4
 
 
-async def test_an_unreachable_api_server_means_trying_again_after_the_interval(setup: Setup) -> None:
-    async with KubeApi(KubeTarget("http://127.0.0.1:9", None, None)) as unreachable:
-        assert await setup.reconciler(api=unreachable).round() == CONFIG.interval_s
-    assert setup.servers.rounds == []
+async def test_a_standby_acts_on_nothing_and_reconciles_everything_when_it_leads(setup: Setup) -> None:
+    await add(setup.kube, "a", "cpu", spec("main", "cpu", "cpu-workers"))
+    rounds = setup.reconciler()
+    await rounds.round()
+    assert await setup.kube.replicas("a", "cpu-workers") == 3
+    await setup.kube.patch_scaler("a", "cpu", {"spec": {"slotsPerReplica": 1}})  # 6 slots: 6 replicas
+    setup.leader.is_leader = False
+    assert await rounds.round() == setup.leader.retry_s
+    assert setup.servers.rounds == [["main"]] and await setup.kube.replicas("a", "cpu-workers") == 3
+    setup.leader.is_leader = True
+    setup.clock.now += 0.1  # long before the scaler's interval: due because it was never reconciled here
+    await setup.kube.patch_scaler("a", "cpu", {"spec": {"slotsPerReplica": 1}})
+    await rounds.round()
+    assert await setup.kube.replicas("a", "cpu-workers") == 6
+
+
+async def test_events_say_what_was_scaled_and_why_a_deployment_was_left_alone(setup: Setup) -> None:
+    await add(setup.kube, "a", "cpu", spec("main", "cpu", "cpu-workers"))
+    await add(setup.kube, "a", "lost", spec("nowhere", "x", "lost-workers"))
+    rounds = setup.reconciler()
+    await rounds.round()
+    setup.clock.now += 20
+    await rounds.round()  # nothing changed: no new Event
+    events = {event["involvedObject"]["name"]: event for event in await setup.kube.events("a")}
+    assert len(await setup.kube.events("a")) == 2
+    scaled, lost = events["cpu"], events["lost"]
+    assert (scaled["type"], scaled["reason"]) == ("Normal", "Scaled")
+    assert scaled["message"] == (
+        "deployment 'cpu-workers' scaled from 1 to 3 replicas: 6 desired slots / 2 per replica = 3 replicas"
+    )
+    assert scaled["involvedObject"]["kind"] == "CronoqWorkerScaler" and scaled["involvedObject"]["uid"]
+    assert (lost["type"], lost["reason"]) == ("Warning", "UnknownServer")
+    assert lost["message"].startswith("spec.server: no server named 'nowhere'")
+    assert rounds.stats.scaled == 1
+    assert rounds.stats.decisions == {("Scaled",): 2, ("UnknownServer",): 2}
+
+
+async def test_a_watched_change_starts_a_round_at_once(setup: Setup) -> None:
+    await add(setup.kube, "a", "cpu", spec("main", "cpu", "cpu-workers"))
+    rounds = setup.reconciler()
+    stop = asyncio.Event()
+    running = [asyncio.create_task(rounds.inventory.run()), asyncio.create_task(rounds.reconciler.run(stop))]
+    try:
+        await asyncio.wait_for(setup.servers.asked.wait(), 5)
+        setup.servers.asked.clear()
+        # The next round is 15 s away; the new scaler is reconciled long before.
+        await add(setup.kube, "a", "io", spec("other", "io", "io-workers"))
+        await asyncio.wait_for(setup.servers.asked.wait(), 5)
+        assert setup.servers.rounds[-1] == ["other"]
+    finally:
+        stop.set()
+        running[0].cancel()
+        await asyncio.gather(*running, return_exceptions=True)
 
 
 async def test_stopping_interrupts_the_pause(setup: Setup) -> None:
     await add(setup.kube, "a", "cpu", spec("main", "cpu", "cpu-workers"))
+    rounds = setup.reconciler()
+    await rounds.inventory.resync()
     stop = asyncio.Event()
-    running = asyncio.create_task(setup.reconciler().run(stop))
+    running = asyncio.create_task(rounds.reconciler.run(stop))
     await asyncio.wait_for(setup.servers.asked.wait(), 5)
     stop.set()
     await asyncio.wait_for(running, 2)  # the pause was 15 s
