@@ -14,6 +14,8 @@ from prometheus_client.metrics_core import Metric
 
 from cronoq.engine.model import Priority, Status
 from cronoq.engine.snapshot import EngineSnapshot
+from cronoq.engine.stats import WaitTotals, edge_bin
+from cronoq.histogram import Series, cumulative, histogram_family
 from cronoq.prometheus import Sample, family
 
 from .runtime import CommitFailures, CommitStats
@@ -40,6 +42,27 @@ def commit_failures(failures: CommitFailures) -> Metric:
     )
 
 
+# The dispatch-wait histogram's buckets: powers of two from 1 ms to 2^18 ms (about 4.4 minutes), which
+# are edges of the engine's own bins, so each bucket is exact (a wait equal to a bound, measured in
+# floating point, falls in the bucket above it).
+WAIT_BOUNDS = tuple(0.001 * 2**k for k in range(19))
+_WAIT_EDGES = [edge_bin(bound) for bound in WAIT_BOUNDS]
+_WAIT_FROM = [0, *_WAIT_EDGES[:-1]]  # where each bucket's bins begin
+
+
+def _wait_series(waits: Mapping[str, WaitTotals]) -> Iterator[Series]:
+    """A series per pool and priority class that has dispatched anything since start."""
+    for pool in sorted(waits):
+        totals = waits[pool]
+        for prio in Priority:
+            if not totals.dispatched[prio]:
+                continue
+            bins = totals.counts[prio]
+            counts = [sum(bins[lo:hi]) for lo, hi in zip(_WAIT_FROM, _WAIT_EDGES, strict=True)]
+            counts.append(totals.dispatched[prio] - sum(counts))
+            yield {"pool": pool, "priority": prio.label}, cumulative(WAIT_BOUNDS, counts), totals.sums[prio]
+
+
 def leader(shard: str, leading: bool) -> Metric:
     """``cronoq_leader``: a standby has no engine to report and says only that it is not the leader."""
     return family(
@@ -56,10 +79,13 @@ def families(
     *,
     shard: str,
     watch_streams: int,
+    waits: Mapping[str, WaitTotals],
+    store: str,
     commits: CommitStats | None = None,
 ) -> Iterator[Metric]:
     """A leader's families. ``outcomes`` counts terminal statuses per (pool, status) since start;
-    ``commits`` is given with a durable store."""
+    ``waits`` are the engine's dispatch waits since start (``Engine.dispatch_waits``); ``commits`` is
+    given with a durable store (of kind ``store``)."""
     pools = snap.pools
 
     def per_pool(attr: str) -> list[Sample]:
@@ -112,6 +138,12 @@ def families(
             for p in pools
             for q, v in (("0.5", p.wait_p50), ("0.9", p.wait_p90), ("0.99", p.wait_p99))
         ],
+    )
+    yield histogram_family(
+        "cronoq_pool_dispatch_wait_seconds",
+        "Ready-to-dispatch wait of every attempt started since this leader began, by priority class.",
+        ("pool", "priority"),
+        _wait_series(waits),
     )
     yield family(
         "cronoq_pool_utilization",
@@ -203,6 +235,12 @@ def families(
             "counter",
             "Task rows written by group commits (a task changed several times in one batch counts once).",
             [({}, float(commits.tasks))],
+        )
+        yield histogram_family(
+            "cronoq_store_commit_duration_seconds",
+            "Store commit latency of every group commit since this leader began.",
+            ("store",),
+            [({"store": store}, commits.latency.cumulative(), commits.latency.total)],
         )
         seconds = sorted(commits.recent_seconds)
         yield family(

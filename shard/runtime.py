@@ -39,6 +39,7 @@ from cronoq.engine.model import (
     Task,
 )
 from cronoq.errors import DataLoss, Unavailable
+from cronoq.histogram import Histogram
 from cronoq.logs import get_logger
 from cronoq.timers import call_no_earlier
 
@@ -108,12 +109,14 @@ class CommitStats:
     tasks: int = 0
     recent_seconds: deque[float] = field(default_factory=lambda: deque(maxlen=4096))
     recent_sizes: deque[int] = field(default_factory=lambda: deque(maxlen=4096))
+    latency: Histogram = field(default_factory=Histogram)  # every commit's, since this term began
 
     def add(self, seconds: float, size: int) -> None:
         self.commits += 1
         self.tasks += size
         self.recent_seconds.append(seconds)
         self.recent_sizes.append(size)
+        self.latency.observe(seconds)
 
 
 @dataclass(slots=True)

@@ -217,6 +217,8 @@ class ShardServer:
                 runtime.outcomes,
                 shard=shard,
                 watch_streams=runtime.watch_count,
+                waits=runtime.engine.dispatch_waits(),
+                store=self.config.store.KIND,
                 commits=runtime.commit_stats if runtime.store is not None else None,
             )
         yield from self.request_limits.families()

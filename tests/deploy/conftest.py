@@ -97,12 +97,19 @@ def exported(tmp_path_factory: pytest.TempPathFactory) -> dict[str, set[str]]:
             asyncio.run(_get_unavailable(router.target, task_id))
             pages.append(_scrape(router.http))
     labels: dict[str, set[str]] = {}
+    histograms: set[str] = set()
     for text in pages:
+        histograms.update(re.findall(r"^# TYPE (\w+) histogram$", text, re.MULTILINE))
         for line in text.splitlines():
             if line and not line.startswith("#"):
                 sample = re.match(r"(\w+)(?:\{(.*)\})?\s", line)
                 assert sample is not None, line
                 labels.setdefault(sample[1], set()).update(re.findall(r'(\w+)="', sample[2] or ""))
+    # A histogram is documented as one family, with the labels of its series (``le`` is its buckets').
+    for name in histograms:
+        parts = [labels.pop(f"{name}{suffix}", None) for suffix in ("_bucket", "_sum", "_count")]
+        if any(part is not None for part in parts):  # (a histogram with no series yet has none)
+            labels[name] = set().union(*(part for part in parts if part is not None)) - {"le"}
     return labels
 
 

@@ -20,6 +20,7 @@ CONDITIONAL = {
     "cronoq_resource_waiting",
     "cronoq_shard_forwarded_total",
     "cronoq_shard_retries_total",
+    "cronoq_shard_forward_duration_seconds",
 }
 
 
@@ -50,4 +51,5 @@ def test_the_docs_are_read_as_expected() -> None:
     assert docs["cronoq_resource_waiting"] == {"resource", "kind"}
     assert docs["cronoq_build_info"] == {"version", "engine", "store"}
     assert docs["python_gc_collections_total"] == {"generation"}
-    assert len(docs) == 58
+    assert docs["cronoq_pool_dispatch_wait_seconds"] == {"pool", "priority"}  # a histogram: one family
+    assert len(docs) == 63

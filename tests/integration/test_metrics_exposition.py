@@ -79,9 +79,20 @@ async def test_a_server_answers_openmetrics_on_request_on_both_ports(tmp_path: P
         async with worker(server.target, echo), Client(server.target) as client:
             done = await client.submit(b"x", wait=True, wait_timeout=10)
             assert done.result is not None and done.result.ok
+        async with aiohttp.ClientSession() as http, http.get(f"{server.http}/v1/tasks/{done.id}") as resp:
+            assert resp.status == 200
         for url in (f"{server.http}/metrics", f"http://127.0.0.1:{port}/metrics"):
             text, openmetrics, build = await both_formats(url)
             assert text == openmetrics
+            # The histograms: the submit and the HTTP read timed by method, the attempt's wait, commits.
+            for labels in (
+                {("transport", "grpc"), ("method", "Submit")},
+                {("transport", "http"), ("method", "GET /v1/tasks/{ref}")},
+            ):
+                assert ("cronoq_request_duration_seconds_count", frozenset(labels)) in text, labels
+            wait = frozenset({("pool", "default"), ("priority", "normal"), ("le", "+Inf")})
+            assert ("cronoq_pool_dispatch_wait_seconds_bucket", wait) in text
+            assert ("cronoq_store_commit_duration_seconds_count", frozenset({("store", "sqlite")})) in text
             assert ("cronoq_tasks_total", frozenset({("pool", "default"), ("outcome", "succeeded")})) in text
             assert {"cronoq_store_commit_seconds", "cronoq_leader", "cronoq_pool_pending"} <= names(text)
             assert build == {
@@ -110,5 +121,7 @@ async def test_a_router_answers_openmetrics_on_request(tmp_path: Path) -> None:
         "cronoq_router_forwarded_total",
         frozenset({("shard", "a"), ("method", "Submit"), ("outcome", "ok")}),
     ) in text
+    submit = {("shard", "a"), ("method", "Submit")}
+    assert ("cronoq_router_forward_duration_seconds_count", frozenset(submit)) in text
     assert build["store"] == "none" and build["version"] == __version__
     assert {"process_resident_memory_bytes", "python_info"} <= names(text)

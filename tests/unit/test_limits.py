@@ -177,10 +177,29 @@ def test_gates_refuse_one_more_and_free_their_place() -> None:
         pass
     counts = limits.hits.counts()
     assert (counts["max_concurrent_requests"], counts["max_concurrent_streams"]) == (1, 1)
-    assert {m.name: m.samples[0].value for m in limits.families()} == {
+    families = {m.name: m for m in limits.families()}
+    assert {name: m.samples[0].value for name, m in families.items() if m.type == "gauge"} == {
         "cronoq_requests_in_flight": 0,
         "cronoq_streams_open": 0,
     }
+    assert families["cronoq_request_duration_seconds"].samples == []  # nothing went through the gates
+
+
+def test_admitted_calls_are_timed_by_transport_and_method() -> None:
+    limits = request_limits()
+    for transport, method, seconds in (
+        ("grpc", "Submit", 0.0007),
+        ("grpc", "Submit", 0.2),
+        ("http", "GET /v1/tasks/{id}", 3.0),
+    ):
+        limits.observe(transport, method, seconds)
+    (histogram,) = [m for m in limits.families() if m.type == "histogram"]
+    samples = {(s.name, s.labels.get("le"), s.labels["method"]): s.value for s in histogram.samples}
+    assert samples[("cronoq_request_duration_seconds_bucket", "0.001", "Submit")] == 1
+    assert samples[("cronoq_request_duration_seconds_bucket", "0.25", "Submit")] == 2
+    assert samples[("cronoq_request_duration_seconds_count", None, "Submit")] == 2
+    assert samples[("cronoq_request_duration_seconds_bucket", "2.5", "GET /v1/tasks/{id}")] == 0
+    assert samples[("cronoq_request_duration_seconds_sum", None, "GET /v1/tasks/{id}")] == 3.0
 
 
 async def test_deadline_cancels_the_call_and_counts() -> None:

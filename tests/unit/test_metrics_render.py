@@ -5,19 +5,22 @@ from __future__ import annotations
 
 import gc
 import weakref
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 
 import pytest
 from prometheus_client.metrics_core import Metric
+from prometheus_client.parser import text_string_to_metric_families
 
 from cronoq import __version__
 from cronoq.engine import Engine, compiled
-from cronoq.engine.model import PoolConfig, TaskSpec
+from cronoq.engine.model import PoolConfig, Priority, TaskSpec
 from cronoq.engine.snapshot import EngineSnapshot
+from cronoq.engine.stats import WaitTotals
 from cronoq.prometheus import Exposition, family
 from shard import metrics
 from shard.runtime import CommitFailures, CommitStats
 from tests.prometheus import openmetrics_families
+from tests.unit.engine.helpers import drain, make_engine, spec
 
 OPENMETRICS = "application/openmetrics-text; version=1.0.0"
 
@@ -28,8 +31,16 @@ async def page(families: Iterable[Metric], accept: str = "") -> str:
     return body.decode()
 
 
+def leader_families(
+    snap: EngineSnapshot, commits: CommitStats | None = None, waits: Mapping[str, WaitTotals] | None = None
+) -> Iterator[Metric]:
+    return metrics.families(
+        snap, {}, shard="", watch_streams=0, waits=waits or {}, store="postgres", commits=commits
+    )
+
+
 async def leader_page(snap: EngineSnapshot, accept: str = "", commits: CommitStats | None = None) -> str:
-    return await page(metrics.families(snap, {}, shard="", watch_streams=0, commits=commits), accept)
+    return await page(leader_families(snap, commits), accept)
 
 
 async def test_skipped_recurring_starts_are_exposed_as_a_counter() -> None:
@@ -106,7 +117,7 @@ async def test_no_garbage_collection_runs_while_a_page_is_alive() -> None:
     alive: list[weakref.ref[Metric]] = []
 
     def families() -> Iterator[Metric]:
-        for built in metrics.families(snap, {}, shard="", watch_streams=0):
+        for built in leader_families(snap):
             alive.append(weakref.ref(built))
             yield built
 
@@ -125,3 +136,46 @@ async def test_no_garbage_collection_runs_while_a_page_is_alive() -> None:
         gc.callbacks.remove(record)
     assert text.count("\ncronoq_pool_pending{") > 700  # more new objects than generation 0 holds
     assert len(alive) > 20 and not any(found) and gc.isenabled()
+
+
+def buckets(text: str, name: str, **labels: str) -> dict[str, float]:
+    """The ``le`` buckets of the series of histogram ``name`` with ``labels``."""
+    found = {}
+    for parsed in text_string_to_metric_families(text):
+        for sample in parsed.samples:
+            le = sample.labels.pop("le", None)
+            if sample.name == f"{name}_bucket" and sample.labels == labels and le is not None:
+                found[le] = sample.value
+    return found
+
+
+async def test_dispatch_waits_are_a_histogram_per_pool_and_priority_since_start() -> None:
+    """Every attempt's ready-to-dispatch wait is counted in the bucket of its priority class, with the
+    sum, and stays counted after the quantile window has moved past it: what rates over any range are
+    taken from. Classes that never dispatched have no series."""
+    engine = make_engine()
+    engine.submit([spec(priority=Priority.HIGH), spec(priority=Priority.HIGH), spec()], 0.0)
+    engine.add_worker(1, "p", 1, {}, 0.003)  # the first HIGH waited 3 ms
+    for now in (0.5, 300.0):  # each completion starts the next: HIGH after 0.5 s, NORMAL after 300 s
+        (dispatch,) = drain(engine).dispatches
+        assert engine.complete(1, dispatch.lease, now)
+    text = await page(leader_families(engine.snapshot(400.0), waits=engine.dispatch_waits()))
+    assert "# TYPE cronoq_pool_dispatch_wait_seconds histogram" in text
+    high = buckets(text, "cronoq_pool_dispatch_wait_seconds", pool="p", priority="high")
+    assert (high["0.002"], high["0.004"], high["0.256"], high["0.512"], high["+Inf"]) == (0, 1, 1, 2, 2)
+    assert len(high) == 20  # powers of two from 1 ms to 2^18 ms, and +Inf
+    normal = buckets(text, "cronoq_pool_dispatch_wait_seconds", pool="p", priority="normal")
+    assert normal["262.144"] == 0 and normal["+Inf"] == 1  # 300 s: above every bound
+    assert '\ncronoq_pool_dispatch_wait_seconds_sum{pool="p",priority="normal"} 300.0\n' in text
+    assert '\ncronoq_pool_dispatch_wait_seconds_count{pool="p",priority="high"} 2.0\n' in text
+    assert 'priority="critical"' not in text.split("cronoq_pool_dispatch_wait_seconds", 1)[1]
+
+
+async def test_commit_latency_is_a_histogram_of_every_commit() -> None:
+    commits = CommitStats()
+    for seconds in (0.0004, 0.003, 0.003, 0.2):
+        commits.add(seconds, 1)
+    text = await leader_page(make_engine().snapshot(0.0), commits=commits)
+    found = buckets(text, "cronoq_store_commit_duration_seconds", store="postgres")
+    assert (found["0.0005"], found["0.0025"], found["0.005"], found["0.25"], found["+Inf"]) == (1, 1, 3, 4, 4)
+    assert '\ncronoq_store_commit_duration_seconds_count{store="postgres"} 4.0\n' in text

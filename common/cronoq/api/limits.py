@@ -24,6 +24,7 @@ import asyncio
 import inspect
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager, contextmanager
+from time import perf_counter
 from typing import Any
 
 import grpc
@@ -34,6 +35,7 @@ from prometheus_client.metrics_core import Metric
 
 from cronoq.config.model import Limits
 from cronoq.errors import ApiError, DeadlineExceeded, ResourceExhausted
+from cronoq.histogram import Histogram, histogram_family, labelled_histograms, observe
 from cronoq.limit_hits import LimitHits
 from cronoq.prometheus import family
 from cronoq.transport import grpc_status, take_first_message
@@ -97,6 +99,12 @@ class RequestLimits:
         self.max_message_bytes = limits.max_message_bytes
         self.requests = 0  # calls in progress (streams excluded)
         self.streams = 0  # streams open
+        # Latency of the calls that passed the gates, by (transport, method): cronoq_request_duration_seconds.
+        self.latency: dict[tuple[str, str], Histogram] = {}
+
+    def observe(self, transport: str, method: str, seconds: float) -> None:
+        """A call (a unary gRPC method, an HTTP route) that was admitted took ``seconds``, answered or not."""
+        observe(self.latency, (transport, method), seconds)
 
     def acquire_request(self) -> None:
         if self.requests >= self.max_requests:
@@ -166,7 +174,14 @@ class RequestLimits:
             ) from None
 
     def families(self) -> Iterator[Metric]:
-        """Gauges of what the gates hold now."""
+        """Gauges of what the gates hold now, and the latency of the calls they let through."""
+        yield histogram_family(
+            "cronoq_request_duration_seconds",
+            "Time from admission to answer of unary gRPC calls and HTTP requests (probes and /metrics "
+            "excepted), by transport and method (gRPC method name, or HTTP method and route).",
+            ("transport", "method"),
+            labelled_histograms(self.latency, ("transport", "method")),
+        )
         yield family(
             "cronoq_requests_in_flight",
             "gauge",
@@ -356,6 +371,7 @@ class LimitsInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
 
     def _unary(self, inner: Callable[[Any, Ctx], Any], method: str) -> Callable[[Any, Ctx], Any]:
         limits = self.limits
+        name = method.rpartition("/")[2]  # "Submit" of /cronoq.v1.Tasks/Submit
 
         async def unary_unary(request: Any, context: Ctx) -> Any:
             try:
@@ -365,6 +381,7 @@ class LimitsInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
             except ApiError as err:
                 await _abort(context, err)
                 return None  # unreachable: abort raises
+            started = perf_counter()
             try:
                 async with limits.deadline(_waits(method, request)):
                     return await inner(request, context)
@@ -373,6 +390,7 @@ class LimitsInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
                 return None
             finally:
                 limits.release_request()
+                limits.observe("grpc", name, perf_counter() - started)
 
         return unary_unary
 
@@ -386,6 +404,13 @@ def _http_waits(request: web.Request) -> bool:
     return (request.method == "POST" and path == "/v1/tasks") or (
         path.startswith("/v1/tasks/") and path.endswith("/result")
     )
+
+
+def _route(request: web.Request) -> str:
+    """The route a request matched, as a label: ``GET /v1/tasks/{ref}`` (never the path itself, whose ids
+    and keys would make a series each), or ``unmatched``."""
+    resource = request.match_info.route.resource
+    return f"{request.method} {resource.canonical}" if resource is not None else "unmatched"
 
 
 def limits_middleware(limits: RequestLimits) -> Middleware:
@@ -403,9 +428,13 @@ def limits_middleware(limits: RequestLimits) -> Middleware:
                 response = await handler(request)
                 return response
         with limits.request():
-            async with limits.deadline(_http_waits(request)):
-                response = await handler(request)
-                return response
+            started = perf_counter()
+            try:
+                async with limits.deadline(_http_waits(request)):
+                    response = await handler(request)
+                    return response
+            finally:
+                limits.observe("http", _route(request), perf_counter() - started)
 
     return limited
 

@@ -13,6 +13,7 @@ import asyncio
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
+from time import perf_counter
 from typing import Any, Protocol
 from urllib.parse import urlsplit
 
@@ -23,6 +24,7 @@ from prometheus_client.metrics_core import Metric
 from cronoq.auth import Principal
 from cronoq.config.model import GRPC_STREAMS_PER_CONNECTION
 from cronoq.errors import ApiError, DeadlineExceeded, Unavailable
+from cronoq.histogram import Histogram, histogram_family, labelled_histograms, observe
 from cronoq.hosts import is_loopback_name
 from cronoq.prometheus import family, labelled
 from cronoq.tracecontext import incoming
@@ -200,6 +202,8 @@ class Peers:
         self._room = max(1, streams_per_connection - streams_per_connection // 10)
         self._connections: dict[str, list[_Connection]] = {}  # endpoint URL -> its connections
         self.calls: Counter[tuple[str, str, str]] = Counter()
+        # How long each forwarded call took, retries included, by (shard, method), answered or not.
+        self.latency: dict[tuple[str, str], Histogram] = {}
         self.retried: Counter[tuple[str, str]] = Counter()
 
     def url(self, shard: Shard) -> str:
@@ -278,11 +282,14 @@ class Peers:
         ``last_hop`` as in :meth:`check`. Returns the answer and the content type of the output it
         carries, if the owner said (the wire result has no field for it; HTTP needs it)."""
         deadline = None if budget is None else asyncio.get_running_loop().time() + budget
+        started = perf_counter()
         try:
             answer = await self._call(shard, rpc, request, caller, wait, deadline, (extra, last_hop))
         except ApiError as err:
             self.calls[(shard.name, rpc.method, err.code)] += 1
             raise
+        finally:
+            observe(self.latency, (shard.name, rpc.method), perf_counter() - started)
         self.calls[(shard.name, rpc.method, "ok")] += 1
         return answer
 
@@ -557,6 +564,12 @@ def forwarded_families(peers: Peers, prefix: str) -> Iterator[Metric]:
         "counter",
         "Calls forwarded to a shard, by method and outcome (ok, or the error's code).",
         labelled(peers.calls, ("shard", "method", "outcome")),
+    )
+    yield histogram_family(
+        f"{prefix}forward_duration_seconds",
+        "Time a forwarded unary call took, retries included, by shard and method, answered or not.",
+        ("shard", "method"),
+        labelled_histograms(peers.latency, ("shard", "method")),
     )
     yield family(
         f"{prefix}retries_total",

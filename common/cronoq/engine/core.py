@@ -282,7 +282,7 @@ class EngineCore:
         counts it in ``_pending_total`` and ``totals.dispatched``, and passes the stats bucket of ``now``."""
         spec = task.spec
         pool.pending[spec.priority] -= 1
-        bucket.dispatch(now - ready_at, inverted)
+        bucket.dispatch(now - ready_at, inverted, spec.priority)
         if spec.start is not None and not task.attempt:
             bucket.fixed_start(now <= spec.start + spec.tolerance)
         task.attempt = attempt = task.attempt + 1

@@ -34,6 +34,7 @@ from .model import (
     TaskSpec,
 )
 from .snapshot import EngineSnapshot, GroupStats, PoolStats, Totals, WorkerView
+from .stats import WaitTotals
 from .timers import TimerKind
 from .workers import label_set
 
@@ -406,6 +407,11 @@ class Engine(EngineCore):
         return actions
 
     # ------------------------------------------------------------------------------------ views
+
+    def dispatch_waits(self) -> dict[str, WaitTotals]:
+        """Each pool's dispatch waits since the engine started, by priority class (the histogram of
+        ``/metrics``; live objects, to be read before the engine runs again)."""
+        return {name: pool.stats.settled_waits() for name, pool in self._pools.items()}
 
     def snapshot(self, now: float) -> EngineSnapshot:
         """Pools, counts and totals as of ``now``."""

@@ -47,13 +47,13 @@ def _in_units(seconds: float) -> float:
     return seconds / _UNIT
 
 
-def bin_all(counts: list[int], samples: list[float]) -> None:
-    """Add to ``counts`` the bin of each of ``samples`` (sorting them), as ``duration_bin`` gives it
-    (``0`` below 1 ms): a sort in C and one bisection per bin edge inside the samples' range, instead
-    of a bisection per sample on the path every attempt takes."""
+def bin_all(counts: list[int], samples: list[float], also: list[int] | None = None) -> None:
+    """Add to ``counts`` (and to ``also``, when given) the bin of each of ``samples`` (sorting them), as
+    ``duration_bin`` gives it (``0`` below 1 ms): a sort in C and one bisection per bin edge inside the
+    samples' range, instead of a bisection per sample on the path every attempt takes."""
     samples.sort()
     start = bisect_left(samples, _UNIT)  # bin 0: under 1 ms
-    counts[0] += start
+    _add(counts, also, 0, start)
     n = len(samples)
     if start == n:
         return
@@ -61,9 +61,21 @@ def bin_all(counts: list[int], samples: list[float]) -> None:
     for index in range(duration_bin(samples[start]), last):
         # Bin ``index`` ends where the samples reach _EDGES[index], the first edge of the next bin.
         end = bisect_left(samples, _EDGES[index], start, n, key=_in_units)
-        counts[index] += end - start
+        _add(counts, also, index, end - start)
         start = end
-    counts[last] += n - start
+    _add(counts, also, last, n - start)
+
+
+def _add(counts: list[int], also: list[int] | None, index: int, n: int) -> None:
+    counts[index] += n
+    if also is not None:
+        also[index] += n
+
+
+def edge_bin(seconds: float) -> int:
+    """The first bin at or above ``seconds``, which must be a bin edge (1 ms times a power of two, say):
+    the bins below it hold exactly the durations under ``seconds``."""
+    return bisect_left(_EDGES, seconds / _UNIT) + 1
 
 
 def bin_value(index: int) -> float:
@@ -87,16 +99,35 @@ def quantile(counts: list[int], total: int, q: float) -> float:
     return bin_value(BINS - 1)
 
 
+PRIORITIES: Final = 4  # the classes of model.Priority, whose values index the lists below
+
+
+class WaitTotals:
+    """One pool's dispatch waits since the engine started, per priority class (``counts[priority]`` in
+    the window's bins, their sum and number): the histogram ``/metrics`` exports, which rates over any
+    range can be taken from, where the window's quantiles only say what one process saw lately. Filled
+    when a slice's waits are binned, so the path every attempt takes pays only for the class index."""
+
+    __slots__ = ("counts", "dispatched", "sums")
+
+    def __init__(self) -> None:
+        self.counts = [[0] * BINS for _ in range(PRIORITIES)]
+        self.sums = [0.0] * PRIORITIES
+        self.dispatched = [0] * PRIORITIES
+
+
 class Bucket:
     """Counters for one slice of the window; ``index`` is the slice number (time // width).
 
-    Waits and run times are kept as they come and binned into ``waits`` and ``runs`` by ``settle``
-    (when the slice stops being the newest, and before a view): binning each as it came was a
-    twentieth of the engine's time per task."""
+    Waits and run times are kept as they come (waits by priority class) and binned into ``waits`` and
+    ``runs`` by ``settle`` (when the slice stops being the newest, and before a view): binning each as
+    it came was a twentieth of the engine's time per task. Settling also adds the waits to the pool's
+    ``WaitTotals``."""
 
     __slots__ = (
         "_new_runs",
         "_new_waits",
+        "_totals",
         "capacity_area",
         "dispatched",
         "ended",
@@ -114,14 +145,16 @@ class Bucket:
         "waits",
     )
 
-    def __init__(self) -> None:
+    def __init__(self, totals: WaitTotals) -> None:
         self.waits = [0] * BINS
         self.runs = [0] * BINS
-        self._new_waits: list[float] = []
+        self._totals = totals
+        self._new_waits: list[list[float]] = [[] for _ in range(PRIORITIES)]
         self._new_runs: list[float] = []
         self.clear(-1)
 
     def clear(self, index: int) -> None:
+        self.settle()  # no wait leaves without reaching the totals (the slice being reused is settled)
         self.index = index
         self.dispatched = 0
         self.inversions = 0
@@ -137,26 +170,29 @@ class Bucket:
         self.fixed_total = 0
         self.waits[:] = _EMPTY
         self.runs[:] = _EMPTY
-        self._new_waits.clear()
         self._new_runs.clear()
 
     def settle(self) -> None:
         """Bin the waits and run times counted since the last call."""
-        if self._new_waits:
-            bin_all(self.waits, self._new_waits)
-            self._new_waits.clear()
+        totals = self._totals
+        for priority, waits in enumerate(self._new_waits):
+            if waits:
+                bin_all(self.waits, waits, totals.counts[priority])
+                totals.sums[priority] += sum(waits)
+                totals.dispatched[priority] += len(waits)
+                waits.clear()
         if self._new_runs:
             bin_all(self.runs, self._new_runs)
             self._new_runs.clear()
 
-    def dispatch(self, wait: float, inverted: bool) -> None:
-        """An attempt started after waiting ``wait`` seconds READY; ``inverted`` if it passed over an
-        eligible task of a higher class."""
+    def dispatch(self, wait: float, inverted: bool, priority: int) -> None:
+        """An attempt of class ``priority`` started after waiting ``wait`` seconds READY; ``inverted`` if
+        it passed over an eligible task of a higher class."""
         self.dispatched += 1
         if inverted:
             self.inversions += 1
         self.wait_total += wait
-        self._new_waits.append(wait)
+        self._new_waits[priority].append(wait)
 
     def fixed_start(self, hit: bool) -> None:
         """A fixed-start task started within its tolerance (a hit), or started late or missed."""
@@ -247,11 +283,12 @@ class WindowView:
 class WindowStats:
     """One pool's windowed counters plus its worker-seconds since start (reported, and priced as cost)."""
 
-    __slots__ = ("_current", "_ring", "_until", "_width", "capacity", "last", "worker_seconds")
+    __slots__ = ("_current", "_ring", "_until", "_width", "capacity", "last", "wait_totals", "worker_seconds")
 
     def __init__(self, window: float) -> None:
         self._width = window / SLOTS
-        self._ring = [Bucket() for _ in range(SLOTS)]
+        self.wait_totals = WaitTotals()
+        self._ring = [Bucket(self.wait_totals) for _ in range(SLOTS)]
         self._current = self._ring[0]
         self._until = 0.0  # where the current bucket's slice ends: before it, no division is needed
         self.capacity = 0  # slots since ``last``
@@ -325,6 +362,11 @@ class WindowStats:
         self.worker_seconds += held * (now - start)
         for slot, seconds in self._spread(start, now, int(now // self._width)):
             slot.capacity_area += held * seconds
+
+    def settled_waits(self) -> WaitTotals:
+        """The pool's waits since start, including those of the newest slice."""
+        self._current.settle()
+        return self.wait_totals
 
     def view(self, now: float, running: Iterable[float] = ()) -> WindowView:
         """The window's numbers as of ``now``; ``running`` holds when each attempt still running began."""

@@ -293,7 +293,7 @@ def test_window_buckets_follow_time_slices_and_a_late_caller_counts_in_the_newes
     assert stats.bucket(100.5) is second  # time never runs backwards here
     later = stats.bucket(107.5)
     assert later.index == 107 and stats.bucket(107.99) is later
-    later.dispatch(0.5, False)
+    later.dispatch(0.5, False, Priority.NORMAL)
     assert later.dispatched == 1
     again = stats.bucket(167.5)  # a whole window on: the ring came round to the same slot, cleared
     assert again is later and again.index == 167 and again.dispatched == 0
