@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
-import tomllib
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,12 +17,18 @@ from typing import Any
 
 import yaml
 
+from cronoq.config import syntax_of
+from cronoq.config.problems import Problems
+from cronoq.config.syntax import parse_document
+
 from .conftest import REPO
 
 CHART = REPO / "charts" / "cronoq"
 TOKENS_SECRET = "cronoq-tokens"
 DB_SECRET = "cronoq-db"
 NAMESPACE = "jobs"
+# The ConfigMap key of the servers' and routers' configuration, and the file the pods are given.
+CONFIG_FILE = "cronoq.yaml"
 REQUIRED: dict[str, Any] = {
     "auth": {"existingSecret": TOKENS_SECRET},
     "store": {"postgres": {"urlSecret": {"name": DB_SECRET}}},
@@ -170,15 +175,21 @@ class Rendered:
 
     @property
     def config_text(self) -> str:
-        """The ``cronoq.toml`` of the chart's ConfigMap (the helm test's and the dashboards' ConfigMaps
+        """The ``cronoq.yaml`` of the chart's ConfigMap (the helm test's and the dashboards' ConfigMaps
         are others)."""
-        (config_map,) = [doc for doc in self.of_kind("ConfigMap") if "cronoq.toml" in doc.get("data", {})]
-        text: str = config_map["data"]["cronoq.toml"]
+        (config_map,) = [doc for doc in self.of_kind("ConfigMap") if CONFIG_FILE in doc.get("data", {})]
+        text: str = config_map["data"][CONFIG_FILE]
         return text
 
     @property
     def config(self) -> dict[str, Any]:
-        return tomllib.loads(self.config_text)
+        """The rendered file as the servers and routers read it: YAML through cronoq's own reader
+        (so a number is an integer or a float as they see it), refused on any problem it finds."""
+        problems = Problems()
+        document = parse_document(self.config_text, syntax_of(CONFIG_FILE), problems)
+        if document is None or problems:
+            raise problems.error(CONFIG_FILE)
+        return document
 
 
 def pod_spec(deployment: Doc) -> Doc:

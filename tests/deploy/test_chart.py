@@ -1,5 +1,5 @@
 """The Helm chart ``charts/cronoq``, rendered by the real ``helm`` binary: lint, Kubernetes schemas,
-selectors, probes, pod security, tokens, the refusals, and the rendered ``cronoq.toml`` checked (and
+selectors, probes, pod security, tokens, the refusals, and the rendered ``cronoq.yaml`` checked (and
 run) by the real ``cronoq-server`` and ``cronoq-router``."""
 
 from __future__ import annotations
@@ -11,7 +11,9 @@ import re
 import ssl
 import subprocess
 import sys
+import textwrap
 import time
+import tomllib
 import urllib.error
 import urllib.request
 from collections.abc import Iterator, Mapping
@@ -30,6 +32,7 @@ from tests.ports import free_ports
 
 from .chart_render import (
     CHART,
+    CONFIG_FILE,
     CUSTOM_KINDS,
     DATABASE_URL_ENV,
     NAMESPACE,
@@ -55,6 +58,18 @@ from .conftest import KUBERNETES_VERSION, REPO
 
 SHARDED_TLS = ci_values("sharded-tls-values.yaml")
 THREE_SHARDS = ci_values("three-shards-values.yaml")
+# Numbers a platform team sets, many past a million: Helm reads them as floats, and the file must
+# still give them to the server as integers (it refuses a float where it expects an integer).
+TUNED_CONFIG: dict[str, Any] = {
+    "pools": [{"name": "default", "max": 1_000_000, "lease_ttl_s": 30}, {"name": "batch", "min": 0}],
+    "resources": [{"kind": "semaphore", "name": "gpu_mem", "permits": 1_000_000}],
+    "limits": {"max_pending_total": 1_000_000_000, "max_message_bytes": 16_777_216, "max_wait_s": 1.5},
+    "outputs": {"cache_bytes": 67_108_864, "cache_entries": 2_000_000},
+    "server": {"http_max_connections": 1_000_000},
+}
+TUNED = merge(
+    REQUIRED, {"store": {"keepFinishedS": 31_536_000}, "shutdownGraceS": 3_600, "config": TUNED_CONFIG}
+)
 SHARDED_INSECURE = merge({k: v for k, v in SHARDED_TLS.items() if k != "tls"}, {"insecurePeerHttp": True})
 # Without shards, over TLS only (no plain-http trust), and with client certificates.
 UNSHARDED_TLS = merge(
@@ -82,10 +97,10 @@ SCENARIOS: dict[str, dict[str, Any]] = {
         SHARDED_TLS,
         {
             "tls": {"clientCerts": True},
-            "config": SHARDED_TLS["config"]
-            + '[[auth.certs]]\ndns_name = "worker-1.internal"\nrole = "worker"\n',
+            "config": {"auth": {"certs": [{"dns_name": "worker-1.internal", "role": "worker"}]}},
         },
     ),
+    "tuned": TUNED,
 }
 SHARD_POOLS = {"cpu": ["default"], "gpu": ["llm"]}  # the shards of ci/sharded-tls-values.yaml
 APP_VERSION = yaml.safe_load((CHART / "Chart.yaml").read_text())["appVersion"]  # the default image tag
@@ -206,9 +221,9 @@ def test_clients_reach_only_the_routers_and_each_group_service_only_its_servers(
         assert members["clusterIP"] == "None" and members["publishNotReadyAddresses"] is True
 
 
-def _groups(config: Mapping[str, Any]) -> dict[str, Mapping[str, Any]]:
+def _groups(config: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
     """Each group's endpoint and members as the config gives them to the routers, by shard: each
-    ``[[shards]]`` entry, or without shards ``[router]`` under the name the router gives that group."""
+    ``shards`` entry, or without shards ``router`` under the name the router gives that group."""
     if "shards" in config:
         return {shard["name"]: shard for shard in config["shards"]}
     return {UNSHARDED: config["router"]}
@@ -217,7 +232,7 @@ def _groups(config: Mapping[str, Any]) -> dict[str, Mapping[str, Any]]:
 def test_the_members_are_the_statefulsets_pods_by_their_stable_names(scenario: tuple[str, Rendered]) -> None:
     """The routers (and the other shards) find a group's leader by asking each of its ``members``:
     exactly its StatefulSet's pods, one per replica, by the names its headless Service gives them; the
-    ``endpoint`` is the group's Service. Without shards they are ``[router] members`` and ``endpoint``."""
+    ``endpoint`` is the group's Service. Without shards they are ``router.members`` and ``endpoint``."""
     name, rendered = scenario
     scheme = "https" if "tls" in SCENARIOS[name] else "http"
     sets = {s["metadata"]["labels"].get("cronoq.io/shard", UNSHARDED): s for s in rendered.servers}
@@ -282,7 +297,7 @@ CA_FILE = "/etc/cronoq-tls/ca.crt"
 def test_tls_secret_becomes_server_and_peer_tls(
     helm: Path, name: str, server_tls: dict[str, str] | None, peer_tls: dict[str, str] | None
 ) -> None:
-    """[server.peer_tls] with TLS, shards or not: the routers verify the servers (and present tls.crt to
+    """``server.peer_tls`` with TLS, shards or not: the routers verify the servers (and present tls.crt to
     them under mTLS) as shards do each other."""
     rendered = render(helm, SCENARIOS[name])
     server = rendered.config["server"]
@@ -466,11 +481,15 @@ def test_routers_are_ready_while_they_run_and_roll_one_at_a_time(helm: Path, nam
     assert router["spec"]["replicas"] == 2
 
 
-def test_termination_grace_follows_shutdown_grace(helm: Path) -> None:
-    rendered = render(helm, merge(REQUIRED, {"shutdownGraceS": 45}))
-    assert rendered.config["server"]["shutdown_grace_s"] == 45
+@pytest.mark.parametrize(
+    ("grace", "config"), [(45, {}), (0, {"server": {"http_max_connections": 500}})], ids=["45", "0-merged"]
+)
+def test_termination_grace_follows_shutdown_grace(helm: Path, grace: int, config: dict[str, Any]) -> None:
+    """0 too, next to a `config` that adds to ``server``: merging must not drop a value that is empty."""
+    rendered = render(helm, merge(REQUIRED, {"shutdownGraceS": grace, "config": config}))
+    assert _typed(rendered.config["server"]["shutdown_grace_s"]) == ("int", grace)
     (deployment,) = rendered.servers
-    assert pod_spec(deployment)["terminationGracePeriodSeconds"] > 50
+    assert pod_spec(deployment)["terminationGracePeriodSeconds"] == grace + 10
 
 
 # ---------------------------------------------------------------- pods
@@ -498,20 +517,26 @@ def test_pods_run_locked_down(scenario: tuple[str, Rendered]) -> None:
         mounts = {m["mountPath"]: m["name"] for m in container["volumeMounts"]}
         volumes = {v["name"]: v for v in pod_spec(workload)["volumes"]}
         assert volumes[mounts["/etc/cronoq"]]["configMap"]["name"] == "rel-cronoq-config"
-        assert container["args"] == ["--config", "/etc/cronoq/cronoq.toml"]
+        assert container["args"] == ["--config", f"/etc/cronoq/{CONFIG_FILE}"]
     for router in rendered.routers:  # the image's entrypoint is the server
         assert server_container(router)["command"] == ["/opt/cronoq/bin/cronoq-router"]
 
 
 def test_a_config_change_rolls_the_pods(helm: Path) -> None:
-    def checksum(values: Mapping[str, Any]) -> str:
-        (deployment,) = render(helm, values).servers
-        value: str = deployment["spec"]["template"]["metadata"]["annotations"]["checksum/config"]
-        return value
+    """The servers' and the routers' pod templates carry a hash of the rendered file, which the same
+    values keep and a change of `config` changes."""
 
-    before = checksum(REQUIRED)
-    assert checksum(REQUIRED) == before
-    assert checksum(merge(REQUIRED, {"config": '[[pools]]\nname = "default"\nmax = 7\n'})) != before
+    def checksums(values: Mapping[str, Any]) -> list[str]:
+        rendered = render(helm, values)
+        return [
+            workload["spec"]["template"]["metadata"]["annotations"]["checksum/config"]
+            for workload in rendered.servers + rendered.routers
+        ]
+
+    before = checksums(REQUIRED)
+    assert len(before) == 2 and checksums(REQUIRED) == before
+    after = checksums(merge(REQUIRED, {"config": {"pools": [{"name": "default", "max": 7}]}}))
+    assert all(new != old for new, old in zip(after, before, strict=True))
 
 
 @pytest.mark.parametrize(("existing", "claim"), [("", "rel-cronoq-data"), ("cronoq-state", "cronoq-state")])
@@ -670,8 +695,30 @@ TWO_SHARDS = [
     {"name": "cpu", "number": 1, "pools": ["default"]},
     {"name": "gpu", "number": 2, "pools": ["llm"]},
 ]
-POOLS = '[[pools]]\nname = "default"\n[[pools]]\nname = "llm"\n'
+POOLS = {"pools": [{"name": "default"}, {"name": "llm"}]}
 SHARDED = merge(REQUIRED, {"shards": TWO_SHARDS, "insecurePeerHttp": True, "config": POOLS})
+
+
+# `config` values the chart cannot merge or read its pools from, and what it says of each.
+CONFIG_SHAPE_MISTAKES: dict[str, tuple[object, str]] = {
+    "server-not-a-mapping": (
+        {"server": "0.0.0.0:7070"},
+        "config.server must be a mapping of keys (got string)",
+    ),
+    "pools-not-a-list": (
+        {"pools": {"name": "default"}},
+        "config.pools must be a list (got map[string]interface {})",
+    ),
+    "pool-without-name": (
+        {"pools": [{"name": "default"}, {"max": 5}]},
+        'config.pools[1] must be a mapping with a name (got {"max":5})',
+    ),
+    "tokens-not-a-list": (
+        {"auth": {"tokens": {"role": "client", "token_env": "T"}}},
+        "config.auth.tokens must be a list of tokens, added to the chart's four (got map",
+    ),
+    "list": ([{"pools": []}], "config: Invalid type. Expected: [object,string], given: array"),
+}
 
 
 def _shards(*entries: dict[str, Any]) -> dict[str, Any]:
@@ -756,16 +803,9 @@ def _shards(*entries: dict[str, Any]) -> dict[str, Any]:
             "store.kind sqlite does not support shards",
             id="sqlite-shards",
         ),
-        pytest.param(merge(REQUIRED, {"config": "[[pools]\n"}), "config is not valid TOML", id="bad-toml"),
-        pytest.param(
-            merge(REQUIRED, {"config": '[server]\ngrpc_addr = "0.0.0.0:1"\n'}),
-            "config must not contain [server]",
-            id="config-server",
-        ),
-        pytest.param(
-            merge(REQUIRED, {"config": '[store]\nkind = "memory"\n'}),
-            "config must not contain [store]",
-            id="config-store",
+        *(
+            pytest.param(merge(REQUIRED, {"config": config}), message, id=f"config-{name}")
+            for name, (config, message) in CONFIG_SHAPE_MISTAKES.items()
         ),
         pytest.param(
             merge(REQUIRED, {"metrics": {"serviceMonitor": {"enabled": True}}}),
@@ -838,11 +878,6 @@ def _shards(*entries: dict[str, Any]) -> dict[str, Any]:
             merge(REQUIRED, {"fullnameOverride": "x" * 46}),
             "the servers: its StatefulSet name " + "x" * 46 + "-server is longer than 52 characters",
             id="long-unsharded-statefulset-name",
-        ),
-        pytest.param(
-            merge(REQUIRED, {"config": '[router]\ngrpc_addr = "0.0.0.0:1"\n'}),
-            "config must not contain [router]",
-            id="config-router",
         ),
         pytest.param(
             merge(SHARDED, {"router": {"autoscaling": {"enabled": True}, "resources": {"requests": None}}}),
@@ -922,6 +957,146 @@ def test_a_values_file_that_still_sets_readiness_is_refused_saying_what_replaced
     assert "Additional property" not in done.stderr
 
 
+# ---------------------------------------------------------------- the `config` value
+
+
+def test_the_configuration_is_cronoq_yaml_and_every_pod_is_given_it(helm: Path) -> None:
+    """The ConfigMap holds one file, cronoq.yaml, mounted at /etc/cronoq, which every server's and
+    router's ``--config`` names."""
+    rendered = render(helm, SHARDED_TLS)
+    assert list(rendered.one("ConfigMap", "rel-cronoq-config")["data"]) == [CONFIG_FILE]
+    assert len(rendered.servers + rendered.routers) == 3
+    for workload in rendered.servers + rendered.routers:
+        container = server_container(workload)
+        (mount,) = [m for m in container["volumeMounts"] if m["name"] == "config"]
+        (volume,) = [v for v in pod_spec(workload)["volumes"] if v["name"] == "config"]
+        assert volume["configMap"] == {"name": "rel-cronoq-config"}
+        assert container["args"] == ["--config", f"{mount['mountPath']}/{CONFIG_FILE}"]
+        assert container["args"][1] == "/etc/cronoq/cronoq.yaml"
+
+
+def test_the_config_mapping_is_merged_into_the_file_and_the_server_accepts_it(
+    helm: Path, tmp_path: Path
+) -> None:
+    """What `config` sets is in the file as given, next to the chart's keys: a pool added, a limit
+    changed, keys of ``server`` the chart leaves alone, and tokens added after the chart's four; the
+    rest is the chart's. The server checks the result."""
+    token = {"token_env": "CRONOQ_REPORTS_TOKEN", "role": "client", "pools": ["reports"]}
+    given: dict[str, Any] = {
+        "pools": [{"name": "default", "max": 50}, {"name": "reports", "max": 5, "overflow": "reject"}],
+        "limits": {"max_wait_s": 60},
+        "server": {"http_max_connections": 5000, "http_idle_timeout_s": 120},
+        "auth": {"tokens": [token], "certs": [{"dns_name": "worker-1.internal", "role": "worker"}]},
+    }
+    chart = render(helm, UNSHARDED_MTLS).config
+    rendered = render(helm, merge(UNSHARDED_MTLS, {"config": given}))
+    config = rendered.config
+    assert config["pools"] == given["pools"] and config["limits"] == given["limits"]
+    assert config["server"] == {**chart["server"], **given["server"]}
+    assert config["auth"] == {"tokens": [*chart["auth"]["tokens"], token], "certs": given["auth"]["certs"]}
+    assert {k: v for k, v in config.items() if k not in given} == {
+        k: v for k, v in chart.items() if k not in given
+    }
+    path = tmp_path / CONFIG_FILE
+    path.write_text(_with_tls_dir(rendered.config_text, _pki(tmp_path / "tls", [])))
+    env = {
+        **_tokens(),
+        "CRONOQ_REPORTS_TOKEN": os.urandom(24).hex(),
+        DATABASE_URL_ENV: "postgres://db/cronoq",
+    }
+    check = _check(path, env, None)
+    output, _ = check.communicate(timeout=60)
+    assert check.returncode == 0 and "configuration ok" in output, output
+
+
+# Each key the chart writes from its values, and (for some) the values the refusal names instead.
+CHART_OWNED = {
+    "server.grpc_addr": "every pod listens on 0.0.0.0:7070",
+    "server.http_addr": "every pod listens on 0.0.0.0:7071",
+    "server.metrics_addr": "from metrics.enabled and metrics.port",
+    "server.shutdown_grace_s": "from shutdownGraceS",
+    "server.insecure_peer_http": "from insecurePeerHttp",
+    "server.insecure_no_auth": "the servers always require the tokens of auth.existingSecret",
+    "server.tls": "from tls.secretName and tls.clientCerts",
+    "server.peer_tls": "from tls.secretName and tls.clientCerts",
+    "server.shard": "CRONOQ_SHARD",
+    "store": "from store.kind, store.postgres, store.sqlite and store.keepFinishedS",
+    "router.grpc_addr": "every router listens on 0.0.0.0:7070",
+    "router.http_addr": "every router listens on 0.0.0.0:7071",
+    "router.endpoint": "the servers' Service",
+    "router.members": "from replicas",
+    "shards": "from shards",
+}
+
+
+@pytest.mark.parametrize(("key", "source"), CHART_OWNED.items(), ids=list(CHART_OWNED))
+@pytest.mark.parametrize("base", [REQUIRED, SHARDED], ids=["unsharded", "sharded"])
+def test_config_setting_a_key_the_chart_writes_is_refused_naming_it(
+    helm: Path, base: dict[str, Any], key: str, source: str
+) -> None:
+    """Whatever the value, even one equal to the chart's: the key is the chart's, set from its values."""
+    section, _, name = key.partition(".")
+    config = {section: {name: "0.0.0.0:7070"}} if name else {section: {}}
+    message = refusal(helm, merge(base, {"config": config}))
+    assert f"config.{key} is written by the chart (" in message and source in message
+    assert "remove it from config" in message
+
+
+CONFIG_CHANGED = (
+    "config is a string, but since chart 0.3.0 the servers and routers read cronoq.yaml and `config` is "
+    "a YAML mapping merged into it, no longer TOML text appended to cronoq.toml: write each table as a key"
+)
+
+
+@pytest.mark.parametrize(
+    "config",
+    ['[[pools]]\nname = "default"\n[[pools]]\nname = "llm"\n', ""],
+    ids=["toml", "empty"],
+)
+@pytest.mark.parametrize("base", [REQUIRED, SHARDED], ids=["unsharded", "sharded"])
+def test_a_values_file_with_the_old_toml_config_is_refused_saying_what_changed(
+    helm: Path, base: dict[str, Any], config: str
+) -> None:
+    """``config`` of chart 0.2.0, TOML text (its default, "", too), in a values file: ``helm template``
+    (``helm install`` and ``helm upgrade`` render alike) fails saying what the value is now and how
+    to write it, not with the schema's bare "Invalid type"."""
+    message = refusal(helm, {**base, "config": config})
+    assert CONFIG_CHANGED in message
+    assert "(docs/kubernetes.md, Upgrades)" in message and "Invalid type" not in message
+
+
+def test_the_upgrade_notes_rewrite_a_toml_config_as_the_same_configuration() -> None:
+    """docs/kubernetes.md's example of a chart 0.2.0 `config` and of what it becomes are one document."""
+    notes = (REPO / "docs" / "kubernetes.md").read_text().split("**From chart 0.2.0**", 1)[1]
+    before, after = (
+        textwrap.dedent(block) for block in re.findall(r"```(?:toml|yaml)\n(.*?)```", notes, re.S)[:2]
+    )
+    assert tomllib.loads(before) == yaml.safe_load(after)["config"] != {}
+
+
+def _typed(value: object) -> object:
+    """``value`` with every scalar paired with its type's name, so that 1000000 and 1000000.0 differ."""
+    if isinstance(value, dict):
+        return {key: _typed(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_typed(item) for item in value]
+    return (type(value).__name__, value)
+
+
+def test_large_numbers_reach_the_file_as_the_integers_they_are(helm: Path) -> None:
+    """Helm reads the values' numbers as floats and prints a large one as 1e+06 in text; the file
+    (read as the server reads it) has each of `config`'s and the chart's integers as an integer, and a
+    float as a float."""
+    rendered = render(helm, TUNED)
+    config = rendered.config
+    for key, value in TUNED_CONFIG.items():
+        got = {name: config[key][name] for name in value} if key == "server" else config[key]
+        assert _typed(got) == _typed(value), key
+    assert _typed(config["store"]["keep_finished_s"]) == ("int", 31_536_000)
+    assert _typed(config["server"]["shutdown_grace_s"]) == ("int", 3_600)
+    assert "e+" not in rendered.config_text and "cache_bytes: 67108864" in rendered.config_text
+
+
 # ---------------------------------------------------------------- the real server reads the config
 
 
@@ -981,7 +1156,7 @@ def test_rendered_config_passes_the_servers_and_the_routers_check(helm: Path, tm
         if rendered.config_text in seen:  # e.g. the database's CA changes the pods, not the config
             continue
         seen.add(rendered.config_text)
-        config = tmp_path / f"{name}.toml"
+        config = tmp_path / f"{name}.yaml"
         config.write_text(_with_tls_dir(rendered.config_text, tls_dir if "tls" in values else None))
         if name == "sqlite":  # --check wants the database's directory: the pod's volume, here tmp_path
             config.write_text(config.read_text().replace("/var/lib/cronoq/", f"{tmp_path}/"))
@@ -997,9 +1172,9 @@ def test_rendered_config_passes_the_servers_and_the_routers_check(helm: Path, tm
         "default/router",
         "sqlite/router",
     } <= set(checks)
-    control = _check(tmp_path / "default.toml", {**env, "CRONOQ_WORKER_TOKEN": "short"}, None)
+    control = _check(tmp_path / "default.yaml", {**env, "CRONOQ_WORKER_TOKEN": "short"}, None)
     router_control = _check(
-        tmp_path / "three-shards.toml",
+        tmp_path / "three-shards.yaml",
         {**router_env, "CRONOQ_WORKER_TOKEN": "short"},
         None,
         "cronoq.router.main",
@@ -1019,22 +1194,15 @@ def test_rendered_config_passes_the_servers_and_the_routers_check(helm: Path, tm
 # ---------------------------------------------------------------- the real servers run it
 
 
-def _replace_once(text: str, old: str, new: str) -> str:
-    """An adjustment that must apply exactly once, so a changed chart cannot make it a silent no-op."""
-    assert text.count(old) == 1, f"{old} occurs {text.count(old)} times in the rendered config"
-    return text.replace(old, new)
-
-
-def _listen_on(text: str, table: str, grpc_port: int, http_port: int) -> str:
-    """``text`` with the ``[table]`` listeners (0.0.0.0:7070/7071 in the pod) on loopback ports: pods
-    have their own IPs, processes here do not. ``[server]`` and ``[router]`` name the same two
-    addresses, so only the table's own are replaced."""
-    head, marker, rest = text.partition(f"\n[{table}]\n")
-    assert marker, f"no [{table}] in the rendered config"
-    body, next_table, after = rest.partition("\n[")
-    body = _replace_once(body, '"0.0.0.0:7070"', f'"127.0.0.1:{grpc_port}"')
-    body = _replace_once(body, '"0.0.0.0:7071"', f'"127.0.0.1:{http_port}"')
-    return head + marker + body + next_table + after
+def _listen_on(config: Mapping[str, Any], section: str, grpc_port: int, http_port: int) -> str:
+    """``config`` as a file with the ``section`` (``server`` or ``router``) listeners, 0.0.0.0:7070/7071
+    in the pod, on loopback ports: pods have their own IPs, processes here do not."""
+    listeners = {"grpc_addr": f"127.0.0.1:{grpc_port}", "http_addr": f"127.0.0.1:{http_port}"}
+    assert {key: config[section][key] for key in listeners} == {
+        "grpc_addr": "0.0.0.0:7070",
+        "http_addr": "0.0.0.0:7071",
+    }
+    return yaml.safe_dump({**config, section: {**config[section], **listeners}})
 
 
 @contextlib.contextmanager
@@ -1050,17 +1218,15 @@ def _cluster_from_chart(
     that server's process, and each group's endpoint (its Service) at its first server, which leads.
     """
     context = ssl.create_default_context(cafile=str(tls_dir / "ca.crt"))
-    groups = _groups(rendered.config)
+    base = yaml.safe_load(_with_tls_dir(rendered.config_text, tls_dir))
+    groups = _groups(base)
     picked = iter(free_ports(2 * sum(len(group["members"]) for group in groups.values()) + 2))
     ports = {
         shard: [(next(picked), next(picked)) for _ in group["members"]] for shard, group in groups.items()
     }
-    base = _with_tls_dir(rendered.config_text, tls_dir)
-    for shard, group in groups.items():
-        loopback = [f"https://127.0.0.1:{grpc}" for grpc, _ in ports[shard]]
-        base = _replace_once(base, json.dumps(group["endpoint"]), json.dumps(loopback[0]))
-        for member, url in zip(group["members"], loopback, strict=True):
-            base = _replace_once(base, json.dumps(member), json.dumps(url))
+    for shard, group in groups.items():  # each entry of base's shards, or its router
+        group["members"] = [f"https://127.0.0.1:{grpc}" for grpc, _ in ports[shard]]
+        group["endpoint"] = group["members"][0]
     procs: dict[str, list[ServerProcess]] = {}
     for shard in groups:
         procs[shard] = []
@@ -1068,10 +1234,10 @@ def _cluster_from_chart(
         for index, (grpc_port, http_port) in enumerate(ports[shard]):
             folder = tmp_path / f"{shard}-{index}"
             folder.mkdir()
-            (folder / "cronoq.toml").write_text(_listen_on(base, "server", grpc_port, http_port))
+            (folder / CONFIG_FILE).write_text(_listen_on(base, "server", grpc_port, http_port))
             procs[shard].append(
                 ServerProcess(
-                    folder / "cronoq.toml",
+                    folder / CONFIG_FILE,
                     folder / "server.log",
                     env={**env, **shard_env},
                     grpc_port=grpc_port,
@@ -1081,9 +1247,9 @@ def _cluster_from_chart(
             )
     router_ports = (next(picked), next(picked))
     (tmp_path / "router").mkdir()
-    (tmp_path / "router" / "cronoq.toml").write_text(_listen_on(base, "router", *router_ports))
+    (tmp_path / "router" / CONFIG_FILE).write_text(_listen_on(base, "router", *router_ports))
     router = ServerProcess(
-        tmp_path / "router" / "cronoq.toml",
+        tmp_path / "router" / CONFIG_FILE,
         tmp_path / "router" / "router.log",
         env={k: v for k, v in env.items() if k != DATABASE_URL_ENV},  # as its pod: no database
         grpc_port=router_ports[0],
@@ -1181,7 +1347,7 @@ def test_servers_and_router_started_from_the_rendered_config_route_to_the_leader
             assert status == 200, answer
             assert int(answer["id"]) >> SHARD_SHIFT == numbers[shard]
         # A task for the gpu shard's pool, sent to the cpu shard's leader, is forwarded over https to
-        # the gpu leader (verified with ca.crt, as [server.peer_tls] says) and gets a gpu task id.
+        # the gpu leader (verified with ca.crt, as server.peer_tls says) and gets a gpu task id.
         status, answer = _submit(procs["cpu"][0], env["CRONOQ_CLIENT_TOKEN"], "llm")
         assert status == 200, answer
         assert int(answer["id"]) >> SHARD_SHIFT == numbers["gpu"]
@@ -1193,7 +1359,7 @@ def test_without_shards_the_rendered_config_sends_every_call_and_worker_to_the_l
     helm: Path, tmp_path: Path, postgres_url: str, pg_schema: str
 ) -> None:
     """The unsharded config run for real: its servers lead and stand by, the router finds the leader
-    among ``[router] members`` (the group it calls ``main``), never the standby, serves a task
+    among ``router.members`` (the group it calls ``main``), never the standby, serves a task
     submitted to it, refuses a bad token, and the helm test's script, run against the router as its pod
     runs it, gets its worker redirected to the leader (over https, to a members name) and its task
     done."""

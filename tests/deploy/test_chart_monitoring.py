@@ -14,7 +14,7 @@ import yaml
 
 from dashboards import generate
 
-from .chart_render import CHART, REQUIRED, Doc, Rendered, ci_values, merge, refusal, render
+from .chart_render import CHART, CONFIG_FILE, REQUIRED, Doc, Rendered, ci_values, merge, refusal, render
 from .conftest import KUBERNETES_VERSION, REPO
 
 RULES_FILE = CHART / "files" / "alerts.yaml"
@@ -122,7 +122,7 @@ def test_the_standby_alert_is_left_out_where_no_server_has_a_standby(
 def test_dashboards_are_configmaps_for_the_grafana_sidecar(helm: Path) -> None:
     values = merge(REQUIRED, {"dashboards": {"enabled": True, "annotations": {"grafana_folder": "cronoq"}}})
     maps = {doc["metadata"]["name"]: doc for doc in installed_config_maps(render(helm, values))}
-    dashboards = {name: doc for name, doc in maps.items() if "cronoq.toml" not in doc["data"]}
+    dashboards = {name: doc for name, doc in maps.items() if CONFIG_FILE not in doc["data"]}
     assert set(dashboards) == {"rel-cronoq-dashboard-overview", "rel-cronoq-dashboard-shard"}
     for doc in dashboards.values():
         kubernetes_validate.validate(doc, KUBERNETES_VERSION, strict=True)

@@ -346,7 +346,7 @@ def _test_env(rendered: Rendered) -> dict[str, Any]:
 
 def test_the_helm_test_uses_the_first_declared_pool_unless_told(helm: Path) -> None:
     """So that a release whose pools have other names renders (and tests) without a helmTest value."""
-    values = merge(REQUIRED, {"config": '[[pools]]\nname = "gpu"\n[[pools]]\nname = "cpu"\n'})
+    values = merge(REQUIRED, {"config": {"pools": [{"name": "gpu"}, {"name": "cpu"}]}})
     for extra, pool in (({}, "gpu"), ({"helmTest": {"pool": "cpu"}}, "cpu")):
         assert _test_env(render(helm, merge(values, extra)))["CRONOQ_TEST_POOL"] == pool
 

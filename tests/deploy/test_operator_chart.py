@@ -230,8 +230,8 @@ def test_the_cluster_role_grants_exactly_what_the_seed_says(helm: Path) -> None:
     [lease_binding] = [doc for doc in docs if doc["kind"] == "RoleBinding"]
     assert lease_binding["roleRef"]["name"] == lease_role["metadata"]["name"]
     assert lease_binding["subjects"] == binding["subjects"]
-    config = one(docs, "ConfigMap")["data"]["operator.toml"]
-    assert 'lease_name = "ops-cronoq-operator"' in config  # the name the Role allows
+    config = yaml.safe_load(one(docs, "ConfigMap")["data"]["operator.yaml"])
+    assert config["lease_name"] == "ops-cronoq-operator"  # the name the Role allows
     for doc in docs:
         if doc["kind"] in ("ClusterRole", "Role"):
             for rule in doc["rules"]:
@@ -280,8 +280,8 @@ def test_the_operator_pod_runs_locked_down(helm: Path) -> None:
         for entry in container["env"]
     }
     assert env["POD_NAME"] == "metadata.name" and env["POD_NAMESPACE"] == "metadata.namespace"
-    config = one(render(helm), "ConfigMap")["data"]["operator.toml"]
-    assert 'http_addr = "0.0.0.0:8080"' in config and "lease_duration_s = 15" in config
+    config = yaml.safe_load(one(render(helm), "ConfigMap")["data"]["operator.yaml"])
+    assert config["http_addr"] == "0.0.0.0:8080" and config["lease_duration_s"] == 15
 
 
 def test_a_service_monitor_scrapes_every_replica_when_asked(helm: Path) -> None:
@@ -320,14 +320,16 @@ def pod_files(tmp_path_factory: pytest.TempPathFactory) -> PodFiles:
 def test_the_rendered_configuration_loads_in_the_operator(
     helm: Path, values: Path, pod_files: PodFiles
 ) -> None:
-    """The ConfigMap's operator.toml is loaded by the operator's own loader, in the environment and with
-    the files the pod gets: each server's token variable filled from its Secret by secretKeyRef, each
-    CA certificate and client certificate at its Secret volume's mount path (real ones here)."""
+    """The ConfigMap's operator.yaml, the one file it holds and the one the operator is given, is loaded
+    by the operator's own loader, in the environment and with the files the pod gets: each server's
+    token variable filled from its Secret by secretKeyRef, each CA certificate and client certificate
+    at its Secret volume's mount path (real ones here)."""
     docs = render(helm, [values])
     config_map = one(docs, "ConfigMap")
     pod = one(docs, "Deployment")["spec"]["template"]["spec"]
     [container] = pod["containers"]
-    assert container["args"] == ["--config", "/etc/cronoq-operator/config/operator.toml"]
+    assert list(config_map["data"]) == ["operator.yaml"]
+    assert container["args"] == ["--config", "/etc/cronoq-operator/config/operator.yaml"]
     assert {"name": "config", "mountPath": "/etc/cronoq-operator/config", "readOnly": True} in container[
         "volumeMounts"
     ]
@@ -337,13 +339,13 @@ def test_the_rendered_configuration_loads_in_the_operator(
         for item in container["env"]
         if "secretKeyRef" in item.get("valueFrom", {})
     }
-    text = config_map["data"]["operator.toml"]
+    text = config_map["data"]["operator.yaml"]
     in_pod = {"ca.crt": pod_files.ca, "tls.crt": pod_files.cert, "tls.key": pod_files.key}
     mounts = {mount["name"]: mount for mount in container["volumeMounts"]}
     for mount in mounts.values():
         for name, real in in_pod.items():
-            text = text.replace(f'"{mount["mountPath"]}/{name}"', f'"{real}"')
-    config = parse_operator_config(text, source="operator.toml", env=env)
+            text = text.replace(f" {mount['mountPath']}/{name}\n", f" {real}\n")
+    config = parse_operator_config(text, source="operator.yaml", syntax="yaml", env=env)
 
     chart_values = yaml.safe_load(values.read_text())
     assert [server.name for server in config.servers] == [

@@ -143,17 +143,18 @@ def test_every_example_configuration_passes(path: Path) -> None:
 
 def documented_configs() -> Iterator[tuple[str, str, dict[str, object]]]:
     """Each configuration in the reference pages: (where, which schema, document). Fenced TOML and YAML
-    blocks of configuration.md, kubernetes.md's TOML blocks and the ``config`` its values blocks append,
-    and operator.md's TOML blocks (the operator's, with ``servers``, and a server's)."""
+    blocks of configuration.md; kubernetes.md's TOML blocks, its excerpts of the chart's file (YAML
+    blocks starting ``# cronoq.yaml``) and the ``config`` mapping of its values blocks; and operator.md's
+    TOML blocks (the operator's, with ``servers``, and a server's)."""
     for page in ("configuration.md", "kubernetes.md", "operator.md"):
         for index, match in enumerate(FENCED.finditer((DOCS / page).read_text(encoding="utf-8"))):
             syntax, text = match.group(1), textwrap.dedent(match.group(2))
             where = f"{page} block {index}"
-            if page == "configuration.md" or syntax == "toml":
+            if page == "configuration.md" or syntax == "toml" or text.startswith("# cronoq.yaml"):
                 document = read(text, syntax)
                 yield where, "operator" if "servers" in document else "config", document
-            elif isinstance(values := yaml.safe_load(text), dict) and isinstance(values.get("config"), str):
-                yield where, "config", read(values["config"], "toml")
+            elif isinstance(values := yaml.safe_load(text), dict) and isinstance(values.get("config"), dict):
+                yield where, "config", values["config"]
 
 
 def test_every_documented_configuration_passes() -> None:

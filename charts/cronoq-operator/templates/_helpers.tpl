@@ -63,23 +63,16 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- end }}
 
 {{/*
-The operator's configuration (operator.toml). Strings are written with toJson: a JSON string is a
-valid TOML basic string. Tokens are never in it, only the names of the variables that hold them, nor
-are certificates: only the paths their Secrets are mounted at.
+The operator's configuration (operator.yaml), built as a mapping from the values and written with
+toYaml, so that it has the shape of the values it comes from. Tokens are never in it, only the names
+of the variables that hold them, nor are certificates: only the paths their Secrets are mounted at.
 */}}
 {{- define "cronoq-operator.config" -}}
 {{- if not .Values.servers -}}
 {{- fail "servers: name at least one cronoq server (name, url, and tokenSecret or clientCertSecret) for scalers to read" -}}
 {{- end -}}
 {{- $seen := dict -}}
-# cronoq-operator configuration, rendered by the cronoq-operator chart (docs/operator.md).
-interval_s = {{ .Values.intervalSeconds }}
-timeout_s = {{ .Values.timeoutSeconds }}
-namespaces = {{ .Values.namespaces | toJson }}
-# Probes and /metrics on every address of the pod (the kubelet and Prometheus reach it there).
-http_addr = "0.0.0.0:{{ .Values.httpPort }}"
-lease_name = {{ include "cronoq-operator.fullname" . | toJson }}
-lease_duration_s = {{ .Values.leaseDurationSeconds }}
+{{- $servers := list -}}
 {{- range $i, $server := .Values.servers }}
 {{- if hasKey $seen $server.name }}
 {{- fail (printf "servers[%d].name: %q is already the name of another server" $i $server.name) }}
@@ -88,24 +81,29 @@ lease_duration_s = {{ .Values.leaseDurationSeconds }}
 {{- if not (or $server.tokenSecret $server.clientCertSecret) }}
 {{- fail (printf "servers[%d]: set tokenSecret (a metrics token) or clientCertSecret (a client certificate the server maps to the metrics role), or both" $i) }}
 {{- end }}
-
-[[servers]]
-name = {{ $server.name | toJson }}
-url = {{ $server.url | toJson }}
-{{- if $server.tokenSecret }}
-token_env = {{ include "cronoq-operator.tokenEnv" $i | toJson }}
-{{- end }}
 {{- range $value := list "caSecret" "clientCertSecret" }}
 {{- if and (get $server $value) (not (hasPrefix "https://" $server.url)) }}
 {{- fail (printf "servers[%d].%s: only used with an https:// url" $i $value) }}
 {{- end }}
 {{- end }}
+{{- $entry := dict "name" $server.name "url" $server.url }}
+{{- if $server.tokenSecret }}
+{{- $_ := set $entry "token_env" (include "cronoq-operator.tokenEnv" $i) }}
+{{- end }}
 {{- if $server.caSecret }}
-ca_file = {{ printf "%s/ca.crt" (include "cronoq-operator.caDir" $i) | toJson }}
+{{- $_ := set $entry "ca_file" (printf "%s/ca.crt" (include "cronoq-operator.caDir" $i)) }}
 {{- end }}
 {{- if $server.clientCertSecret }}
-cert_file = {{ printf "%s/tls.crt" (include "cronoq-operator.clientCertDir" $i) | toJson }}
-key_file = {{ printf "%s/tls.key" (include "cronoq-operator.clientCertDir" $i) | toJson }}
+{{- $_ := set $entry "cert_file" (printf "%s/tls.crt" (include "cronoq-operator.clientCertDir" $i)) }}
+{{- $_ := set $entry "key_file" (printf "%s/tls.key" (include "cronoq-operator.clientCertDir" $i)) }}
 {{- end }}
-{{- end }}
+{{- $servers = append $servers $entry }}
+{{- end -}}
+{{- /* Probes and /metrics on every address of the pod (the kubelet and Prometheus reach it there). */ -}}
+{{- $config := dict "interval_s" (int64 .Values.intervalSeconds) "timeout_s" .Values.timeoutSeconds "namespaces" (.Values.namespaces | default list) "servers" $servers -}}
+{{- $_ := set $config "http_addr" (printf "0.0.0.0:%d" (int64 .Values.httpPort)) -}}
+{{- $_ := set $config "lease_name" (include "cronoq-operator.fullname" .) -}}
+{{- $_ := set $config "lease_duration_s" (int64 .Values.leaseDurationSeconds) -}}
+# cronoq-operator configuration, rendered by the cronoq-operator chart (docs/operator.md).
+{{ $config | toYaml }}
 {{- end }}

@@ -297,10 +297,11 @@ cronoq.io/shard: {{ .group.shard }}
 {{- end }}
 {{- end }}
 
-{{/* The pools `config` declares, in order (without [[pools]] the server has the one pool "default"). */}}
+{{/* The pools `config` declares, in order (without config.pools the server has the one pool "default"). */}}
 {{- define "cronoq.declaredPools" -}}
+{{- include "cronoq.validateConfigShape" . -}}
 {{- $declared := list -}}
-{{- range (fromToml .Values.config).pools | default (list (dict "name" "default")) -}}
+{{- range dig "pools" list (.Values.config | default dict) | default (list (dict "name" "default")) -}}
 {{- $declared = append $declared (toString .name) -}}
 {{- end -}}
 {{- $declared | toJson -}}

@@ -103,21 +103,46 @@ values, and the mistakes that would otherwise only show as crash-looping pods.
 {{- end }}
 
 {{/*
-The `config` value must be TOML, must not redefine the tables the chart writes, and with shards must
-declare exactly the pools the shards own (the server refuses a pool owned by no shard, or a shard
-owning an undeclared pool).
+The `config` value must be a mapping (chart 0.2.0 and before took TOML text: a string is refused with
+what changed), whose sections the chart merges into (server, router, auth and auth.tokens) are
+mappings and lists, that sets none of the keys the chart writes (cronoq.chartOwnedKeys), and whose
+pools the chart can name. The rest of its content is cronoq's to check: `cronoq-server --check`
+reports every mistake with its key.
+*/}}
+{{- define "cronoq.validateConfigShape" -}}
+{{- $config := .Values.config -}}
+{{- if kindIs "string" $config -}}
+{{- fail "config is a string, but since chart 0.3.0 the servers and routers read cronoq.yaml and `config` is a YAML mapping merged into it, no longer TOML text appended to cronoq.toml: write each table as a key, e.g. [[pools]] name = \"default\" max = 50 becomes config: {pools: [{name: default, max: 50}]} and [limits] max_wait_s = 60 becomes config: {limits: {max_wait_s: 60}} (docs/kubernetes.md, Upgrades)" -}}
+{{- end -}}
+{{- $config = $config | default dict -}}
+{{- range $section, $kind := dict "server" "map" "router" "map" "auth" "map" "pools" "slice" -}}
+{{- if and (hasKey $config $section) (not (kindIs $kind (get $config $section))) -}}
+{{- fail (printf "config.%s must be a %s (got %s)" $section (eq $kind "map" | ternary "mapping of keys" "list") (typeOf (get $config $section))) -}}
+{{- end -}}
+{{- end -}}
+{{- if not (kindIs "slice" (dig "auth" "tokens" list $config)) -}}
+{{- fail (printf "config.auth.tokens must be a list of tokens, added to the chart's four (got %s)" (typeOf $config.auth.tokens)) -}}
+{{- end -}}
+{{- range $key, $from := include "cronoq.chartOwnedKeys" . | fromYaml -}}
+{{- $section := $key | splitList "." | first -}}
+{{- $name := $key | splitList "." | rest | first -}}
+{{- if and (hasKey $config $section) (or (not $name) (hasKey (get $config $section) $name)) -}}
+{{- fail (printf "config.%s is written by the chart (%s): remove it from config" $key $from) -}}
+{{- end -}}
+{{- end -}}
+{{- range $i, $pool := $config.pools -}}
+{{- if not (and (kindIs "map" $pool) (get $pool "name")) -}}
+{{- fail (printf "config.pools[%d] must be a mapping with a name (got %s)" $i (toJson $pool)) -}}
+{{- end -}}
+{{- end -}}
+{{- end }}
+
+{{/*
+With shards, `config` must declare exactly the pools the shards own (the server refuses a pool owned
+by no shard, or a shard owning an undeclared pool); the helm test and KEDA name declared pools.
 */}}
 {{- define "cronoq.validateConfig" -}}
 {{- $v := .Values -}}
-{{- $config := fromToml $v.config -}}
-{{- if hasKey $config "Error" -}}
-{{- fail (printf "config is not valid TOML: %s" $config.Error) -}}
-{{- end -}}
-{{- range $table := list "server" "store" "router" "shards" -}}
-{{- if hasKey $config $table -}}
-{{- fail (printf "config must not contain [%s]: the chart writes it from its values (see values.yaml)" $table) -}}
-{{- end -}}
-{{- end -}}
 {{- $declared := include "cronoq.declaredPools" . | fromJsonArray -}}
 {{- if and $v.helmTest.enabled (not (has $v.helmTest.pool (append $declared ""))) -}}
 {{- fail (printf "helmTest.pool %q is not declared in config (pools: %s); name one of them, or set helmTest.enabled: false" $v.helmTest.pool (join ", " $declared)) -}}
@@ -131,7 +156,7 @@ owning an undeclared pool).
 {{- range $i, $shard := $v.shards -}}
 {{- range $pool := $shard.pools | default list -}}
 {{- if not (has $pool $declared) -}}
-{{- fail (printf "shards[%d] (%s): pool %q is not declared in config (add a [[pools]] table named %q)" $i $shard.name $pool $pool) -}}
+{{- fail (printf "shards[%d] (%s): pool %q is not declared in config (add {name: %s} to config.pools)" $i $shard.name $pool $pool) -}}
 {{- end -}}
 {{- end -}}
 {{- end -}}
