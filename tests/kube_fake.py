@@ -46,6 +46,8 @@ SCALERS = "/apis/cronoq.io/v1alpha1"
 APPS = "/apis/apps/v1"
 LEASES = "/apis/coordination.k8s.io/v1"
 MERGE_PATCH = "application/merge-patch+json"
+# What the API server's query parameters take as true (Go's strconv.ParseBool).
+GO_TRUE = ("1", "t", "T", "TRUE", "true", "True")
 
 Objects = dict[tuple[str, str], dict[str, Any]]
 
@@ -127,7 +129,7 @@ class FakeApi:
 
     async def list_scalers(self, request: web.Request) -> web.StreamResponse:
         namespace = request.match_info.get("ns")
-        if request.query.get("watch") in ("1", "true"):
+        if request.query.get("watch") in GO_TRUE:
             return await self.watch_scalers(request, namespace)
         items = [obj for (ns, _), obj in sorted(self.scalers.items()) if namespace in (None, ns)]
         limit = int(request.query.get("limit", "0")) or len(items)

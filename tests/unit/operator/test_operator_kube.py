@@ -107,7 +107,15 @@ async def test_a_watch_streams_events_from_a_version_and_ends_with_an_error_stat
     lines = [
         {"type": "ADDED", "object": {"metadata": {"name": "a", "resourceVersion": "8"}}},
         {"type": "BOOKMARK", "object": {"metadata": {"resourceVersion": "9"}}},
-        {"type": "ERROR", "object": {"kind": "Status", "code": 410, "message": "too old resource version"}},
+        {
+            "type": "ERROR",
+            "object": {
+                "kind": "Status",
+                "code": 410,
+                "reason": "Expired",
+                "message": "too old resource version",
+            },
+        },
     ]
     api.recorder.answers = [(200, "".join(json.dumps(line) + "\n" for line in lines))]
     seen: list[WatchEvent] = []
@@ -115,24 +123,38 @@ async def test_a_watch_streams_events_from_a_version_and_ends_with_an_error_stat
         async for event in api.kube.watch_scalers("team-a", "7"):
             seen.append(event)
     assert [event.kind for event in seen] == ["ADDED", "BOOKMARK"]
-    assert gone.value.status == 410 and gone.value.message == "too old resource version"
+    # kubernetes_asyncio gives a watch's ERROR as "reason: message".
+    assert gone.value.status == 410 and gone.value.message == "Expired: too old resource version"
     request = api.recorder.seen[0]
     assert request["path"] == "/apis/cronoq.io/v1alpha1/namespaces/team-a/cronoqworkerscalers"
-    assert request["query"] == {
-        "watch": "1",
+    assert request["query"] == {  # the library writes booleans as Python does; Go's ParseBool takes them
+        "watch": "True",
         "resourceVersion": "7",
-        "allowWatchBookmarks": "true",
+        "allowWatchBookmarks": "True",
         "timeoutSeconds": "300",
     }
     assert request["authorization"] == f"Bearer {TOKEN}"
 
 
 async def test_a_refused_watch_carries_the_api_servers_message(api: Api) -> None:
-    api.recorder.answers = [(403, {"kind": "Status", "message": "cannot watch here"})]
+    refusal = {"kind": "Status", "code": 403, "reason": "Forbidden", "message": "cannot watch here"}
+    api.recorder.answers = [(403, refusal)]
     with pytest.raises(KubeError) as refused:
         async for _ in api.kube.watch_scalers(None, "1"):
             pass
-    assert (refused.value.status, refused.value.message) == (403, "cannot watch here")
+    assert (refused.value.status, refused.value.message) == (403, "Forbidden: cannot watch here")
+
+
+@pytest.mark.parametrize(
+    "line", ['{"kind": "Status"}', "not json", '{"type": "ERROR", "object": {"code": 500}}']
+)
+async def test_a_watch_line_that_is_not_an_event_ends_the_watch(api: Api, line: str) -> None:
+    """The library tells of such a line with a bare Exception, a KeyError or by handing the text back."""
+    api.recorder.answers = [(200, line + "\n")]
+    with pytest.raises(KubeError, match="sent a line that is not a watch event") as broken:
+        async for _ in api.kube.watch_scalers(None, "1"):
+            pass
+    assert broken.value.status == 0
 
 
 async def test_the_token_file_is_read_for_every_request(api: Api) -> None:
@@ -155,6 +177,18 @@ async def test_reading_a_scale_whose_replicas_are_zero(api: Api) -> None:
     assert await api.kube.get_scale("team-a", "workers") == Scale(0, "41")
     assert await api.kube.get_scale("team-a", "workers") == Scale(3, "42")
     assert api.recorder.seen[0]["path"] == "/apis/apps/v1/namespaces/team-a/deployments/workers/scale"
+
+
+async def test_a_scale_that_cannot_be_used_is_an_error(api: Api) -> None:
+    """Replicas that are not a number, or no version to set them at (which would drop the precondition)."""
+    api.recorder.answers = [
+        (200, {"kind": "Scale", "metadata": {"resourceVersion": "41"}, "spec": {"replicas": "many"}}),
+        (200, {"kind": "Scale", "spec": {"replicas": 3}}),
+    ]
+    with pytest.raises(KubeError, match="unexpected answer"):
+        await api.kube.get_scale("team-a", "workers")
+    with pytest.raises(KubeError, match=r"no metadata\.resourceVersion"):
+        await api.kube.get_scale("team-a", "workers")
 
 
 async def test_setting_a_scale_is_a_merge_patch_at_the_version_read(api: Api) -> None:
@@ -192,10 +226,7 @@ async def test_a_refusal_carries_the_api_servers_message(api: Api) -> None:
     assert (missing.value.status, missing.value.message) == (404, 'deployments.apps "workers" not found')
     with pytest.raises(KubeError) as broken:
         await api.kube.list_scalers()
-    assert (
-        broken.value.status == 500
-        and "GET /apis/cronoq.io/v1alpha1/cronoqworkerscalers" in broken.value.message
-    )
+    assert broken.value.status == 500 and "list scalers in all namespaces" in broken.value.message
     with pytest.raises(KubeError) as garbled:
         await api.kube.list_scalers()
     assert "not a JSON object" in garbled.value.message
@@ -213,6 +244,10 @@ async def test_an_unreachable_api_server_or_unreadable_token(tmp_path: Path) -> 
         with pytest.raises(KubeError) as unreadable:
             await kube.list_scalers()
         assert "cannot read the Kubernetes token file" in str(unreadable.value)
+        with pytest.raises(KubeError) as unreadable:
+            async for _ in kube.watch_scalers(None, "1"):
+                pass
+        assert str(unreadable.value).startswith("cannot read the Kubernetes token file")
 
 
 async def test_without_a_token_file_no_token_is_sent(served: tuple[Recorder, str]) -> None:
