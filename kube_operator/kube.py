@@ -32,6 +32,7 @@ from kubernetes_asyncio.client import (
     CoordinationV1Api,
     CoreV1Api,
     CustomObjectsApi,
+    V1Lease,
 )
 from kubernetes_asyncio.client.exceptions import ApiException
 from kubernetes_asyncio.watch import Watch
@@ -207,25 +208,17 @@ class KubeApi:
                 yield WatchEvent(kind, obj)
 
     async def get_lease(self, namespace: str, name: str) -> dict[str, Any]:
-        lease = await self._call(
-            "get lease", self._leases.read_namespaced_lease(name, namespace, **self._opts)
-        )
-        return self._plain(lease)
+        return await self._lease("get", self._leases.read_namespaced_lease(name, namespace, **self._opts))
 
     async def create_lease(self, namespace: str, lease: Mapping[str, Any]) -> dict[str, Any]:
-        created = await self._call(
-            "create lease", self._leases.create_namespaced_lease(namespace, _body(lease), **self._opts)
-        )
-        return self._plain(created)
+        call = self._leases.create_namespaced_lease(namespace, _body(lease), **self._opts)
+        return await self._lease("create", call)
 
     async def replace_lease(self, namespace: str, name: str, lease: Mapping[str, Any]) -> dict[str, Any]:
         """Replaces the Lease; its ``metadata.resourceVersion`` is a precondition (409 when someone
         else wrote it since), which is what makes two operators' claims exclusive."""
-        replaced = await self._call(
-            "replace lease",
-            self._leases.replace_namespaced_lease(name, namespace, _body(lease), **self._opts),
-        )
-        return self._plain(replaced)
+        call = self._leases.replace_namespaced_lease(name, namespace, _body(lease), **self._opts)
+        return await self._lease("replace", call)
 
     async def create_event(self, namespace: str, event: Mapping[str, Any]) -> None:
         await self._call(
@@ -286,9 +279,11 @@ class KubeApi:
         except ValueError as err:  # the library could not read the answer as the model it expects
             raise KubeError(0, f"{what} at {self._target.url}: unexpected answer: {err}") from None
 
-    def _plain(self, model: object) -> dict[str, Any]:
-        """A Lease the library read into its model, as the JSON object the API server sent (camelCase keys)."""
-        return _object(self._client.sanitize_for_serialization(model), "the lease")
+    async def _lease(self, verb: str, call: Awaitable[V1Lease]) -> dict[str, Any]:
+        """The Lease the call answers, as the JSON object the API server sent (camelCase keys), which is
+        what the election reads and writes back."""
+        lease = await self._call(f"{verb} the lease", call)
+        return _object(self._client.sanitize_for_serialization(lease), f"{verb} the lease")
 
     async def _read_token(self, config: Configuration) -> None:
         assert self._target.token_file is not None
