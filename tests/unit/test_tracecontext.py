@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import types
+
 import pytest
 from multidict import CIMultiDict
 
@@ -67,3 +69,32 @@ def test_what_turns_tracing_on() -> None:
     )
     assert wanted(TelemetrySection(enabled=True), {"OTEL_SDK_DISABLED": "True"}) is None
     assert problems(TelemetrySection(enabled=True), {}) == []  # the extra is installed here
+
+
+def test_the_worker_asks_for_a_tracer_provider_at_most_once_a_second(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Whether the application set a provider is a question each lease would pay for (about 3 us of a
+    no-op task's worker CPU): asked at most once a second until one is set, then never again."""
+    from cronoq.client import _tracing
+
+    class Proxy:
+        pass
+
+    asked: list[object] = []
+    provider: list[object] = [Proxy()]
+
+    def get_tracer_provider() -> object:
+        asked.append(provider[0])
+        return provider[0]
+
+    trace = types.ModuleType("trace")  # the API module's two names the check uses
+    trace.ProxyTracerProvider = Proxy  # type: ignore[attr-defined]
+    trace.get_tracer_provider = get_tracer_provider  # type: ignore[attr-defined]
+    now = [100.0]
+    monkeypatch.setattr(_tracing, "monotonic", lambda: now[0])
+    check = _tracing._ProviderCheck()
+    assert not check(trace) and not check(trace) and len(asked) == 1
+    provider[0] = object()  # the application sets one
+    now[0] += 0.5
+    assert not check(trace) and len(asked) == 1  # not asked again within the second
+    now[0] += 0.5
+    assert check(trace) and check(trace) and len(asked) == 2  # seen, and never asked again
