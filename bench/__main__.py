@@ -17,7 +17,6 @@ import contextlib
 import json
 import os
 import re
-import statistics
 import tempfile
 import time
 import urllib.request
@@ -221,13 +220,7 @@ def main() -> None:
                 6500,
                 env,
             )
-            times = sorted(failover.run(pg.url, args.failovers))
-            print(
-                f"failover on Postgres (leader killed with SIGKILL -> standby ready), {len(times)} rounds: "
-                f"median {statistics.median(times):.2f} s, min {times[0]:.2f} s, max {times[-1]:.2f} s"
-                "   target median <= 2 s",
-                flush=True,
-            )
+            failover.report(pg.url, args.failovers)
 
 
 def memory_figures(args: argparse.Namespace) -> None:
