@@ -8,6 +8,14 @@ fenced by that check, whatever it believes. While leading, a background check as
 this session still holds the lock (``pg_locks``, not ``SELECT 1``: a live session is not proof of the lock)
 and gives leadership up as soon as the answer is no, an error, or nothing for ``session_timeout``.
 
+A standby waits for the lock rather than asking for it now and then: ``pg_advisory_lock`` on its lock
+session, so Postgres grants it the moment the leader's session ends or unlocks (a killed leader's
+backend ends as soon as its socket closes). Each wait is bounded by ``lock_timeout`` (``lock_wait``)
+and issued again: the answer every few seconds proves the standby's own session alive, and the
+statement's snapshot, which holds back vacuum's horizon while it runs, never lives longer than that.
+TCP keepalives on the lock session, set on both ends, bound how long a vanished machine's session
+lingers (:class:`Keepalives`).
+
 Commits run on a small connection pool, never on the lock session, so a slow commit cannot delay the
 lock check. A commit is a single statement: the fence, then the whole batch upserted from one binary
 array per column (``unnest``) with the outputs, so it costs one round trip and one fsync. For 1,000 tasks
@@ -157,6 +165,34 @@ Conn = psycopg.AsyncConnection[TupleRow]
 # OperationalError), and a primary that became a read-only replica during a failover.
 _TRANSIENT: Final = (psycopg.OperationalError, psycopg.errors.ReadOnlySqlTransaction)
 T = TypeVar("T")
+
+
+@dataclass(frozen=True, slots=True)
+class Keepalives:
+    """TCP keepalive settings of the store's connections (``[store] keepalives_*``, ``tcp_user_timeout_s``).
+
+    They are set on the client side of every connection (libpq's ``keepalives_*`` and
+    ``tcp_user_timeout``: cronoq notices a Postgres that vanished) and on the server side of the lock
+    session (the ``tcp_keepalives_*`` and ``tcp_user_timeout`` settings: Postgres notices a cronoq
+    machine that vanished and ends its session, which frees the leader lock). A connection idle for
+    ``idle_s`` is probed every ``interval_s`` and given up after ``count`` unanswered probes; data left
+    unacknowledged for ``user_timeout_s`` (0: the system's default) ends it too. The defaults give up
+    within 10 s, as ``idle_session_timeout`` does for a lock session that stopped asking."""
+
+    idle_s: int = 5
+    interval_s: int = 1
+    count: int = 5
+    user_timeout_s: float = 10.0
+
+    def client(self) -> dict[str, int]:
+        """The libpq connection parameters."""
+        return {
+            "keepalives": 1,
+            "keepalives_idle": self.idle_s,
+            "keepalives_interval": self.interval_s,
+            "keepalives_count": self.count,
+            "tcp_user_timeout": round(self.user_timeout_s * 1000),
+        }
 
 
 def lock_key(schema: str) -> tuple[int, int]:
@@ -439,22 +475,28 @@ def _discard(task: asyncio.Future[Any]) -> None:
 
 class PostgresStore:
     """See the module docstring. ``url`` is a libpq URL or key/value string; it is never logged and is
-    scrubbed from error messages. Timeouts are in seconds."""
+    scrubbed from error messages. Timeouts are in seconds: ``lock_wait`` is how long one wait of a
+    standby for the lock lasts before it is issued again, ``retry_interval`` how long a standby whose
+    lock session failed waits before it connects again."""
 
     def __init__(
         self,
         url: str,
         *,
         schema: str = "public",
-        lock_poll: float = 0.5,
+        lock_wait: float = 5.0,
+        retry_interval: float = 0.5,
         check_interval: float = 1.0,
         session_timeout: float = 10.0,
         commit_timeout: float = 5.0,
         max_connections: int = 4,
+        keepalives: Keepalives = Keepalives(),
     ) -> None:
         self._url = url
         self._schema = schema
-        self._lock_poll = lock_poll
+        self._lock_wait = lock_wait
+        self._retry_interval = retry_interval
+        self._keepalives = keepalives
         self._check_interval = check_interval
         self._session_timeout = session_timeout
         self._commit_timeout = commit_timeout
@@ -468,6 +510,7 @@ class PostgresStore:
         self._session: Conn | None = None
         self._leadership: Leadership | None = None
         self._watcher: asyncio.Task[None] | None = None
+        self._waiting: asyncio.Task[bool] | None = None  # a standby's wait for the lock, while it runs
         self._commit_seq = 0  # per leadership: orders this leader's commits (see the commit statement)
         self._live_rows = LiveRows()
         self._closed = False
@@ -492,6 +535,8 @@ class PostgresStore:
             self._connect_kwargs["connect_timeout"] = max(2, math.ceil(self._session_timeout))
         if "application_name" not in params:
             self._connect_kwargs["application_name"] = "cronoq"
+        # The URL's own keepalive parameters, if it has any, win over [store]'s.
+        self._connect_kwargs |= {k: v for k, v in self._keepalives.client().items() if k not in params}
         pool: AsyncConnectionPool[Conn] = AsyncConnectionPool(
             self._url,
             min_size=1,
@@ -527,9 +572,24 @@ class PostgresStore:
         # than session_timeout (the process is paused, or cut off from the database), Postgres itself
         # ends the session, which frees the lock for a standby: a leader that cannot be reached must not
         # keep its lock for ever. The check itself notices within session_timeout and steps down.
+        # The server's keepalives end it when the machine at the other end vanished (see Keepalives).
         timeout = f"{max(1, round(self._session_timeout * 1000))}ms"
+        alive = self._keepalives
         try:
-            await conn.execute("SELECT set_config('idle_session_timeout', %s, false)", (timeout,))
+            await conn.execute(
+                "SELECT set_config('idle_session_timeout', %s, false),"
+                " set_config('tcp_keepalives_idle', %s, false),"
+                " set_config('tcp_keepalives_interval', %s, false),"
+                " set_config('tcp_keepalives_count', %s, false),"
+                " set_config('tcp_user_timeout', %s, false)",
+                (
+                    timeout,
+                    str(alive.idle_s),
+                    str(alive.interval_s),
+                    str(alive.count),
+                    str(round(alive.user_timeout_s * 1000)),
+                ),
+            )
         except BaseException:
             await conn.close()
             raise
@@ -579,6 +639,8 @@ class PostgresStore:
         if self._closed:
             return
         self._closed = True
+        if self._waiting is not None:
+            await self._end_wait(self._waiting)
         await self._stop_watch()
         if self._leadership is not None:
             self._step_down(self._leadership, "store closed", planned=True)
@@ -597,17 +659,19 @@ class PostgresStore:
         while True:
             if self._closed:
                 raise StoreError("the Postgres store was closed while standing by")
+            epoch = None
             try:
                 if self._session is None:
                     self._session = await self._connect_session()
-                epoch = await self._on_session(self._try_lead)
+                if await self._wait_for_lock():
+                    epoch = await self._on_session(self._bump_epoch)
                 failing = False
             except (*_TRANSIENT, TimeoutError) as err:
                 await self._drop_session()
                 if not failing:
                     log.warning("store.lock_session_failed", schema=self._schema, error=self._redact(err))
                 failing = True
-                epoch = None
+                await asyncio.sleep(self._retry_interval)
             except psycopg.Error as err:
                 await self._drop_session()
                 raise StoreError(f"cannot take the leader lock: {self._redact(err)}") from None
@@ -619,7 +683,6 @@ class PostgresStore:
             if not standing_by:
                 log.info("store.standing_by", schema=self._schema)
                 standing_by = True
-            await asyncio.sleep(self._lock_poll)
         leadership = Leadership(epoch)
         self._leadership = leadership
         self._commit_seq = 0
@@ -628,12 +691,56 @@ class PostgresStore:
         log.info("store.leading", schema=self._schema, epoch=epoch)
         return leadership
 
-    async def _try_lead(self, conn: Conn) -> int | None:
-        """Take the lock if free and bump the epoch; None while another session holds it."""
-        cur = await conn.execute("SELECT pg_try_advisory_lock(%s::integer, %s::integer)", self._key)
-        row = await cur.fetchone()
-        if row is None or not row[0]:
-            return None
+    async def _wait_for_lock(self) -> bool:
+        """Wait on the lock session up to ``lock_wait`` for the lock; True once it holds it. The server
+        is given ``session_timeout`` more to answer, else the session is dropped.
+
+        The wait runs as a task of its own so that cancelling it (close(), or the caller cancelled)
+        goes through psycopg, which cancels the query on the server: closing the connection alone
+        would leave its backend queued for the lock, to take it and hold it until it noticed."""
+        session = self._session
+        if session is None or session.closed:
+            raise psycopg.OperationalError("the lock session is closed")
+        job = asyncio.ensure_future(self._lock_within(session))
+        job.add_done_callback(_discard)
+        self._waiting = job
+        bound = self._lock_wait + self._session_timeout
+        try:
+            done, _ = await asyncio.wait({job}, timeout=bound)
+        finally:
+            self._waiting = None
+            await self._end_wait(job)
+        if not done:
+            await self._drop_session(session)
+            raise TimeoutError(f"the lock session did not answer within {bound:g} s")
+        return not job.cancelled() and job.result()  # cancelled: by close(), which the loop then sees
+
+    async def _lock_within(self, conn: Conn) -> bool:
+        """``pg_advisory_lock`` bounded by ``lock_timeout``; False when that ran out. The bound is local
+        to this transaction so that it never cuts the epoch bump short (which waits for the row lock
+        of a commit the old leader may still have running), and ``statement_timeout`` is lifted in it
+        in case the role sets one shorter than ``lock_wait``. A session lock taken in a transaction
+        outlives it."""
+        try:
+            async with conn.transaction():
+                await conn.execute(
+                    "SELECT set_config('lock_timeout', %s, true), set_config('statement_timeout', '0', true)",
+                    (f"{max(1, round(self._lock_wait * 1000))}ms",),
+                )
+                await conn.execute("SELECT pg_advisory_lock(%s::integer, %s::integer)", self._key)
+        except psycopg.errors.LockNotAvailable:
+            return False
+        return True
+
+    async def _end_wait(self, job: asyncio.Task[bool]) -> None:
+        """Cancel a wait for the lock and give it ``session_timeout`` to end (psycopg cancels the query
+        on the server and reads its answer)."""
+        if not job.done():
+            job.cancel()
+            await asyncio.wait({job}, timeout=self._session_timeout)
+
+    async def _bump_epoch(self, conn: Conn) -> int:
+        """Fence every earlier leader: the epoch this leadership commits under."""
         row = await (await conn.execute(self._q.bump_epoch, (self._holder,))).fetchone()
         if row is None:
             raise StoreError(f"schema {self._schema!r} has no cronoq_leader row: it was edited by hand")

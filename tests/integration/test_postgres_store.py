@@ -3,7 +3,7 @@ epoch fencing across instances. The behaviour every store shares is the contract
 round trip here checks the Postgres encoding of real tasks (types, spec written once, outputs, keys).
 
 Every wait is bounded and on a condition (an event, a task finishing, server state polled), never a
-sleep-and-hope; the one negative check (a standby is still waiting) gives it ten lock polls.
+sleep-and-hope; a standby is seen waiting for the lock in ``pg_locks`` before anything is asserted of it.
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import os
 import signal
+import socket
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import replace
 from typing import Any, TypeVar
@@ -24,16 +25,22 @@ from psycopg.rows import TupleRow
 
 from cronoq.engine.model import Priority, RetryRule, Status, Task, TaskSpec
 from shard.store.base import Batch, Fenced, SchemaTooNew, StoreError, StoreUnavailable
-from shard.store.postgres import COMMIT_BYTES_PER_S, SCHEMA_VERSION, PostgresStore, commit_timeout, lock_key
+from shard.store.postgres import (
+    COMMIT_BYTES_PER_S,
+    SCHEMA_VERSION,
+    Keepalives,
+    PostgresStore,
+    commit_timeout,
+    lock_key,
+)
 from shard.store.rows import ADDED_IN_V2, COLUMNS
 from tests.postgres import PostgresServer
 
 Admin = psycopg.AsyncConnection[TupleRow]
 OpenStore = Callable[..., Awaitable[PostgresStore]]
 
-LOCK_POLL = 0.05
 # Fast enough that losses show within a second; the session timeout leaves a loaded machine room.
-FAST: dict[str, Any] = {"lock_poll": LOCK_POLL, "check_interval": 0.1, "session_timeout": 2.0}
+FAST: dict[str, Any] = {"retry_interval": 0.05, "check_interval": 0.1, "session_timeout": 2.0}
 WITHIN = 5.0  # bound on every wait for something that should happen within a second or two
 NOW = 1_700_000_000.0
 # cronoq_schema_version keeps a row per migration applied; the newest is the schema's version.
@@ -90,6 +97,23 @@ async def lock_holder(admin: Admin, schema: str) -> int:
     ).fetchall()
     assert len(found) == 1, found
     return int(found[0][0])
+
+
+async def lock_waiters(admin: Admin, schema: str, count: int) -> list[int]:
+    """The backend pids queued for ``schema``'s leader lock (granted = false), once there are ``count``."""
+    cls, key = lock_key(schema)
+
+    async def waiting() -> list[int]:
+        found = await (
+            await admin.execute(
+                "SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND NOT granted AND objsubid = 2"
+                " AND classid = %s::bigint::oid AND objid = %s::bigint::oid",
+                (cls, key & 0xFFFFFFFF),
+            )
+        ).fetchall()
+        return [int(pid) for (pid,) in found]
+
+    return await until(waiting, lambda pids: len(pids) == count)
 
 
 async def terminate(admin: Admin, pid: int) -> None:
@@ -406,12 +430,14 @@ async def until(probe: Callable[[], Awaitable[T]], done: Callable[[T], bool], ti
 # -------------------------------------------------------------------------------------- leadership
 
 
-async def test_a_standby_takes_over_right_after_release(open_store: OpenStore) -> None:
+async def test_a_standby_takes_over_right_after_release(
+    open_store: OpenStore, admin: Admin, pg_schema: str
+) -> None:
     leader, standby = await open_store(), await open_store()
     lead = await leader.acquire()
     waiting = asyncio.create_task(standby.acquire())
-    done, _ = await asyncio.wait({waiting}, timeout=10 * LOCK_POLL)
-    assert not done, "the standby must wait while the leader holds the lock"
+    await lock_waiters(admin, pg_schema, 1)
+    assert not waiting.done(), "the standby must wait while the leader holds the lock"
 
     await leader.release()
     assert lead.lost.is_set() and lead.reason == "released"
@@ -419,6 +445,107 @@ async def test_a_standby_takes_over_right_after_release(open_store: OpenStore) -
     assert taken.epoch == lead.epoch + 1
     with pytest.raises(Fenced):
         await leader.commit(Batch([task(1)], [], max_id=1))
+
+
+async def test_a_standby_waits_in_postgres_for_the_lock_and_leads_when_the_leaders_session_ends(
+    open_store: OpenStore, admin: Admin, pg_schema: str
+) -> None:
+    """The standby is queued for the lock on the server (a polling standby never is), so the server
+    grants it the lock as the leader's backend ends, as it does when the leader is killed."""
+    leader, standby = await open_store(), await open_store()
+    await leader.acquire()
+    waiting = asyncio.create_task(standby.acquire())
+    [queued] = await lock_waiters(admin, pg_schema, 1)
+    assert standby._session is not None and queued == standby._session.info.backend_pid
+
+    await terminate(admin, await lock_holder(admin, pg_schema))
+    assert (await asyncio.wait_for(waiting, WITHIN)).epoch == 2
+    assert await lock_holder(admin, pg_schema) == queued
+
+
+async def test_a_waiting_standby_asks_again_on_the_same_session_after_lock_wait(
+    open_store: OpenStore, admin: Admin, pg_schema: str
+) -> None:
+    """Each wait is bounded (lock_timeout): the standby's session answers, and waits again."""
+    leader, standby = await open_store(), await open_store(lock_wait=0.1)
+    await leader.acquire()
+    waiting = asyncio.create_task(standby.acquire())
+    [pid] = await lock_waiters(admin, pg_schema, 1)
+
+    async def started() -> Any:
+        row = await (
+            await admin.execute("SELECT query_start FROM pg_stat_activity WHERE pid = %s", (pid,))
+        ).fetchone()
+        return row[0] if row else None
+
+    first = await started()
+    await until(started, lambda at: at is not None and at > first)
+    assert await lock_waiters(admin, pg_schema, 1) == [pid] and not waiting.done()
+    await leader.release()
+    assert (await asyncio.wait_for(waiting, WITHIN)).epoch == 2
+
+
+@pytest.mark.parametrize("how", ["close", "cancel"])
+async def test_a_standby_stopped_while_waiting_leaves_no_backend_queued_for_the_lock(
+    open_store: OpenStore, admin: Admin, pg_schema: str, how: str
+) -> None:
+    """Closing the store, or cancelling its acquire() (a shutdown), cancels the wait on the server:
+    a backend left queued would take the lock when it frees and hold it until it noticed its client
+    gone. lock_wait is long here so that only the cancel can end the wait within the test."""
+    leader, standby = await open_store(), await open_store(lock_wait=600.0)
+    await leader.acquire()
+    waiting = asyncio.create_task(standby.acquire())
+    await lock_waiters(admin, pg_schema, 1)
+
+    if how == "close":
+        await asyncio.wait_for(standby.close(), WITHIN)
+        with pytest.raises(StoreError, match="closed while standing by"):
+            await asyncio.wait_for(waiting, WITHIN)
+    else:
+        waiting.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await asyncio.wait_for(waiting, WITHIN)
+    await lock_waiters(admin, pg_schema, 0)
+    assert standby._session is None
+
+
+async def test_a_standby_whose_session_dies_while_waiting_waits_again_and_takes_over(
+    open_store: OpenStore, admin: Admin, pg_schema: str
+) -> None:
+    leader, standby = await open_store(), await open_store()
+    await leader.acquire()
+    waiting = asyncio.create_task(standby.acquire())
+    [first] = await lock_waiters(admin, pg_schema, 1)
+
+    await terminate(admin, first)
+    [again] = await until(lambda: lock_waiters(admin, pg_schema, 1), lambda pids: pids != [first])
+    assert again != first and not waiting.done()
+    await leader.release()
+    assert (await asyncio.wait_for(waiting, WITHIN)).epoch == 2
+
+
+async def test_the_lock_session_keeps_tcp_keepalives_on_both_ends(
+    open_store: OpenStore, admin: Admin, pg_schema: str
+) -> None:
+    """Client side: the socket's options (cronoq notices a vanished Postgres). Server side: the
+    backend's settings (Postgres ends the session of a vanished machine, freeing the lock)."""
+    store = await open_store(keepalives=Keepalives(idle_s=7, interval_s=2, count=3, user_timeout_s=4.5))
+    await store.acquire()
+    session = store._session
+    assert session is not None
+    with socket.socket(fileno=os.dup(session.pgconn.socket)) as sock:
+        assert sock.getsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE) == 1
+        assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPIDLE) == 7
+        assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPINTVL) == 2
+        assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPCNT) == 3
+        assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT) == 4500
+    settings = await (
+        await session.execute(
+            "SELECT current_setting('tcp_keepalives_idle'), current_setting('tcp_keepalives_interval'),"
+            " current_setting('tcp_keepalives_count'), current_setting('tcp_user_timeout')"
+        )
+    ).fetchone()
+    assert settings == ("7", "2", "3", "4500")
 
 
 async def test_killing_the_lock_session_loses_leadership_and_the_standby_takes_over(

@@ -187,7 +187,7 @@ class PostgresBackend(Backend):
 
     def make(self, *, lapsing: bool) -> Store:
         check = 3600.0 if lapsing else 1.0
-        return PostgresStore(self.url, schema=self.schema, lock_poll=POLL, check_interval=check)
+        return PostgresStore(self.url, schema=self.schema, retry_interval=POLL, check_interval=check)
 
     async def _execute(self, query: sql.Composable | str, *args: object) -> list[tuple[object, ...]]:
         async with await psycopg.AsyncConnection.connect(self.url, autocommit=True) as conn:

@@ -118,7 +118,7 @@ async def postgres_v1(request: pytest.FixtureRequest) -> V1Database:
         assert row is not None
         return int(row[0])
 
-    return V1Database(lambda: postgres_store.PostgresStore(url, schema=schema, lock_poll=0.02), version)
+    return V1Database(lambda: postgres_store.PostgresStore(url, schema=schema, retry_interval=0.02), version)
 
 
 V1_BUILDERS: dict[str, Callable[[pytest.FixtureRequest], Awaitable[V1Database]]] = {
