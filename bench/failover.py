@@ -1,8 +1,10 @@
 """Failover time on Postgres: a leader killed with SIGKILL until its standby answers ``/readyz`` 200.
 
 Two real servers share one schema; each round kills the serving leader, times the standby's takeover
-(lock released when Postgres notices the dead session, the standby's next 0.5 s poll, recovery), then
-starts the killed one again as the new standby.
+(Postgres ends the dead leader's session as its socket closes and grants the lock to the waiting
+standby, which bumps the epoch and recovers), then starts the killed one again as the new standby. The
+standby's ``/readyz`` is asked every 0.05 s, so a takeover shows as 0.05 s or so (or under 0.01 s, when the
+first probe comes after it): that is the floor of this measure, not of the takeover.
 
 ``python -m bench.failover --rounds 10`` runs only this part (``python -m bench --stores postgres``
 runs it after the Postgres drain).
@@ -52,7 +54,7 @@ def report(postgres_url: str, rounds: int) -> None:
     print(
         f"failover on Postgres (leader killed with SIGKILL -> standby ready), {len(times)} rounds: "
         f"median {statistics.median(times):.2f} s, min {times[0]:.2f} s, max {times[-1]:.2f} s"
-        "   target median <= 2 s\n"
+        "   target median <= 0.2 s\n"
         f"  each: {', '.join(f'{t:.3f}' for t in times)}",
         flush=True,
     )

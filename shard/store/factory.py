@@ -17,9 +17,17 @@ def make_store(config: Config) -> Store:
 
         return MemoryStore()
     if isinstance(section, PostgresStoreSection):
-        from .postgres import PostgresStore
+        from .postgres import Keepalives, PostgresStore
 
-        return PostgresStore(section.resolved_url, schema=section.schema_for(config.server.shard))
+        keepalives = Keepalives(
+            idle_s=section.keepalives_idle_s,
+            interval_s=section.keepalives_interval_s,
+            count=section.keepalives_count,
+            user_timeout_s=section.tcp_user_timeout_s,
+        )
+        return PostgresStore(
+            section.resolved_url, schema=section.schema_for(config.server.shard), keepalives=keepalives
+        )
     from .sqlite import SqliteStore
 
     return SqliteStore(section.path_for(config.server.shard))

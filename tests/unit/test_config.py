@@ -68,6 +68,8 @@ from cronoq.engine.model import (
 )
 from cronoq.errors import CronoqError
 from cronoq.serving import file_problems
+from shard.store.factory import make_store
+from shard.store.postgres import Keepalives, PostgresStore
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "cronoq.toml"
@@ -132,6 +134,10 @@ kind = "postgres"
 url_env = "PG_URL"
 schema = "cronoq_{shard}"
 keep_finished_s = 86400
+keepalives_idle_s = 7
+keepalives_interval_s = 2
+keepalives_count = 3
+tcp_user_timeout_s = 4.5
 
 [limits]
 max_tasks_per_batch = 10
@@ -423,6 +429,9 @@ def test_full_file_reads_every_table() -> None:
     assert store.resolved_url == ENV["PG_URL"]
     assert store.schema_for("gpu") == "cronoq_gpu"
     assert store.keep_finished_s == 86400
+    built = make_store(config)
+    assert isinstance(built, PostgresStore)
+    assert built._keepalives == Keepalives(idle_s=7, interval_s=2, count=3, user_timeout_s=4.5)
 
     assert [getattr(config.limits, f.name) for f in fields(Limits)] == [
         10, 20, 30, 65536, 131072, 40, 50, 6, 70, 8, 9, 11.5, 12, 13, 14, 15, 16, 17, 18, 19, 21,
@@ -749,6 +758,9 @@ BAD: list[tuple[str, str, str]] = [
     ("[store]\nkind = 'memory'\nkeep_finished_s = 3.2e7", "store.keep_finished_s", "(got 32000000)"),
     ("[store]\nkind = 'sqlite'\npath = 'a'\nkeep_finished_s = 4e7", "store.keep_finished_s", "at most"),
     ("[server]\nshutdown_grace_s = -1", "server.shutdown_grace_s", "at least 0"),
+    ("[store]\nkind = 'postgres'\nkeepalives_idle_s = 0", "store.keepalives_idle_s", "at least 1"),
+    ("[store]\nkind = 'postgres'\nkeepalives_count = 128", "store.keepalives_count", "at most 127"),
+    ("[store]\nkind = 'postgres'\ntcp_user_timeout_s = -1", "store.tcp_user_timeout_s", "at least 0"),
     ("[server]\nhttp_max_connections = 0", "server.http_max_connections", "at least 1 and at most 1000000"),
     ("[server]\nhttp_header_timeout_s = 0", "server.http_header_timeout_s", "> 0 and at most 31536000"),
     ("[server]\nhttp_idle_timeout_s = -5", "server.http_idle_timeout_s", "> 0"),

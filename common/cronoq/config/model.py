@@ -238,6 +238,12 @@ class PostgresStoreSection:
     url_env: str | None = field(default=None, metadata=ENV_NAME)  # None: DATABASE_URL unless url is set
     schema: str | None = field(default=None, metadata=SCHEMA)  # None: public, or cronoq_{shard} if sharded
     keep_finished_s: float = field(default=KEEP_FINISHED_S, metadata=DURATION)
+    # TCP keepalives of the store's connections (both ends of the leader lock session): they bound how
+    # long the lock outlives a leader whose machine vanished. Linux's limits on each setting.
+    keepalives_idle_s: int = field(default=5, metadata=between(1, 32_767))
+    keepalives_interval_s: int = field(default=1, metadata=between(1, 32_767))
+    keepalives_count: int = field(default=5, metadata=between(1, 127))
+    tcp_user_timeout_s: float = field(default=10.0, metadata=between(0, 86_400))
     resolved_url: str = field(default="", repr=False, metadata=RESOLVED)
 
     def schema_for(self, shard: str | None) -> str:
