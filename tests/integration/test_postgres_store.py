@@ -85,35 +85,29 @@ async def leading(open_store: OpenStore) -> PostgresStore:
     return store
 
 
-async def lock_holder(admin: Admin, schema: str) -> int:
-    """The backend pid of the session holding ``schema``'s leader lock."""
+async def lock_pids(admin: Admin, schema: str, *, granted: bool) -> list[int]:
+    """The backend pids holding (``granted``) or queued for ``schema``'s leader lock."""
     cls, key = lock_key(schema)
     found = await (
         await admin.execute(
-            "SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND granted AND objsubid = 2"
+            "SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND granted = %s AND objsubid = 2"
             " AND classid = %s::bigint::oid AND objid = %s::bigint::oid",
-            (cls, key & 0xFFFFFFFF),
+            (granted, cls, key & 0xFFFFFFFF),
         )
     ).fetchall()
+    return [int(pid) for (pid,) in found]
+
+
+async def lock_holder(admin: Admin, schema: str) -> int:
+    """The backend pid of the session holding ``schema``'s leader lock."""
+    found = await lock_pids(admin, schema, granted=True)
     assert len(found) == 1, found
-    return int(found[0][0])
+    return found[0]
 
 
 async def lock_waiters(admin: Admin, schema: str, count: int) -> list[int]:
     """The backend pids queued for ``schema``'s leader lock (granted = false), once there are ``count``."""
-    cls, key = lock_key(schema)
-
-    async def waiting() -> list[int]:
-        found = await (
-            await admin.execute(
-                "SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND NOT granted AND objsubid = 2"
-                " AND classid = %s::bigint::oid AND objid = %s::bigint::oid",
-                (cls, key & 0xFFFFFFFF),
-            )
-        ).fetchall()
-        return [int(pid) for (pid,) in found]
-
-    return await until(waiting, lambda pids: len(pids) == count)
+    return await until(lambda: lock_pids(admin, schema, granted=False), lambda pids: len(pids) == count)
 
 
 async def terminate(admin: Admin, pid: int) -> None:
