@@ -23,7 +23,7 @@ from cronoq.client import Client, task
 from tests.integration.shardproc import ShardSpec, cluster_tables, new_cluster, router_process
 
 from . import on_loop, proxy_floor
-from .cpu import process_cpu_s, self_cpu_s
+from .cpu import machine_busy_s, process_cpu_s, self_cpu_s
 from .worker import start_worker
 
 POOLS = {"a": "a1", "b": "b1"}
@@ -81,6 +81,7 @@ class Drain:
     router_cpu_s: float
     workers_cpu_s: float
     producer_cpu_s: float
+    machine_cpu_s: float  # every core's busy time, anyone's work on the machine included
 
     @property
     def tasks_per_s(self) -> float:
@@ -109,10 +110,10 @@ async def drain(cluster: Cluster, target: str, pools: list[str], n: int, slots: 
     """``n`` no-op tasks split over ``pools``, one worker per pool, all through ``target``."""
     per_pool = n // len(pools)
     servers = [proc.proc.pid for proc in (*cluster.shards.values(), cluster.router) if proc.proc is not None]
-    before = [process_cpu_s(pid) for pid in servers]
-    producer_before = self_cpu_s()
     workers = [start_worker(target, per_pool, slots, pool) for pool in pools]
     async with Client(target) as client:
+        before = [process_cpu_s(pid) for pid in servers]
+        producer_before, machine_before = self_cpu_s(), machine_busy_s()
         began = time.perf_counter()
 
         async def submit(pool: str) -> None:
@@ -122,8 +123,8 @@ async def drain(cluster: Cluster, target: str, pools: list[str], n: int, slots: 
         await asyncio.gather(*(submit(pool) for pool in pools))
         outs = await asyncio.gather(*(asyncio.to_thread(w.communicate) for w in workers))
         elapsed = time.perf_counter() - began
-    producer_s = self_cpu_s() - producer_before
-    used = [process_cpu_s(pid) - began_s for pid, began_s in zip(servers, before, strict=True)]
+        producer_s, machine_s = self_cpu_s() - producer_before, machine_busy_s() - machine_before
+        used = [process_cpu_s(pid) - began_s for pid, began_s in zip(servers, before, strict=True)]
     summaries = [json.loads(out.strip().splitlines()[-1]) for out, _ in outs]
     return Drain(
         tasks=sum(summary["handled"] for summary in summaries),
@@ -132,6 +133,7 @@ async def drain(cluster: Cluster, target: str, pools: list[str], n: int, slots: 
         router_cpu_s=used[-1],
         workers_cpu_s=sum(summary["cpu_s"] for summary in summaries),
         producer_cpu_s=producer_s,
+        machine_cpu_s=machine_s,
     )
 
 
