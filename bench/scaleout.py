@@ -85,9 +85,10 @@ class Row:
         """The rate to compare: measured under quotas, or else what the quota allows."""
         return self.drain.tasks_per_s if constrained else self.at_quota(quota)
 
-    def cells(self, ratio: float, quota: float) -> list[str]:
+    def cells(self, ratio: float, quota: float, targets: dict[int, float]) -> list[str]:
+        """The row's table cells; ``targets`` are the ratios to meet by shard count."""
         d = self.drain
-        target = f">= {TARGETS[self.shards]}x" if self.shards in TARGETS else ""
+        target = f">= {targets[self.shards]}x" if self.shards in targets else ""
         shares = " ".join(f"{cpu_s / d.elapsed_s:.2f}" for cpu_s in d.shards_cpu_s)
         throttled = " ".join(f"{t:.0%}" for t in self.throttled) or "-"
         return [
@@ -137,7 +138,8 @@ def run(quota: float, counts: list[int], tasks: int, slots: int) -> None:
     base = rows[0].rate(quota, constrained)
     first = f"vs {counts[0]} shard{'s' if counts[0] > 1 else ''}{'' if constrained else ' at quota'}"
     header = [first if name == "vs first" else name for name in HEADER]
-    table = [header, *(row.cells(row.rate(quota, constrained) / base, quota) for row in rows)]
+    targets = TARGETS if counts[0] == 1 else {}  # they are ratios to one shard
+    table = [header, *(row.cells(row.rate(quota, constrained) / base, quota, targets) for row in rows)]
     widths = [max(len(line[i]) for line in table) for i in range(len(header))]
     for line in table:
         print("  " + " | ".join(cell.ljust(width) for cell, width in zip(line, widths, strict=True)))
