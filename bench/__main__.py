@@ -213,7 +213,7 @@ def main() -> None:
     if "shards" in stores:
         sharding.run(args.tasks, args.slots)
     if "scaleout" in stores:
-        scaleout.run(scaleout.QUOTA, [1, 2, 3], args.tasks // 2, args.slots)
+        scaleout.run(scaleout.QUOTA, [1, 2, 3], args.tasks // 2, args.slots, scaleout.ROUNDS)
     if "sqlite" in stores:
         durable_drain(
             "SQLite", '[store]\nkind = "sqlite"\npath = "{tmp}/cronoq.db"\n', args.tasks, args.slots, 4000, {}

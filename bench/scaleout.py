@@ -38,6 +38,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
+import statistics
 import string
 import tempfile
 from dataclasses import dataclass
@@ -48,6 +49,7 @@ from .cgroup import CgroupRefused, Hierarchy, cpu_quota, find_hierarchy
 from .sharding import Cluster, Drain, drain, specs
 
 QUOTA = 0.25  # cores per shard server; see the module's docstring
+ROUNDS = 3  # one round's ratio moves by ±20 % on a shared machine; the median of three is steadier
 TARGETS = {2: 1.8, 3: 2.6}  # issue #25's aggregate rate over one shard's
 
 
@@ -121,7 +123,9 @@ HEADER = [
 ]
 
 
-def run(quota: float, counts: list[int], tasks: int, slots: int) -> None:
+def run(quota: float, counts: list[int], tasks: int, slots: int, rounds: int) -> None:
+    """Measure ``counts`` shards ``rounds`` times over, a table per round, then the median ratios: on a
+    machine shared with other work a single round's ratio is noisy (see docs/operations.md)."""
     hierarchy: Hierarchy | None = None
     try:
         found = hierarchy = find_hierarchy()
@@ -133,22 +137,38 @@ def run(quota: float, counts: list[int], tasks: int, slots: int) -> None:
             "(an estimate on the low side: a shard that is not saturated spends more CPU per task)"
         )
     print(f"simulated scale-out, {tasks:,} tasks per shard through the router: {how}", flush=True)
-    rows = [measure(hierarchy, quota, n, tasks, slots) for n in counts]
     constrained = hierarchy is not None
-    base = rows[0].rate(quota, constrained)
-    first = f"vs {counts[0]} shard{'s' if counts[0] > 1 else ''}{'' if constrained else ' at quota'}"
-    header = [first if name == "vs first" else name for name in HEADER]
     targets = TARGETS if counts[0] == 1 else {}  # they are ratios to one shard
-    table = [header, *(row.cells(row.rate(quota, constrained) / base, quota, targets) for row in rows)]
-    widths = [max(len(line[i]) for line in table) for i in range(len(header))]
-    for line in table:
-        print("  " + " | ".join(cell.ljust(width) for cell, width in zip(line, widths, strict=True)))
+    first = f"{counts[0]} shard{'s' if counts[0] > 1 else ''}"
+    ratios: dict[int, list[float]] = {n: [] for n in counts}
+    for number in range(1, rounds + 1):
+        rows = [measure(hierarchy, quota, n, tasks, slots) for n in counts]
+        base = rows[0].rate(quota, constrained)
+        for row in rows:
+            ratios[row.shards].append(row.rate(quota, constrained) / base)
+        header = [
+            f"vs {first}{'' if constrained else ' at quota'}" if name == "vs first" else name
+            for name in HEADER
+        ]
+        table = [header, *(row.cells(ratios[row.shards][-1], quota, targets) for row in rows)]
+        widths = [max(len(line[i]) for line in table) for i in range(len(header))]
+        print(f"  round {number} of {rounds}:")
+        for line in table:
+            print("  " + " | ".join(cell.ljust(width) for cell, width in zip(line, widths, strict=True)))
     print(
         "  (CPU/wall and cores: CPU seconds per wall second of the drain; 'machine busy' counts every "
         "process on the machine, other people's included. A shard below its quota while the machine is "
         "near all cores busy is bounded by the unconstrained processes, not by itself.)",
         flush=True,
     )
+    if rounds > 1:
+        summary = ", ".join(
+            f"{n} shards {statistics.median(r):.2f}x ({min(r):.2f}-{max(r):.2f}x"
+            + (f", target >= {targets[n]}x)" if n in targets else ")")
+            for n, r in ratios.items()
+            if n != counts[0]
+        )
+        print(f"  median over {rounds} rounds, against {first} in the same round: {summary}", flush=True)
 
 
 def main() -> None:
@@ -157,18 +177,23 @@ def main() -> None:
     p.add_argument("--shards", default="1,2,3", help="shard counts to measure (default: %(default)s)")
     p.add_argument("--tasks", type=int, default=10_000, help="tasks per shard (default: %(default)s)")
     p.add_argument("--slots", type=int, default=64, help="each worker's slots (default: %(default)s)")
+    p.add_argument(
+        "--rounds", type=int, default=ROUNDS, help="times to measure them all (default: %(default)s)"
+    )
     args = p.parse_args()
     try:
         counts = [int(n) for n in args.shards.split(",")]
     except ValueError:
         p.error(f"--shards: {args.shards!r} is not a comma-separated list of shard counts")
-    if not all(1 <= n <= 26 for n in counts):
-        p.error(f"--shards: each count must be between 1 and 26, not {args.shards!r}")
+    if not all(1 <= n <= 26 for n in counts) or len(set(counts)) != len(counts):
+        p.error(f"--shards: each count must be between 1 and 26 and appear once, not {args.shards!r}")
     if not 0 < args.quota <= (os.cpu_count() or 1):
         p.error(f"--quota: {args.quota} is not between 0 and this machine's {os.cpu_count()} cores")
     if args.tasks < 1:
         p.error(f"--tasks: {args.tasks} is not a positive number of tasks")
-    run(args.quota, counts, args.tasks, args.slots)
+    if args.rounds < 1:
+        p.error(f"--rounds: {args.rounds} is not a positive number of rounds")
+    run(args.quota, counts, args.tasks, args.slots, args.rounds)
 
 
 if __name__ == "__main__":
