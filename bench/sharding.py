@@ -49,8 +49,12 @@ class Cluster:
         self.router = router_process(directory / "router", LIMITS + cluster_tables(shards, endpoints))
 
     def __enter__(self) -> Cluster:
-        for proc in (*self.shards.values(), self.router):
-            proc.start()
+        try:
+            for proc in (*self.shards.values(), self.router):
+                proc.start()
+        except BaseException:  # stop those that started: no __exit__ follows a failed __enter__
+            self.__exit__()
+            raise
         return self
 
     def __exit__(self, *exc: object) -> None:
