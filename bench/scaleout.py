@@ -28,9 +28,9 @@ machine's busy cores during the run, everyone's work included. A shard below its
 machine near ``os.cpu_count()`` busy cores is such a run. Without cgroups (not root, or no writable
 hierarchy with the cpu controller) it says why, runs the shards unconstrained, and compares the rates
 the quota would allow at each shard's measured CPU per task instead (the "at quota" column, printed in
-both cases as a cross-check). That estimate errs low: a shard that is not saturated serves fewer tasks
-per wake-up of its event loop and so spends more CPU on each (measured here: 1.5x for two shards
-where the quotas give 2x).
+both cases as a cross-check). That estimate errs low: a shard that is not held at its quota spent more
+CPU per task here than one that is (one run with cgroups bypassed: 1.5x for two shards where the
+quotas gave 2x).
 """
 
 from __future__ import annotations
@@ -189,8 +189,8 @@ def main() -> None:
         p.error(f"--shards: each count must be between 1 and 26 and appear once, not {args.shards!r}")
     if not 0 < args.quota <= (os.cpu_count() or 1):
         p.error(f"--quota: {args.quota} is not between 0 and this machine's {os.cpu_count()} cores")
-    if args.tasks < 1:
-        p.error(f"--tasks: {args.tasks} is not a positive number of tasks")
+    if args.tasks < 1000:  # fewer drain in well under a second: too few clock ticks of CPU to divide by
+        p.error(f"--tasks: {args.tasks} is too few; measure at least 1000 tasks per shard")
     if args.rounds < 1:
         p.error(f"--rounds: {args.rounds} is not a positive number of rounds")
     run(args.quota, counts, args.tasks, args.slots, args.rounds)
