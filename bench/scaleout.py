@@ -16,9 +16,9 @@ and the worker draining it, plus the producer and the router. The SDK worker spe
 CPU per no-op task as the memory-store server (~100 µs against ~115 µs on the reference machine), so
 each shard at quota q brings ~0.9 q of worker along, and the producer and the router (batches of
 1,000: a few µs per task each) little: three shards need ~5.7 q + 0.1 cores. At 0.25 that is ~1.55
-cores (measured: 1.6 busy), leaving room for the noise of a shared machine. At 0.3 three shards
-(~1.8 cores plus the rest) fill both cores, and the third shard's gain shrinks with the CPU the
-workers can get (one round measured 2.5x instead of 3x); at 0.2 the ratios hold but every drain is slower.
+cores (measured: 1.4-1.6 busy), leaving half a core for the other work of a shared machine. At 0.3
+three shards keep 1.7 of the 2 cores busy on a quiet machine (measured: 3.1x, like 0.25), but next to
+other work the workers ran short of CPU (one round: 2.05 cores busy, 2.5x instead of 3x).
 
 What bounds the ratio when the unconstrained processes run out of CPU: they share the cores with each
 other (and with anything else running on the machine; the quotas cap the shards, they do not reserve
