@@ -27,7 +27,7 @@ help:
 	@echo "              standby, the router, a worker per pool, Prometheus (CLUSTER_ARGS=--help: options)"
 	@echo "make test   - run the whole test suite (unit + integration)"
 	@echo "make lint   - ruff and mypy --strict on our sources"
-	@echo "make bench  - engine, transport, drain, latency, sharding, durable stores, failover (numbers printed)"
+	@echo "make bench  - engine, transport, drain, latency, sharding, scale-out, durable stores, failover (numbers printed)"
 	@echo "make proto  - regenerate proto/cronoq/v1/*_pb2*.py and their .pyi stubs from proto/cronoq/v1/cronoq.proto"
 	@echo "make schema - regenerate docs/cronoq-config.schema.json and docs/cronoq-operator.schema.json"
 

@@ -5,8 +5,9 @@ library mode (in-process ``cronoq.Scheduler``) ≥ 12,600 tasks/s,
 engine ≥ 250,000 decisions/s on the core run (issue #2, memory store; the same run with every feature on is
 printed beside it); the same drain with durable stores (fsync on):
 ≥ 4,000 tasks/s with SQLite and ≥ 6,500 with Postgres (issue #3), with group-commit batch sizes and
-commit latency percentiles read from the server's ``/metrics``. Nothing here asserts: the numbers are
-for people.
+commit latency percentiles read from the server's ``/metrics``. Simulated scale-out (issue #25): 1, 2 and
+3 shards, each server under the same CPU quota, ≥ 1.8 and ≥ 2.6 times one shard's drain
+(``bench.scaleout``). Nothing here asserts: the numbers are for people.
 """
 
 from __future__ import annotations
@@ -27,7 +28,17 @@ from cronoq.engine import compiled
 from tests.integration.serverproc import ServerProcess, running_server
 from tests.postgres import running_postgres
 
-from . import LOOP, engine_bench, failover, grpc_ceiling, latency_floor, library, on_loop, sharding
+from . import (
+    LOOP,
+    engine_bench,
+    failover,
+    grpc_ceiling,
+    latency_floor,
+    library,
+    on_loop,
+    scaleout,
+    sharding,
+)
 from .cpu import postgres_cpu_s, process_cpu_s, self_cpu_s
 from .worker import start_worker
 
@@ -44,7 +55,7 @@ lease_ttl_s = 30
 """
 
 
-PARTS = ("library", "memory", "shards", "sqlite", "postgres")
+PARTS = ("library", "memory", "shards", "scaleout", "sqlite", "postgres")
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -180,7 +191,7 @@ def main() -> None:
         "--stores",
         default=",".join(PARTS),
         help="comma-separated parts: library (in-process mode), memory (engine, transport, drain, latency), "
-        "shards (two shards and a router), "
+        "shards (two shards and a router), scaleout (1, 2 and 3 shards, each under the same CPU quota), "
         "sqlite and postgres (durable drains; postgres also failover) (default: all)",
     )
     args = p.parse_args()
@@ -200,6 +211,8 @@ def main() -> None:
         memory_figures(args)
     if "shards" in stores:
         sharding.run(args.tasks, args.slots)
+    if "scaleout" in stores:
+        scaleout.run(scaleout.QUOTA, [1, 2, 3], args.tasks // 2, args.slots, scaleout.ROUNDS)
     if "sqlite" in stores:
         durable_drain(
             "SQLite", '[store]\nkind = "sqlite"\npath = "{tmp}/cronoq.db"\n', args.tasks, args.slots, 4000, {}

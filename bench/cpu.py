@@ -34,3 +34,12 @@ def postgres_cpu_s() -> float:
             fields = rest.split()
             total += sum(int(f) for f in fields[11:15])  # utime, stime, cutime, cstime
     return total / os.sysconf("SC_CLK_TCK")
+
+
+def machine_busy_s() -> float:
+    """CPU seconds every core of the machine has spent on anything but idling and waiting for I/O
+    (Linux /proc/stat), whoever ran: divided by a run's wall time, the cores that run had busy, other
+    people's work on the machine included."""
+    fields = Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:9]
+    user, nice, system, _idle, _iowait, irq, softirq, steal = map(int, fields)
+    return (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")

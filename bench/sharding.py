@@ -23,28 +23,38 @@ from cronoq.client import Client, task
 from tests.integration.shardproc import ShardSpec, cluster_tables, new_cluster, router_process
 
 from . import on_loop, proxy_floor
-from .cpu import process_cpu_s, self_cpu_s
+from .cpu import machine_busy_s, process_cpu_s, self_cpu_s
 from .worker import start_worker
 
 POOLS = {"a": "a1", "b": "b1"}
-SPECS = [
-    ShardSpec(name, number, (pool,), pool_options="max = 1024\nlease_ttl_s = 30")
-    for number, (name, pool) in enumerate(POOLS.items(), start=1)
-]
 LIMITS = "[limits]\nmax_tasks_per_batch = 1000\nmax_pending_per_pool = 1000000\n"
 
 
-class Cluster:
-    """Shard servers a and b and a router, as processes in ``directory``."""
+def specs(pools: dict[str, str]) -> list[ShardSpec]:
+    """One shard per entry of ``pools`` (shard name: its one pool), numbered from 1."""
+    return [
+        ShardSpec(name, number, (pool,), pool_options="max = 1024\nlease_ttl_s = 30")
+        for number, (name, pool) in enumerate(pools.items(), start=1)
+    ]
 
-    def __init__(self, directory: Path) -> None:
-        self.shards = new_cluster(directory, SPECS, extra={name: LIMITS for name in POOLS})
+
+class Cluster:
+    """Shard servers (a and b unless ``shards`` says otherwise) and a router, as processes in
+    ``directory``."""
+
+    def __init__(self, directory: Path, shards: list[ShardSpec] | None = None) -> None:
+        shards = specs(POOLS) if shards is None else shards
+        self.shards = new_cluster(directory, shards, extra={spec.name: LIMITS for spec in shards})
         endpoints = {name: f"http://127.0.0.1:{proc.grpc_port}" for name, proc in self.shards.items()}
-        self.router = router_process(directory / "router", LIMITS + cluster_tables(SPECS, endpoints))
+        self.router = router_process(directory / "router", LIMITS + cluster_tables(shards, endpoints))
 
     def __enter__(self) -> Cluster:
-        for proc in (*self.shards.values(), self.router):
-            proc.start()
+        try:
+            for proc in (*self.shards.values(), self.router):
+                proc.start()
+        except BaseException:  # stop those that started: no __exit__ follows a failed __enter__
+            self.__exit__()
+            raise
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -67,12 +77,32 @@ async def submit_latency(target: str, n: int) -> float:
 
 @dataclass(frozen=True, slots=True)
 class Drain:
-    """A drain's rate and the CPU its processes spent per task, in microseconds."""
+    """A drain's tasks, its wall time and the CPU seconds its processes spent meanwhile."""
 
-    tasks_per_s: float
-    servers_us: float  # the shard servers and the router
-    workers_us: float
-    producer_us: float
+    tasks: int
+    elapsed_s: float
+    shards_cpu_s: tuple[float, ...]  # each shard server's, in the cluster's order
+    router_cpu_s: float
+    workers_cpu_s: float
+    producer_cpu_s: float
+    machine_cpu_s: float  # every core's busy time, anyone's work on the machine included
+
+    @property
+    def tasks_per_s(self) -> float:
+        return self.tasks / self.elapsed_s
+
+    @property
+    def servers_us(self) -> float:
+        """CPU per task of the shard servers and the router, in microseconds."""
+        return (sum(self.shards_cpu_s) + self.router_cpu_s) * 1e6 / self.tasks
+
+    @property
+    def workers_us(self) -> float:
+        return self.workers_cpu_s * 1e6 / self.tasks
+
+    @property
+    def producer_us(self) -> float:
+        return self.producer_cpu_s * 1e6 / self.tasks
 
     @property
     def cpu_bound(self) -> float:
@@ -84,9 +114,10 @@ async def drain(cluster: Cluster, target: str, pools: list[str], n: int, slots: 
     """``n`` no-op tasks split over ``pools``, one worker per pool, all through ``target``."""
     per_pool = n // len(pools)
     servers = [proc.proc.pid for proc in (*cluster.shards.values(), cluster.router) if proc.proc is not None]
-    before = (sum(process_cpu_s(pid) for pid in servers), self_cpu_s())
     workers = [start_worker(target, per_pool, slots, pool) for pool in pools]
     async with Client(target) as client:
+        before = [process_cpu_s(pid) for pid in servers]
+        producer_before, machine_before = self_cpu_s(), machine_busy_s()
         began = time.perf_counter()
 
         async def submit(pool: str) -> None:
@@ -96,14 +127,17 @@ async def drain(cluster: Cluster, target: str, pools: list[str], n: int, slots: 
         await asyncio.gather(*(submit(pool) for pool in pools))
         outs = await asyncio.gather(*(asyncio.to_thread(w.communicate) for w in workers))
         elapsed = time.perf_counter() - began
+        producer_s, machine_s = self_cpu_s() - producer_before, machine_busy_s() - machine_before
+        used = [process_cpu_s(pid) - began_s for pid, began_s in zip(servers, before, strict=True)]
     summaries = [json.loads(out.strip().splitlines()[-1]) for out, _ in outs]
-    handled = sum(summary["handled"] for summary in summaries)
-    us = 1e6 / handled
     return Drain(
-        tasks_per_s=handled / elapsed,
-        servers_us=(sum(process_cpu_s(pid) for pid in servers) - before[0]) * us,
-        workers_us=sum(summary["cpu_s"] for summary in summaries) * us,
-        producer_us=(self_cpu_s() - before[1]) * us,
+        tasks=sum(summary["handled"] for summary in summaries),
+        elapsed_s=elapsed,
+        shards_cpu_s=tuple(used[:-1]),
+        router_cpu_s=used[-1],
+        workers_cpu_s=sum(summary["cpu_s"] for summary in summaries),
+        producer_cpu_s=producer_s,
+        machine_cpu_s=machine_s,
     )
 
 
