@@ -111,20 +111,36 @@ class Exposition:
         return body, content_type
 
 
-@contextmanager
-def _collection_paused() -> Iterator[None]:
-    """The garbage collector off while a page is built and written: a page with many pools is tens of
+class _CollectionPause:
+    """The garbage collector off while any page is built and written: a page with many pools is tens of
     thousands of samples and label dicts, alive until it is written. A collection that runs meanwhile
     promotes them to older generations, bringing forward the next full collection, which on a server
     holding 100,000 tasks takes the event loop for about 140 ms (every 20 or so scrapes with 200 pools,
-    ``bench/scrape.py``). Paused, they are freed by reference counting and never counted."""
-    paused = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if paused:
-            gc.enable()
+    ``bench/scrape.py``). Paused, they are freed by reference counting and never counted. Scrapes
+    overlap (a page is written in a thread while the loop serves the next request): the collector comes
+    back on when the last of them ends, and only if it was on when the first began."""
+
+    __slots__ = ("_resume", "depth")
+
+    def __init__(self) -> None:
+        self.depth = 0
+        self._resume = False
+
+    @contextmanager
+    def __call__(self) -> Iterator[None]:
+        if self.depth == 0:
+            self._resume = gc.isenabled()
+            gc.disable()
+        self.depth += 1
+        try:
+            yield
+        finally:
+            self.depth -= 1
+            if self.depth == 0 and self._resume:
+                gc.enable()
+
+
+_collection_paused = _CollectionPause()
 
 
 class _Collected:

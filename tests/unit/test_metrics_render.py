@@ -16,7 +16,7 @@ from cronoq.engine import Engine, compiled
 from cronoq.engine.model import PoolConfig, Priority, TaskSpec
 from cronoq.engine.snapshot import EngineSnapshot
 from cronoq.engine.stats import WaitTotals
-from cronoq.prometheus import Exposition, family
+from cronoq.prometheus import Exposition, _CollectionPause, family
 from shard import metrics
 from shard.runtime import CommitFailures, CommitStats
 from tests.prometheus import openmetrics_families
@@ -179,3 +179,24 @@ async def test_commit_latency_is_a_histogram_of_every_commit() -> None:
     found = buckets(text, "cronoq_store_commit_duration_seconds", store="postgres")
     assert (found["0.0005"], found["0.0025"], found["0.005"], found["0.25"], found["+Inf"]) == (1, 1, 3, 4, 4)
     assert '\ncronoq_store_commit_duration_seconds_count{store="postgres"} 4.0\n' in text
+
+
+def test_overlapping_scrapes_keep_the_collector_off_until_the_last_ends() -> None:
+    """Pages are written in threads, so scrapes overlap: the first to end used to turn the collector back
+    on under the second's page. It comes back when the last ends, and only if it was on before."""
+    pause = _CollectionPause()
+    assert gc.isenabled()
+    first, second = pause(), pause()
+    first.__enter__()
+    second.__enter__()
+    first.__exit__(None, None, None)
+    assert not gc.isenabled()  # the second page is still alive
+    second.__exit__(None, None, None)
+    assert gc.isenabled()
+    gc.disable()  # a process that runs with the collector off keeps it off
+    try:
+        with pause():
+            pass
+        assert not gc.isenabled()
+    finally:
+        gc.enable()
