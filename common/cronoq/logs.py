@@ -74,11 +74,6 @@ def levels_from_env(env: Mapping[str, str]) -> LogLevels:
     return LogLevels(bare if own is None else own, targets)
 
 
-def level_from_env(env: Mapping[str, str]) -> int:
-    """cronoq's own level (see :func:`levels_from_env`)."""
-    return levels_from_env(env).own
-
-
 def configure(env: Mapping[str, str] | None = None, *, stream: object = None) -> None:
     """Configure structlog (and the stdlib root logger grpc/aiohttp log through) for this process."""
     env = os.environ if env is None else env

@@ -13,7 +13,7 @@ import structlog
 from cronoq import errors
 from cronoq.api.output_types import OutputTypes
 from cronoq.auth import ANONYMOUS_ADMIN, Authenticator, Role, TokenEntry
-from cronoq.logs import LogLevels, configure, get_logger, level_from_env, levels_from_env
+from cronoq.logs import LogLevels, configure, get_logger, levels_from_env
 from shard.outputs import OutputCache
 
 TOKEN = "s3cret-token-0123456789"
@@ -99,7 +99,7 @@ def test_no_credentials_means_anonymous_admin() -> None:
     ],
 )
 def test_log_level_from_env(env: dict[str, str], level: int) -> None:
-    assert level_from_env(env) == level
+    assert levels_from_env(env).own == level
 
 
 def test_log_targets_set_library_levels() -> None:

@@ -44,11 +44,13 @@ class ShardMap:
 
     __slots__ = ("_by_name", "_by_number", "_by_pool", "_whole", "local")
 
-    def __init__(self, shards: Iterable[Shard], local: str | None = None) -> None:
+    def __init__(
+        self, shards: Iterable[Shard], local: str | None = None, *, whole: Shard | None = None
+    ) -> None:
         self._by_name = {s.name: s for s in shards}
         self._by_number = {s.number: s for s in self._by_name.values()}
         self._by_pool = {pool: s for s in self._by_name.values() for pool in s.pools}
-        self._whole: Shard | None = None  # the group that holds every task id (see unsharded())
+        self._whole = whole  # the one group that holds every task id (see for_router)
         self.local = self._by_name[local] if local is not None and self._by_name else None
 
     @classmethod
@@ -68,9 +70,7 @@ class ShardMap:
         members = config.router.members
         endpoint = config.router.endpoint or members[0]
         whole = Shard(UNSHARDED, 0, endpoint, frozenset(p.name for p in config.pools), tuple(members))
-        shards = cls([whole])
-        shards._whole = whole
-        return shards
+        return cls([whole], whole=whole)
 
     @property
     def sharded(self) -> bool:
