@@ -16,7 +16,15 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from prometheus_client.metrics_core import Metric
 
 from cronoq import telemetry
-from cronoq.api.grpc_api import AdminServicer, Ctx, TasksServicer, authorize_worker, call, registration
+from cronoq.api.grpc_api import (
+    AdminServicer,
+    Ctx,
+    TasksServicer,
+    authorize_worker,
+    call,
+    frame_messages,
+    registration,
+)
 from cronoq.api.http_listener import HttpBounds, HttpListeners
 from cronoq.api.limits import RequestLimits
 from cronoq.auth import Authenticator
@@ -47,12 +55,17 @@ class RedirectWorkers(pbg.WorkersServicer):
     # grpc.aio also serves a stream-stream method as a coroutine that reads and writes through the context,
     # which the generated servicer does not describe (it returns an iterator of ServerMessages).
     async def Work(self, request_iterator: object, context: Ctx) -> None:  # type: ignore[override]
+        await self.refuse(context, batched=False)
+
+    async def refuse(self, context: Ctx, *, batched: bool) -> None:
+        """Refuse one Work call of either service (``batched``: BatchedWorkers.Work)."""
+
         async def run() -> None:
             caller = await authorize_worker(self.service, context)
-            first = await context.read()
-            if first is grpc.aio.EOF:  # closed before registering: nothing to refuse (as at a shard)
+            frame = await context.read()
+            if frame is grpc.aio.EOF:  # closed before registering: nothing to refuse (as at a shard)
                 return
-            pool = registration(first).pool
+            pool = registration(frame_messages(frame, batched)[0]).pool
             shard = self.service.shards.by_pool(pool)
             if shard is None:
                 raise NotFound(f"register.pool: unknown pool {shown(pool)}")
@@ -68,6 +81,16 @@ class RedirectWorkers(pbg.WorkersServicer):
             )
 
         await call(context, run)
+
+
+class RedirectBatchedWorkers(pbg.BatchedWorkersServicer):
+    """``BatchedWorkers.Work`` streams, refused as ``Workers.Work`` ones are."""
+
+    def __init__(self, workers: RedirectWorkers) -> None:
+        self.workers = workers
+
+    async def Work(self, request_iterator: object, context: Ctx) -> None:  # type: ignore[override]
+        await self.workers.refuse(context, batched=True)
 
 
 class RouterServer:
@@ -111,7 +134,10 @@ class RouterServer:
         server = grpc_server(cfg, self.request_limits)
         pbg.add_TasksServicer_to_server(TasksServicer(self.service), server)
         pbg.add_AdminServicer_to_server(AdminServicer(self.service), server)
-        pbg.add_WorkersServicer_to_server(RedirectWorkers(self.service), server)
+        workers = RedirectWorkers(self.service)
+        pbg.add_WorkersServicer_to_server(workers, server)
+        if cfg.server.worker_batches:
+            pbg.add_BatchedWorkersServicer_to_server(RedirectBatchedWorkers(workers), server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
         tls = load_server_tls(cfg.server.tls) if cfg.server.tls is not None else None
         listen_grpc(server, "router.grpc_addr", cfg.router.grpc_addr, tls)
@@ -119,7 +145,7 @@ class RouterServer:
         self.grpc_server = server
         # SERVING for each service it serves, as a leading server says: a checker asking about the one
         # it uses (cronoq.v1.Tasks, say) would otherwise be told NOT_FOUND.
-        await set_health(self.health, health_pb2.HealthCheckResponse.SERVING)
+        await set_health(self.health, health_pb2.HealthCheckResponse.SERVING, self.config)
         app = api_app(self.service, cfg, cfg.router.http_addr, tls, self.exposition, self.request_limits)
         try:
             await self.http.open(
@@ -137,7 +163,9 @@ class RouterServer:
         )
 
     async def shutdown(self) -> None:
-        await set_health(self.health, health_pb2.HealthCheckResponse.NOT_SERVING)  # balancers: go elsewhere
+        await set_health(
+            self.health, health_pb2.HealthCheckResponse.NOT_SERVING, self.config
+        )  # balancers: go elsewhere
         if self.grpc_server is not None:
             await self.grpc_server.stop(DRAIN_S)
         await self.http.close()

@@ -1,5 +1,6 @@
-"""The gRPC ``Workers`` servicer: one :class:`~shard.workers.WorkerStream` per Work call (the Tasks and
-Admin servicers are shared with the router, in :mod:`cronoq.api.grpc_api`)."""
+"""The gRPC ``Workers`` servicer, and its ``BatchedWorkers`` extension: one
+:class:`~shard.workers.WorkerStream` per Work call (the Tasks and Admin servicers are shared with the
+router, in :mod:`cronoq.api.grpc_api`)."""
 
 from __future__ import annotations
 
@@ -19,7 +20,9 @@ log = get_logger("cronoq.grpc")
 
 
 class WorkersServicer(pbg.WorkersServicer):
-    def __init__(self, service: ShardService, make_stream: Callable[[Ctx, Principal], WorkerStream]) -> None:
+    def __init__(
+        self, service: ShardService, make_stream: Callable[[Ctx, Principal, bool], WorkerStream]
+    ) -> None:
         self.service = service
         self.make_stream = make_stream
         self.streams: set[WorkerStream] = set()
@@ -27,9 +30,14 @@ class WorkersServicer(pbg.WorkersServicer):
     # grpc.aio also serves a stream-stream method as a coroutine that reads and writes through the context,
     # which the generated servicer does not describe (it returns an iterator of ServerMessages).
     async def Work(self, request_iterator: object, context: Ctx) -> None:  # type: ignore[override]
+        await self.serve(context, batched=False)
+
+    async def serve(self, context: Ctx, *, batched: bool) -> None:
+        """One Work call of either service (``batched``: BatchedWorkers.Work)."""
+
         async def run() -> None:
             caller = await authorize_worker(self.service, context)
-            stream = self.make_stream(context, caller)
+            stream = self.make_stream(context, caller, batched)
             self.streams.add(stream)
             try:
                 await stream.serve()
@@ -48,3 +56,13 @@ class WorkersServicer(pbg.WorkersServicer):
                 self.streams.discard(stream)
 
         await call(context, run)
+
+
+class BatchedWorkersServicer(pbg.BatchedWorkersServicer):
+    """``BatchedWorkers.Work``: served by the same streams as ``Workers.Work``, framed in batches."""
+
+    def __init__(self, workers: WorkersServicer) -> None:
+        self.workers = workers
+
+    async def Work(self, request_iterator: object, context: Ctx) -> None:  # type: ignore[override]
+        await self.workers.serve(context, batched=True)

@@ -58,13 +58,13 @@ from cronoq.limit_hits import LimitHits
 from cronoq.logs import get_logger
 from cronoq.process import open_file_limit, running_loop_name
 from cronoq.prometheus import Exposition
-from cronoq.serving import api_app, bind_grpc, grpc_server, listen_grpc, set_health
+from cronoq.serving import api_app, bind_grpc, grpc_server, grpc_services, listen_grpc, set_health
 from cronoq.tls import ServerTls, load_server_tls
 from cronoq.v1 import cronoq_pb2_grpc as pbg
 
 from . import metrics
 from .convert import SpecLimits
-from .grpc_api import WorkersServicer
+from .grpc_api import BatchedWorkersServicer, WorkersServicer
 from .outputs import OutputCache
 from .runtime import CommitFailures, Runtime
 from .scaler import WebhookScalers
@@ -190,7 +190,7 @@ class ShardServer:
         self.failure: str | None = None  # why the server ended on its own, for the exit status
         self._pruner: asyncio.Task[None] | None = None
 
-    def _make_stream(self, context: Any, caller: Principal) -> WorkerStream:
+    def _make_stream(self, context: Any, caller: Principal, batched: bool) -> WorkerStream:
         limits = self.config.limits
         return WorkerStream(
             self.service.runtime,
@@ -202,6 +202,7 @@ class ShardServer:
             shards=self.shards,
             locate=self.peers.url if self.peers is not None else None,
             limit_hits=self.limit_hits,
+            batched=batched,
         )
 
     def metric_families(self) -> Iterator[Metric]:
@@ -311,7 +312,7 @@ class ShardServer:
         await self._use_grpc(leading=True)
         self.runtime = runtime
         self.service.serve(runtime)
-        await set_health(self.health, health_pb2.HealthCheckResponse.SERVING)
+        await set_health(self.health, health_pb2.HealthCheckResponse.SERVING, self.config)
         for pool in engine.snapshot(runtime.clock()).pools:  # a new leader states every target once
             if pool.name in self.scalers.pools:
                 self.scalers.desired(pool.name, pool.desired)
@@ -332,7 +333,7 @@ class ShardServer:
         self.service.serve(None)
         self.runtime = None
         self._serving.clear()
-        await set_health(self.health, health_pb2.HealthCheckResponse.NOT_SERVING)
+        await set_health(self.health, health_pb2.HealthCheckResponse.NOT_SERVING, self.config)
         if self._pruner is not None:
             self._pruner.cancel()
             self._pruner = None
@@ -374,11 +375,13 @@ class ShardServer:
         server = grpc_server(self.config, self.request_limits, () if leading else standby)
         pbg.add_TasksServicer_to_server(TasksServicer(self.service), server)
         pbg.add_WorkersServicer_to_server(self.workers, server)
+        if self.config.server.worker_batches:
+            pbg.add_BatchedWorkersServicer_to_server(BatchedWorkersServicer(self.workers), server)
         pbg.add_AdminServicer_to_server(AdminServicer(self.service), server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
         reflection.enable_server_reflection(
             [
-                *(f"cronoq.v1.{s}" for s in ("Tasks", "Workers", "Admin")),
+                *(f"cronoq.v1.{s}" for s in grpc_services(self.config)),
                 "grpc.health.v1.Health",
                 reflection.SERVICE_NAME,
             ],
@@ -434,7 +437,7 @@ class ShardServer:
         await server.start()
         self.grpc_server = server
         self._grpc_leading = leading
-        await set_health(self.health, health_pb2.HealthCheckResponse.NOT_SERVING)
+        await set_health(self.health, health_pb2.HealthCheckResponse.NOT_SERVING, self.config)
 
         app = api_app(self.service, cfg, cfg.server.http_addr, tls, self.exposition, self.request_limits)
         app.on_response_prepare.append(self._close_unless_serving)
@@ -499,7 +502,7 @@ class ShardServer:
             return
         self._stopping = True
         runtime = self.runtime
-        await set_health(self.health, health_pb2.HealthCheckResponse.NOT_SERVING)
+        await set_health(self.health, health_pb2.HealthCheckResponse.NOT_SERVING, self.config)
         if runtime is not None:
             runtime.stop_accepting()
             runtime.stop_dispatching()

@@ -38,10 +38,6 @@ from cronoq.process import choose_event_loop, raise_open_file_limit
 from cronoq.prometheus import Exposition
 from cronoq.tls import ServerTls, load_peer_credentials, load_server_tls
 
-# The names a cronoq process's gRPC health service answers for: the process as a whole ("") and each
-# cronoq.v1 service it serves (a shard server and a router serve all three). A client or balancer may
-# ask for the one it uses; an unknown name answers NOT_FOUND, which health checkers take for a failure.
-GRPC_SERVICES = ("", "cronoq.v1.Tasks", "cronoq.v1.Workers", "cronoq.v1.Admin")
 # Calls a gRPC listener takes at once beyond the cronoq.v1 ones its LimitsInterceptor counts (health,
 # reflection): grpc's own backstop.
 UNLIMITED_RPCS = 64
@@ -225,9 +221,17 @@ def grpc_server(
     )
 
 
-async def set_health(servicer: health.aio.HealthServicer, status: int) -> None:
-    """Say ``status`` (SERVING, NOT_SERVING) for every name in :data:`GRPC_SERVICES`."""
-    for name in GRPC_SERVICES:
+def grpc_services(config: Config) -> tuple[str, ...]:
+    """The ``cronoq.v1`` services a shard server or router serves: all four, or all but the
+    ``BatchedWorkers`` extension when ``[server] worker_batches`` is off."""
+    return ("Tasks", "Workers", *(("BatchedWorkers",) if config.server.worker_batches else ()), "Admin")
+
+
+async def set_health(servicer: health.aio.HealthServicer, status: int, config: Config) -> None:
+    """Say ``status`` (SERVING, NOT_SERVING) for the process as a whole ("") and for each service it
+    serves (:func:`grpc_services`). A client or balancer may ask about the one it uses; an unknown name
+    answers NOT_FOUND, which health checkers take for a failure."""
+    for name in ("", *(f"cronoq.v1.{s}" for s in grpc_services(config))):
         await servicer.set(name, status)
 
 

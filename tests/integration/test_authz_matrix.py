@@ -316,20 +316,26 @@ async def g_watch(row: Row) -> None:
         call.cancel()
 
 
-async def register(row: Row, labels: dict[str, str] | None = None) -> pb.Registered:
-    """Open a Work stream, register, and read the first answer: Registered, or the refusal."""
+async def register(row: Row, labels: dict[str, str] | None = None, *, batched: bool = False) -> pb.Registered:
+    """Open a Work stream (``batched``: BatchedWorkers.Work), register, and read the first answer:
+    Registered, or the refusal."""
     register = pb.Register(pool=row.pool, slots=1, worker_name="matrix", protocol_version=3, labels=labels)
+    opening = pb.WorkerMessage(register=register)
 
-    async def messages() -> AsyncIterator[pb.WorkerMessage]:
+    async def messages() -> AsyncIterator[Any]:
         # Sent by gRPC's own writer, so that a refusal arriving first is read as the call's status
         # rather than failing a write; the stream stays open (no half-close) until cancelled.
-        yield pb.WorkerMessage(register=register)
+        yield pb.WorkerBatch(messages=[opening]) if batched else opening
         await asyncio.Event().wait()
 
-    call = pbg.WorkersStub(row.channel).Work(messages(), metadata=row.metadata)
+    if batched:
+        call = pbg.BatchedWorkersStub(row.channel).Work(messages(), metadata=row.metadata)
+    else:
+        call = pbg.WorkersStub(row.channel).Work(messages(), metadata=row.metadata)
     try:
-        first: pb.ServerMessage = await call.read()
-        assert first is not grpc.aio.EOF, await call.code()
+        frame = await call.read()
+        assert frame is not grpc.aio.EOF, await call.code()
+        first: pb.ServerMessage = frame.messages[0] if batched else frame
         assert first.WhichOneof("msg") == "registered", first
         return first.registered
     finally:
@@ -338,6 +344,10 @@ async def register(row: Row, labels: dict[str, str] | None = None) -> pb.Registe
 
 async def g_work(row: Row) -> None:
     await register(row)
+
+
+async def g_work_batched(row: Row) -> None:
+    await register(row, batched=True)
 
 
 async def g_snapshot(row: Row) -> None:
@@ -406,6 +416,7 @@ GRPC_CALLS = [
     Call("Tasks.Watch[pool]", Role.CLIENT, DENIED, g_watch),
     Call("Tasks.Watch", Role.CLIENT, FILTERED, g_watch, (NO_POOL,)),
     Call("Workers.Work", Role.WORKER, DENIED, g_work),
+    Call("BatchedWorkers.Work", Role.WORKER, DENIED, g_work_batched),
     Call("Admin.Snapshot", Role.METRICS, FILTERED, g_snapshot, (NO_POOL,)),
     Call("Admin.ListWorkers", Role.METRICS, FILTERED, g_workers, (NO_POOL,)),
     Call("Admin.ListRecurring", Role.METRICS, FILTERED, g_list_recurring, (NO_POOL,)),

@@ -21,7 +21,8 @@ the pool's capacity and busy slots, Snapshot ``running`` all back to zero: no le
 still serves other clients: a Get works, and at the end a well-behaved SDK worker runs fresh tasks.
 
 **Without a model, with any values** (``test_fuzzed_worker_streams_are_answered_and_fenced``, pool
-``raw``): each example sends on one stream whatever messages hypothesis builds (any text, any float
+``raw``, on ``Workers.Work`` and on its ``BatchedWorkers.Work`` extension, whose frames of zero to four
+such messages are built the same way): each example sends on one stream whatever messages hypothesis builds (any text, any float
 as ``retry_after_s``, any lease id, small ones included). Whatever a (possibly hostile) worker sends, the
 server answers with a protocol status or keeps the stream open, stays healthy, and never lets a report
 touch a lease the sender does not hold: a well-behaved worker in its own process holds a real lease in
@@ -511,11 +512,19 @@ raw_messages = st.one_of(
 )
 
 
-async def play_raw(target: str, script: list[pb.WorkerMessage]) -> tuple[grpc.StatusCode, str]:
+# BatchedWorkers.Work: frames of those messages, empty ones included.
+raw_batches = st.builds(
+    lambda messages: pb.WorkerBatch(messages=messages), st.lists(raw_messages, max_size=4)
+)
+
+
+async def play_raw(target: str, script: list[Any]) -> tuple[grpc.StatusCode, str]:
     """Send the script (stopping once the server ended the call), then read to the end: the status is
-    the server's, not an artefact of writing into a finished call."""
+    the server's, not an artefact of writing into a finished call. A script of WorkerBatch frames is
+    played on BatchedWorkers.Work."""
     async with grpc.aio.insecure_channel(target) as channel:
-        call = pbg.WorkersStub(channel).Work()
+        batched = any(isinstance(frame, pb.WorkerBatch) for frame in script)
+        call = (pbg.BatchedWorkersStub if batched else pbg.WorkersStub)(channel).Work()
         for msg in script:
             if call.done():
                 break
@@ -531,7 +540,8 @@ async def play_raw(target: str, script: list[pb.WorkerMessage]) -> tuple[grpc.St
         return await asyncio.wait_for(call.code(), WAIT_S), await call.details()
 
 
-def test_fuzzed_worker_streams_are_answered_and_fenced(fuzz_server: ServerProcess) -> None:
+@pytest.mark.parametrize("frames", [raw_messages, raw_batches], ids=["Workers", "BatchedWorkers"])
+def test_fuzzed_worker_streams_are_answered_and_fenced(fuzz_server: ServerProcess, frames: Any) -> None:
     target = fuzz_server.target
     logged_before = fuzz_server.logs().rfind("\n") + 1  # the refusals this test provokes are after it
     # A well-behaved worker (its own process) takes a real lease in the sentinel pool and keeps it.
@@ -551,8 +561,8 @@ def test_fuzzed_worker_streams_are_answered_and_fenced(fuzz_server: ServerProces
             database=None,
             suppress_health_check=list(HealthCheck),
         )
-        @given(script=st.lists(raw_messages, min_size=1, max_size=8))
-        def run_one(script: list[pb.WorkerMessage]) -> None:
+        @given(script=st.lists(frames, min_size=1, max_size=8))
+        def run_one(script: list[Any]) -> None:
             code, details = asyncio.run(play_raw(target, script))
             # grpc's client reports this when it was still writing as the server ended the call; the
             # server's own status for such calls is checked in its log below.

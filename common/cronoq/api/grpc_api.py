@@ -2,12 +2,12 @@
 
 Each method authenticates from the call's metadata, calls the shared request logic and renders an
 :class:`~cronoq.errors.ApiError` as a gRPC status (with its metadata). The opening of a Workers.Work
-call, which a shard serves and the router redirects, is checked here for both.
+call (or BatchedWorkers.Work), which a shard serves and the router redirects, is checked here for both.
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any, TypeVar
 
 from cronoq.auth import Principal, Role
@@ -50,6 +50,17 @@ async def authorize_worker(service: RequestHandler, context: Ctx) -> Principal:
     except ApiError:
         await take_first_message(context)
         raise
+
+
+def frame_messages(frame: Any, batched: bool) -> Sequence[pb.WorkerMessage]:
+    """The worker messages one frame read from a Work stream carries, in order: the frame itself on
+    ``Workers.Work``, the messages of its ``WorkerBatch`` on ``BatchedWorkers.Work`` (never none)."""
+    if not batched:
+        return (frame,)
+    messages: Sequence[pb.WorkerMessage] = frame.messages
+    if not messages:
+        raise InvalidArgument("messages: a batch carries at least one worker message")
+    return messages
 
 
 def registration(first: pb.WorkerMessage) -> pb.Register:

@@ -1,4 +1,5 @@
-"""``Worker``: serves one pool over a ``Workers.Work`` stream (worker protocol version 3).
+"""``Worker``: serves one pool over a ``Workers.Work`` stream (worker protocol version 3), or over
+the ``BatchedWorkers.Work`` extension where the server has it (``docs/worker-protocol.md``).
 
 A :class:`Worker` owns the connection life cycle (register, reconnect with backoff, follow shard
 redirects, drain on stop); each stream is a :class:`_Session`, which owns the leases that arrived on it,
@@ -15,7 +16,7 @@ import inspect
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, cast
+from typing import Any, TypeVar, cast
 
 import grpc
 
@@ -45,6 +46,7 @@ from cronoq.transport import ChannelOptions, Endpoint, api_error, open_channel
 from cronoq.v1 import cronoq_pb2 as pb
 from cronoq.v1 import cronoq_pb2_grpc as pb_grpc
 
+T = TypeVar("T")
 PROTOCOL_VERSION = 3
 """The worker protocol version this SDK speaks."""
 MAX_REDIRECTS = 3
@@ -67,6 +69,8 @@ FATAL_CODES = frozenset(
 )
 DEFAULT_MAX_MESSAGE_BYTES = 4 * 1024 * 1024  # gRPC's default, for servers that do not say
 OUTPUT_HEADROOM = 1024  # room for the Complete message around the output bytes
+# What a message adds to a batch beyond its own size: its tag and length (see shard/workers.py).
+FRAMING_BYTES = 6
 MIN_HEARTBEAT_INTERVAL = 0.01
 CLOSE_WAIT = 5.0  # how long stop() waits for the server to end the stream after the half-close
 
@@ -157,13 +161,16 @@ class Worker:
     that froze or was cut off notices, and reconnects (to the new leader after a failover).
     ``reconnect`` keeps the worker connected across dropped streams, waiting ``backoff`` (initial,
     maximum) seconds, doubling. ``grace`` is how long :meth:`stop` lets running handlers finish.
-    ``labels`` register the worker for tasks requiring them. A shard redirect is followed only to a
+    ``labels`` register the worker for tasks requiring them. ``batches`` uses the server's
+    ``BatchedWorkers`` extension, which carries what is queued each way in one message (much less CPU per
+    task under load), and falls back to ``Workers.Work`` by itself on a server without it. A shard redirect is followed only to a
     URL the configured target named for the shard, or, with ``redirect_allow`` (URLs, host names,
     ``*.suffix``), only to what that admits; ``insecure_redirect_http`` lets redirects send the token
     over plain http to other hosts (see :class:`~cronoq.client._connect.Redirects`).
 
     The public attributes describe the latest registration: ``worker_id``, ``lease_ttl``,
-    ``granted_slots``, ``server_protocol``, ``max_message_bytes``; ``connections`` counts registrations,
+    ``granted_slots``, ``server_protocol``, ``max_message_bytes`` and ``batched`` (whether the stream is
+    the batched extension); ``connections`` counts registrations,
     ``last_shutdown`` holds the reason of the server's last Shutdown and ``running`` is true inside
     :meth:`run`.
     """
@@ -186,6 +193,7 @@ class Worker:
         labels: Mapping[str, str] | None = None,
         insecure_redirect_http: bool = False,
         redirect_allow: Iterable[str] | None = None,
+        batches: bool = True,
     ) -> None:
         if isinstance(slots, bool) or not isinstance(slots, int) or slots < 1:
             raise ValueError(f"slots must be an integer >= 1 (got {slots!r})")
@@ -199,6 +207,10 @@ class Worker:
         self.name = name
         self.labels = {str(k): str(v) for k, v in (labels or {}).items()}
         self.reconnect = reconnect
+        self.batches = batches
+        # Endpoints that answered BatchedWorkers.Work with UNIMPLEMENTED, until a stream with them ends:
+        # a server upgraded meanwhile gets the extension asked for again.
+        self._unbatched: set[Endpoint] = set()
         self.backoff = (initial, ceiling)
         self.grace = duration("grace", grace) or 0.0
         self._handler = handler
@@ -222,6 +234,7 @@ class Worker:
         self.granted_slots = 0
         self.server_protocol = 0
         self.max_message_bytes = 0
+        self.batched = False
         self.last_shutdown: str | None = None
         self.connections = 0
 
@@ -303,17 +316,29 @@ class Worker:
         delay = self.backoff[0]
         redirects = 0
         hunt_until = 0.0  # after Shutdown{not_leader}: look for the new leader briskly until then
+        channel: grpc.aio.Channel | None = None  # kept from a stream refused for want of batches
         while not self._stopping:
-            session = _Session(self, endpoint, signals)
+            batched = self.batches and endpoint not in self._unbatched
+            session = _Session(self, endpoint, signals, batched, channel)
             self._session = session
             began = loop.time()
+            unbatched = False
             try:
                 await session.run()
+                unbatched = session.refused_batches()
             finally:
                 self._session = None
-                await session.close()
+                if not unbatched or self._stopping:
+                    await session.close()
             if self._stopping:
                 return
+            if unbatched:  # a server without the extension: Workers.Work at once, on the same connection
+                self._unbatched.add(endpoint)
+                channel = session.channel
+                continue
+            channel = None
+            if not batched and session.registered:
+                self._unbatched.discard(endpoint)
             if loop.time() - began > 10 * self.backoff[1]:
                 delay = self.backoff[0]
             error = session.error
@@ -391,11 +416,19 @@ class _Attempt:
 
 
 class _Session:
-    """One Work stream. After :meth:`run` returns, ``error``, ``redirect`` and ``shutdown`` say why the
-    stream ended."""
+    """One Work stream (``batched``: a BatchedWorkers.Work stream). After :meth:`run` returns, ``error``,
+    ``redirect`` and ``shutdown`` say why the stream ended."""
 
-    def __init__(self, worker: Worker, endpoint: Endpoint, signals: _Signals) -> None:
+    def __init__(
+        self,
+        worker: Worker,
+        endpoint: Endpoint,
+        signals: _Signals,
+        batched: bool,
+        channel: grpc.aio.Channel | None,
+    ) -> None:
         self._worker = worker
+        self.batched = batched
         self._signals = signals
         self._attempts: dict[int, _Attempt] = {}
         self._outbox: deque[pb.WorkerMessage] = deque()  # not yet handed to grpc
@@ -417,27 +450,28 @@ class _Session:
                 )
             )
         )
-        self._channel = open_channel(endpoint, worker._credentials, worker._options_for(endpoint))
-        stub = pb_grpc.WorkersStub(self._channel)
-        self._call = stub.Work(self._requests(), metadata=worker._metadata)
+        self.channel = channel or open_channel(endpoint, worker._credentials, worker._options_for(endpoint))
+        self._call: Any
+        if batched:
+            self._call = pb_grpc.BatchedWorkersStub(self.channel).Work(
+                self._frames(self._take_batch), metadata=worker._metadata
+            )
+        else:
+            self._call = pb_grpc.WorkersStub(self.channel).Work(
+                self._frames(self._outbox.popleft), metadata=worker._metadata
+            )
 
     async def run(self) -> None:
         try:
-            async for message in self._call:
-                kind = message.WhichOneof("msg")
-                if kind == "registered":
-                    self._on_registered(message.registered)
-                elif kind == "shutdown":
-                    self.shutdown = message.shutdown
-                    self._worker.last_shutdown = message.shutdown.reason
-                    return
-                elif not self.registered:
-                    self.error = error_for("internal", f"the server sent {kind} before registered")
-                    return
-                elif kind == "lease":
-                    self._on_lease(message.lease)
-                elif kind == "abort":
-                    self._on_abort(message.abort)
+            if self.batched:
+                async for batch in self._call:
+                    for message in batch.messages:
+                        if self._ends(message):
+                            return
+            else:
+                async for message in self._call:
+                    if self._ends(message):
+                        return
         except grpc.aio.AioRpcError as err:
             self.error = api_error(err)
             if err.code() == grpc.StatusCode.FAILED_PRECONDITION:
@@ -456,7 +490,17 @@ class _Session:
             self._closed.set()
 
     async def close(self) -> None:
-        await self._channel.close()
+        await self.channel.close()
+
+    def refused_batches(self) -> bool:
+        """Whether the stream ended because the server has no BatchedWorkers.Work (UNIMPLEMENTED before
+        anything else; a server that has it never answers so)."""
+        return (
+            self.batched
+            and not self.registered
+            and self.error is not None
+            and self.error.code == "unimplemented"
+        )
 
     async def drain(self, grace: float) -> None:
         """Stops taking leases, gives running ones up to ``grace`` seconds, then half-closes."""
@@ -480,6 +524,25 @@ class _Session:
 
     # ----------------------------------------------------------------------------- server messages
 
+    def _ends(self, message: pb.ServerMessage) -> bool:
+        """Act on one message from the server; whether it ends the stream (a Shutdown, or a protocol
+        error recorded in ``error``)."""
+        kind = message.WhichOneof("msg")
+        if kind == "registered":
+            self._on_registered(message.registered)
+        elif kind == "shutdown":
+            self.shutdown = message.shutdown
+            self._worker.last_shutdown = message.shutdown.reason
+            return True
+        elif not self.registered:
+            self.error = error_for("internal", f"the server sent {kind} before registered")
+            return True
+        elif kind == "lease":
+            self._on_lease(message.lease)
+        elif kind == "abort":
+            self._on_abort(message.abort)
+        return False
+
     def _on_registered(self, msg: pb.Registered) -> None:
         worker = self._worker
         worker.worker_id = msg.worker_id
@@ -488,6 +551,7 @@ class _Session:
         worker.granted_slots = min(msg.slots, worker.slots) if msg.slots else worker.slots
         worker.server_protocol = msg.protocol_version
         worker.max_message_bytes = msg.max_message_bytes or DEFAULT_MAX_MESSAGE_BYTES
+        worker.batched = self.batched
         worker.connections += 1
         self.registered = True
         self._signals.registered.set()
@@ -631,24 +695,41 @@ class _Session:
         self._outbox_filled.set()
 
     def _end_requests(self) -> None:
-        """End :meth:`_requests` once the call is over. grpc.aio reads it in a task of its own, which a
+        """End :meth:`_frames` once the call is over. grpc.aio reads it in a task of its own, which a
         call ended by the server (an error status, a lost connection) leaves waiting for the next message:
         the task would be destroyed pending and the generator's close fail, both logged by asyncio as
         errors. What is still queued goes first (after a ``shutdown`` the server may still read it)."""
         self._half_close = True
         self._outbox_filled.set()
 
-    async def _requests(self) -> AsyncIterator[pb.WorkerMessage]:
-        """The messages to the server, in order. The stream is half-closed only once :meth:`drain` asked
-        for it and nothing is left to send, so that a nack for a lease that arrived in the meantime (sent
-        before the server read SetSlots 0) still reaches the server, which would otherwise fail it."""
+    async def _frames(self, take: Callable[[], T]) -> AsyncIterator[T]:
+        """The frames to the server, each ``take()`` from the outbox, in order. The stream is half-closed
+        only once :meth:`drain` asked for it and nothing is left to send, so that a nack for a lease that
+        arrived in the meantime (sent before the server read SetSlots 0) still reaches the server, which
+        would otherwise fail it."""
         while True:
-            while self._outbox:
-                yield self._outbox.popleft()
+            if self._outbox:
+                yield take()
+                continue
             if self._half_close:
                 return
             self._outbox_filled.clear()
             await self._outbox_filled.wait()
+
+    def _take_batch(self) -> pb.WorkerBatch:
+        """A frame of a batched stream: what is queued when grpc takes the next frame (it never waits
+        for more), within the server's ``max_message_bytes``."""
+        outbox = self._outbox
+        limit = self._worker.max_message_bytes or DEFAULT_MAX_MESSAGE_BYTES
+        first = outbox.popleft()
+        messages = [first]
+        size = first.ByteSize() + FRAMING_BYTES
+        while outbox:
+            size += outbox[0].ByteSize() + FRAMING_BYTES
+            if size > limit:
+                break
+            messages.append(outbox.popleft())
+        return pb.WorkerBatch(messages=messages)
 
 
 def _describe(err: BaseException) -> str:

@@ -120,6 +120,7 @@ class ServerSection:
     grpc_max_streams_per_connection: int = field(
         default=GRPC_STREAMS_PER_CONNECTION, metadata=between(1, 2**31 - 1)
     )
+    worker_batches: bool = True
 
 
 # ---------------------------------------------------------------------------------------------- auth

@@ -1591,6 +1591,48 @@ class RemoveRecurringResponse(_message.Message):
 Global___RemoveRecurringResponse: _TypeAlias = RemoveRecurringResponse  # noqa: Y015
 
 @_typing.final
+class WorkerBatch(_message.Message):
+    """BatchedWorkers.Work: one or more messages each way, never none."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    MESSAGES_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def messages(self) -> _containers.RepeatedCompositeFieldContainer[Global___WorkerMessage]: ...
+    def __init__(
+        self,
+        *,
+        messages: _abc.Iterable[Global___WorkerMessage] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["messages", b"messages"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___WorkerBatch: _TypeAlias = WorkerBatch  # noqa: Y015
+
+@_typing.final
+class ServerBatch(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    MESSAGES_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def messages(self) -> _containers.RepeatedCompositeFieldContainer[Global___ServerMessage]: ...
+    def __init__(
+        self,
+        *,
+        messages: _abc.Iterable[Global___ServerMessage] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["messages", b"messages"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ServerBatch: _TypeAlias = ServerBatch  # noqa: Y015
+
+@_typing.final
 class WorkerInfo(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 

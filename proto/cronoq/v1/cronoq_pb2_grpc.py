@@ -442,6 +442,87 @@ class Workers:
             _registered_method=True)
 
 
+class BatchedWorkersStub:
+    """Extension of this server (docs/worker-protocol.md): Workers.Work with many messages per frame, for
+    workers that support it. A batch means exactly what its messages mean sent one by one, in order; a
+    server without it answers UNIMPLEMENTED, and the worker uses Workers.Work instead.
+    """
+
+    def __init__(self, channel):
+        """Constructor.
+
+        Args:
+            channel: A grpc.Channel.
+        """
+        self.Work = channel.stream_stream(
+                '/cronoq.v1.BatchedWorkers/Work',
+                request_serializer=cronoq_dot_v1_dot_cronoq__pb2.WorkerBatch.SerializeToString,
+                response_deserializer=cronoq_dot_v1_dot_cronoq__pb2.ServerBatch.FromString,
+                _registered_method=True)
+
+
+class BatchedWorkersServicer:
+    """Extension of this server (docs/worker-protocol.md): Workers.Work with many messages per frame, for
+    workers that support it. A batch means exactly what its messages mean sent one by one, in order; a
+    server without it answers UNIMPLEMENTED, and the worker uses Workers.Work instead.
+    """
+
+    def Work(self, request_iterator, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+
+def add_BatchedWorkersServicer_to_server(servicer, server):
+    rpc_method_handlers = {
+            'Work': grpc.stream_stream_rpc_method_handler(
+                    servicer.Work,
+                    request_deserializer=cronoq_dot_v1_dot_cronoq__pb2.WorkerBatch.FromString,
+                    response_serializer=cronoq_dot_v1_dot_cronoq__pb2.ServerBatch.SerializeToString,
+            ),
+    }
+    generic_handler = grpc.method_handlers_generic_handler(
+            'cronoq.v1.BatchedWorkers', rpc_method_handlers)
+    server.add_generic_rpc_handlers((generic_handler,))
+    server.add_registered_method_handlers('cronoq.v1.BatchedWorkers', rpc_method_handlers)
+
+
+ # This class is part of an EXPERIMENTAL API.
+class BatchedWorkers:
+    """Extension of this server (docs/worker-protocol.md): Workers.Work with many messages per frame, for
+    workers that support it. A batch means exactly what its messages mean sent one by one, in order; a
+    server without it answers UNIMPLEMENTED, and the worker uses Workers.Work instead.
+    """
+
+    @staticmethod
+    def Work(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/cronoq.v1.BatchedWorkers/Work',
+            cronoq_dot_v1_dot_cronoq__pb2.WorkerBatch.SerializeToString,
+            cronoq_dot_v1_dot_cronoq__pb2.ServerBatch.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+
 class AdminStub:
     """Operator views and recurring schedules.
     """

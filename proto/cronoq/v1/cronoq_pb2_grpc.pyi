@@ -159,6 +159,43 @@ class WorkersServicer(metaclass=_abc_1.ABCMeta):
 
 def add_WorkersServicer_to_server(servicer: WorkersServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...
 
+class BatchedWorkersStub:
+    """Extension of this server (docs/worker-protocol.md): Workers.Work with many messages per frame, for
+    workers that support it. A batch means exactly what its messages mean sent one by one, in order; a
+    server without it answers UNIMPLEMENTED, and the worker uses Workers.Work instead.
+    """
+
+    @_typing.overload
+    def __new__(cls, channel: _grpc.Channel) -> _Self: ...
+    @_typing.overload
+    def __new__(cls, channel: _aio.Channel) -> BatchedWorkersAsyncStub: ...
+    Work: _grpc.StreamStreamMultiCallable[_cronoq_pb2.WorkerBatch, _cronoq_pb2.ServerBatch]
+
+@_typing.type_check_only
+class BatchedWorkersAsyncStub(BatchedWorkersStub):
+    """Extension of this server (docs/worker-protocol.md): Workers.Work with many messages per frame, for
+    workers that support it. A batch means exactly what its messages mean sent one by one, in order; a
+    server without it answers UNIMPLEMENTED, and the worker uses Workers.Work instead.
+    """
+
+    def __init__(self, channel: _aio.Channel) -> None: ...
+    Work: _aio.StreamStreamMultiCallable[_cronoq_pb2.WorkerBatch, _cronoq_pb2.ServerBatch]  # type: ignore[assignment]
+
+class BatchedWorkersServicer(metaclass=_abc_1.ABCMeta):
+    """Extension of this server (docs/worker-protocol.md): Workers.Work with many messages per frame, for
+    workers that support it. A batch means exactly what its messages mean sent one by one, in order; a
+    server without it answers UNIMPLEMENTED, and the worker uses Workers.Work instead.
+    """
+
+    @_abc_1.abstractmethod
+    def Work(
+        self,
+        request_iterator: _MaybeAsyncIterator[_cronoq_pb2.WorkerBatch],
+        context: _ServicerContext,
+    ) -> _typing.Union[_abc.Iterator[_cronoq_pb2.ServerBatch], _abc.AsyncIterator[_cronoq_pb2.ServerBatch]]: ...
+
+def add_BatchedWorkersServicer_to_server(servicer: BatchedWorkersServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...
+
 class AdminStub:
     """Operator views and recurring schedules."""
 

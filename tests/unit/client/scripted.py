@@ -124,6 +124,9 @@ class WorkersServer:
         self.connected = asyncio.Event()  # set by the first connection
         self.metadata: list[dict[str, str]] = []
         self.target = ""
+        # BatchedWorkers.Work calls, when serve() is asked to count them (``batch_probes=True``): answered
+        # UNIMPLEMENTED, as a server without the extension does. Otherwise the method is not served at all.
+        self.batch_probes = 0
 
     @property
     def url(self) -> str:
@@ -145,6 +148,15 @@ class WorkersServer:
     async def accept(self) -> WorkStream:
         async with asyncio.timeout(TIMEOUT):
             return await self.streams.get()
+
+
+class _BatchProbes(pb_grpc.BatchedWorkersServicer):
+    def __init__(self, workers: WorkersServer) -> None:
+        self.workers = workers
+
+    async def Work(self, request_iterator: Any, context: Any) -> None:  # type: ignore[override]
+        self.workers.batch_probes += 1
+        await context.abort(grpc.StatusCode.UNIMPLEMENTED, "Method not found!")
 
 
 @dataclass
@@ -213,15 +225,23 @@ class ApiServer:
 
 @asynccontextmanager
 async def serve(
-    servicer: Any, port: int = 0, credentials: Any = None, options: list[tuple[str, Any]] | None = None
+    servicer: Any,
+    port: int = 0,
+    credentials: Any = None,
+    options: list[tuple[str, Any]] | None = None,
+    *,
+    batch_probes: bool = False,
 ) -> AsyncIterator[str]:
     """Serves ``servicer`` on 127.0.0.1 (``port`` 0 picks a free one, ``credentials`` means TLS,
-    ``options`` are grpc server options); yields ``host:port``."""
+    ``options`` are grpc server options); yields ``host:port``. ``batch_probes``: a WorkersServer counts
+    the BatchedWorkers.Work calls it refuses."""
     server = grpc.aio.server(options=options)
     if isinstance(servicer, WorkersServer):
         # Served as a WorkersServicer, whose Work grpc.aio calls, without deriving from one: its Work is a
         # coroutine writing through the context, which the generated stub does not describe.
         pb_grpc.add_WorkersServicer_to_server(servicer, server)  # type: ignore[arg-type]
+        if batch_probes:
+            pb_grpc.add_BatchedWorkersServicer_to_server(_BatchProbes(servicer), server)
     else:
         pb_grpc.add_TasksServicer_to_server(servicer, server)
         pb_grpc.add_AdminServicer_to_server(servicer, server)

@@ -54,6 +54,43 @@ async def _echo(lease: Lease) -> bytes:
     return lease.payload
 
 
+# ----------------------------------------------------------------------------------- extension
+
+
+async def test_a_server_without_batches_is_served_over_workers_work(workers: WorkersServer) -> None:
+    """The scripted server has no BatchedWorkers service, as the reference's: grpc answers UNIMPLEMENTED
+    and the worker opens Workers.Work at once, neither failing nor waiting a backoff."""
+    worker = Worker(workers.target, "p", _echo)
+    async with running(worker):
+        stream = await workers.accept()
+        await stream.handshake()
+        await worker.wait_registered(TIMEOUT)
+        await stream.lease(1, b"x")
+        assert (await stream.next("complete")).output == b"x"
+    assert (worker.batched, worker.connections, workers.connects) == (False, 1, 1)
+
+
+@pytest.mark.parametrize(("batches", "probes"), [(True, [1, 2]), (False, [0, 0])])
+async def test_batches_are_asked_for_again_once_a_plain_stream_ended(
+    batches: bool, probes: list[int]
+) -> None:
+    """A server that refused the extension may come back upgraded: the next stream asks again (one
+    refused call per connection, not one per lease); ``batches=False`` never asks."""
+    servicer = WorkersServer()
+    async with serve(servicer, batch_probes=True):
+        worker = Worker(servicer.target, "p", _never, batches=batches)
+        seen = []
+        async with running(worker):
+            for _ in range(2):
+                stream = await servicer.accept()
+                await stream.handshake()
+                await worker.wait_registered(TIMEOUT)
+                seen.append(servicer.batch_probes)
+                await stream.send(shutdown={"reason": "restart", "not_leader": True})
+        assert seen == probes
+        assert worker.batched is False
+
+
 # ------------------------------------------------------------------------------------- reconnect
 
 
@@ -459,7 +496,7 @@ async def test_a_lease_arriving_while_stopping_is_nacked_before_the_half_close(
             return call
 
     monkeypatch.setattr("cronoq.client._worker.pb_grpc.WorkersStub", Stub)
-    worker = Worker("127.0.0.1:1", "p", _never)
+    worker = Worker("127.0.0.1:1", "p", _never, batches=False)  # the same outbox feeds batches
     async with running(worker):
         call = await asyncio.wait_for(calls.get(), TIMEOUT)
         assert (await anext(call.requests)).WhichOneof("msg") == "register"
