@@ -63,12 +63,17 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else float("nan")
 
 
-async def drain(server: ServerProcess, n: int, slots: int) -> dict[str, float]:
+async def drain(
+    server: ServerProcess, n: int, slots: int, *, plain: bool = False, postgres: bool = False
+) -> dict[str, float]:
     """Tasks/s end to end, and the CPU each process spent per task: on a machine whose cores are all
-    busy, cores / (CPU per task) bounds the rate whatever the scheduling does."""
+    busy, cores / (CPU per task) bounds the rate whatever the scheduling does. ``plain``: the worker
+    uses Workers.Work rather than the batched extension; ``postgres``: the server's store is Postgres,
+    whose processes' CPU counts too (any other Postgres on the machine is none of the drain's)."""
     assert server.proc is not None
-    cpu = (process_cpu_s(server.proc.pid), self_cpu_s(), postgres_cpu_s())
-    worker = start_worker(server.target, n, slots)
+    database = postgres_cpu_s if postgres else lambda: 0.0
+    cpu = (process_cpu_s(server.proc.pid), self_cpu_s(), database())
+    worker = start_worker(server.target, n, slots, plain=plain)
     async with Client(server.target) as client:
         start = time.perf_counter()
         batch = 1000
@@ -82,7 +87,7 @@ async def drain(server: ServerProcess, n: int, slots: int) -> dict[str, float]:
     server_s = process_cpu_s(server.proc.pid) - cpu[0]
     worker_s = summary["cpu_s"]  # from registering to the last task: its start-up is not the drain's
     producer_s = self_cpu_s() - cpu[1]
-    database_s = postgres_cpu_s() - cpu[2]
+    database_s = database() - cpu[2]
     return {
         "tasks": handled,
         "submit_s": submitted - start,
@@ -98,10 +103,11 @@ async def drain(server: ServerProcess, n: int, slots: int) -> dict[str, float]:
 
 def cpu_figures(d: dict[str, float]) -> str:
     database = f", Postgres {d['database_us']:.0f} us" if d["database_us"] else ""
+    total = d["server_us"] + d["worker_us"] + d["producer_us"] + d["database_us"]
     return (
         f"  CPU per task: server {d['server_us']:.0f} us, worker {d['worker_us']:.0f} us, producer "
-        f"{d['producer_us']:.0f} us{database}: {os.cpu_count()} cores allow at most {d['cpu_bound']:,.0f} "
-        "tasks/s at these costs"
+        f"{d['producer_us']:.0f} us{database}, {total:.0f} us in all: {os.cpu_count()} cores allow at most "
+        f"{d['cpu_bound']:,.0f} tasks/s at these costs"
     )
 
 
@@ -153,7 +159,7 @@ def durable_drain(
     with tempfile.TemporaryDirectory() as tmp:
         body = POOL_CONFIG + store.replace("{tmp}", tmp)
         with running_server(Path(tmp), body, env=env) as server:
-            d = on_loop(drain(server, tasks, slots))
+            d = on_loop(drain(server, tasks, slots, postgres=name == "Postgres"))
             print(
                 f"end-to-end drain, {name} store (fsync on): {d['tasks']:,.0f} tasks: {d['tasks_per_s']:,.0f} tasks/s "
                 f"(submit {d['submit_s']:.2f} s, total {d['total_s']:.2f} s)   target >= {target_rate:,}\n"
@@ -275,7 +281,14 @@ def memory_figures(args: argparse.Namespace) -> None:
         print(
             f"end-to-end drain: {d['tasks']:,.0f} no-op tasks, SubmitBatch x1000, 1 worker x {args.slots} slots: "
             f"{d['tasks_per_s']:,.0f} tasks/s (submit {d['submit_s']:.2f} s, total {d['total_s']:.2f} s)"
-            f"   target >= 5,000\n{cpu_figures(d)}",
+            f"   target >= 5,000\n{cpu_figures(d)}   target <= 80 us in all",
+            flush=True,
+        )
+        d = on_loop(drain(server, args.tasks, args.slots, plain=True))
+        print(
+            f"the same drain over Workers.Work (one message per lease and per outcome, as workers without "
+            f"the batched extension): {d['tasks_per_s']:,.0f} tasks/s (total {d['total_s']:.2f} s)\n"
+            f"{cpu_figures(d)}",
             flush=True,
         )
         lat = on_loop(latency(server.target, args.rate, args.seconds))

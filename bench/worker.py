@@ -22,6 +22,7 @@ async def main() -> None:
     p.add_argument("--pool", default="default")
     p.add_argument("--slots", type=int, default=64)
     p.add_argument("--expect", type=int, required=True)
+    p.add_argument("--plain", action="store_true", help="Workers.Work, without the batched extension")
     args = p.parse_args()
     latencies: list[float] = []
     done = asyncio.Event()
@@ -35,7 +36,7 @@ async def main() -> None:
         if count >= args.expect:
             done.set()
 
-    worker = Worker(args.target, args.pool, handler, slots=args.slots, name="bench")
+    worker = Worker(args.target, args.pool, handler, slots=args.slots, name="bench", batches=not args.plain)
     task = asyncio.create_task(worker.run())
     await worker.wait_registered(30)
     print(json.dumps({"registered": True}), flush=True)
@@ -48,7 +49,11 @@ async def main() -> None:
     sys.exit(0)
 
 
-def start_worker(target: str, expect: int, slots: int, pool: str = "default") -> subprocess.Popen[str]:
+def start_worker(
+    target: str, expect: int, slots: int, pool: str = "default", *, plain: bool = False
+) -> subprocess.Popen[str]:
+    """A bench worker process, registered; ``plain``: on Workers.Work (as a worker without the batched
+    extension, such as the reference's, would be)."""
     proc = subprocess.Popen(
         [
             sys.executable,
@@ -62,6 +67,7 @@ def start_worker(target: str, expect: int, slots: int, pool: str = "default") ->
             str(expect),
             "--slots",
             str(slots),
+            *(["--plain"] if plain else []),
         ],
         stdout=subprocess.PIPE,
         text=True,
