@@ -119,7 +119,9 @@ async def test_printed_proto_matches_the_served_descriptor(tmp_path: Path, serve
     )
     assert served.name == "cronoq/v1/cronoq.proto"
     assert _fields(compiled) == _fields(served)
-    assert len(compiled.message_type) == 43 and len(compiled.enum_type) == 5 and len(compiled.service) == 3
+    # cronoq.v1's 43 messages and 3 services, and the BatchedWorkers extension's service and 2 messages.
+    assert len(compiled.message_type) == 45 and len(compiled.enum_type) == 5
+    assert [service.name for service in compiled.service] == ["Tasks", "Workers", "BatchedWorkers", "Admin"]
 
 
 def test_check_accepts_a_good_config(tmp_path: Path) -> None:
