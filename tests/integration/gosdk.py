@@ -18,7 +18,7 @@ import subprocess
 import tempfile
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -51,10 +51,17 @@ def go_tool() -> str:
     return go
 
 
-def go(*args: str, timeout: float = 600) -> subprocess.CompletedProcess[str]:
-    """A ``go`` command in sdk/go, its output captured."""
+def go(
+    *args: str, env: Mapping[str, str] | None = None, timeout: float = 600
+) -> subprocess.CompletedProcess[str]:
+    """A ``go`` command in sdk/go (with ``env`` added to its environment), its output captured."""
     return subprocess.run(
-        [go_tool(), *args], cwd=SDK, env=go_env(), capture_output=True, text=True, timeout=timeout
+        [go_tool(), *args],
+        cwd=SDK,
+        env={**go_env(), **(env or {})},
+        capture_output=True,
+        text=True,
+        timeout=timeout,
     )
 
 
