@@ -11,7 +11,8 @@
 //	{"do": "sleep", "seconds": 30, "first": 1}   the same on attempt 1 only; later ones complete
 //
 // With -reject every handler rejects its lease; with -noop every handler returns at once without reading
-// its payload (the benchmark).
+// its payload. -noop -expect N is the benchmark's worker (bench/sdk_workers.py): after N tasks it drains,
+// exits, and prints the CPU it spent from its registration to its last task, as bench/worker.py does.
 package main
 
 import (
@@ -27,6 +28,7 @@ import (
 	"os/signal"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -57,6 +59,7 @@ func main() {
 	var opts cronoq.WorkerOptions
 	var ca, cert, key, labels string
 	var noop, reject bool
+	var expect int64
 	flag.StringVar(&opts.Target, "target", "", "server address")
 	flag.StringVar(&opts.Pool, "pool", "default", "pool")
 	flag.IntVar(&opts.Slots, "slots", 1, "slots")
@@ -70,6 +73,7 @@ func main() {
 	flag.StringVar(&labels, "labels", "", "k=v,k=v")
 	flag.BoolVar(&noop, "noop", false, "return at once (benchmark)")
 	flag.BoolVar(&reject, "reject", false, "reject every lease")
+	flag.Int64Var(&expect, "expect", 0, "with -noop: stop after this many tasks (benchmark)")
 	flag.Parse()
 	opts.Token = os.Getenv("CRONOQ_TOKEN") // not a flag: it would show in ps
 	opts.InitialBackoff = 50 * time.Millisecond
@@ -94,8 +98,23 @@ func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
 	handler := handle
+	var handled atomic.Int64
+	var registeredCPU, lastCPU time.Duration
 	if noop {
-		handler = func(context.Context, *cronoq.Lease) ([]byte, error) { return nil, nil }
+		registered := opts.OnRegistered
+		opts.OnRegistered = func(r cronoq.Registration) {
+			if registeredCPU == 0 {
+				registeredCPU = cpuTime()
+			}
+			registered(r)
+		}
+		handler = func(context.Context, *cronoq.Lease) ([]byte, error) {
+			if handled.Add(1) == expect {
+				lastCPU = cpuTime()
+				stop()
+			}
+			return nil, nil
+		}
 	}
 	if reject {
 		handler = func(_ context.Context, l *cronoq.Lease) ([]byte, error) {
@@ -108,7 +127,20 @@ func main() {
 		emit(map[string]any{"event": "exit", "error": err.Error(), "code": status.Code(err).String()})
 		os.Exit(1)
 	}
+	if expect > 0 {
+		emit(map[string]any{"handled": handled.Load(), "latencies": []float64{}, "cpu_s": (lastCPU - registeredCPU).Seconds()})
+		return
+	}
 	emit(map[string]any{"event": "exit"})
+}
+
+// cpuTime is the CPU this process has spent so far, in user and system mode.
+func cpuTime() time.Duration {
+	var usage syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &usage); err != nil {
+		log.Fatal(err)
+	}
+	return time.Duration(usage.Utime.Nano() + usage.Stime.Nano())
 }
 
 func tlsConfig(ca, cert, key string) *tls.Config {
