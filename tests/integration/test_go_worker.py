@@ -19,12 +19,12 @@ import grpc
 import pytest
 import pytest_asyncio
 
-from cronoq.client import Client
+from cronoq.client import Client, Lease
 from tests.pki import issue, new_ca
 
 from .conftest import DEFAULT_CONFIG
 from .gosdk import GoWorker, built_testworker
-from .helpers import token
+from .helpers import token, worker
 from .serverproc import ServerProcess, running_server
 from .shardproc import ShardSpec, routed_cluster
 
@@ -180,12 +180,13 @@ async def test_drain_when_the_context_ends(tmp_path: Path) -> None:
         GoWorker(server.target, pool="other", slots=3) as w,
     ):
         async with Client(server.target) as client:
-            running = [await client.submit(do("sleep", seconds=1.5), pool="other") for _ in range(2)]
+            running = [await client.submit(do("sleep", seconds=3), pool="other") for _ in range(2)]
             for sub in running:
                 w.expect("start", task=sub.id)
             w.proc.send_signal(signal.SIGTERM)
-            await until(lambda: slots_of(client, "other"), 0)  # SetSlots(0) reached the server
-            late = await client.submit(do("complete"), pool="other")  # a slot is free, but drained
+            # SetSlots(0) reached the server while the worker, still connected, runs its two handlers.
+            await until(lambda: slots_of(client, "other"), [0])
+            late = await client.submit(do("complete"), pool="other")  # the worker has a free slot, but drains
             assert w.stop() == 0
             assert w.kinds()[-1] == "exit"
             for sub in running:
@@ -209,8 +210,9 @@ async def test_drain_timeout_ends_the_rest(tmp_path: Path) -> None:
             assert info.message == "the worker stopped; the handler did not finish within 300ms"
 
 
-async def slots_of(client: Client, pool: str) -> int:
-    return sum(w.slots for w in await client.list_workers() if w.pool == pool)
+async def slots_of(client: Client, pool: str) -> list[int]:
+    """The slots of each worker connected for ``pool``."""
+    return [w.slots for w in await client.list_workers() if w.pool == pool]
 
 
 async def until(probe: Callable[[], Awaitable[object]], expected: object, timeout: float = 10) -> None:
@@ -281,10 +283,16 @@ async def test_tls_and_mtls(tmp_path: Path) -> None:
         assert done.result is not None and done.result.text() == "mutual"
 
 
-SHARDS = (ShardSpec("a", 1, ("a1",)), ShardSpec("b", 2, ("b1",)))
+SHARDS = (ShardSpec("a", 1, ("a1", "py")), ShardSpec("b", 2, ("b1",)))
 
 
 async def test_shard_redirects_from_the_router_and_from_the_wrong_shard(tmp_path: Path) -> None:
+    """Go workers pointed at the router, and one at the wrong shard, each end up on its pool's shard,
+    and serve the cluster beside a Python worker."""
+
+    async def python_handler(lease: Lease) -> str:
+        return f"python: {lease.text()}"
+
     with routed_cluster(tmp_path, SHARDS, TOKENS) as (router, shards):
         a, b = shards["a"].target, shards["b"].target
         with (
@@ -294,9 +302,14 @@ async def test_shard_redirects_from_the_router_and_from_the_wrong_shard(tmp_path
         ):
             assert (on_a.registration["address"], on_b.registration["address"]) == (a, b)
             assert misdirected.registration["address"] == b
-            async with Client(router.target, token=CLIENT_TOKEN) as client:
-                for pool in ("a1", "b1"):
-                    done = await client.submit(
-                        do("complete", output=pool), pool=pool, wait=True, wait_timeout=10
-                    )
-                    assert done.result is not None and done.result.text() == pool
+            async with (
+                worker(router.target, python_handler, pool="py", token=WORKER_TOKEN),
+                Client(router.target, token=CLIENT_TOKEN) as client,
+            ):
+                expected = {"a1": "a1", "b1": "b1", "py": 'python: {"do": "complete", "output": "py"}'}
+                subs = {
+                    pool: await client.submit(do("complete", output=pool), pool=pool) for pool in expected
+                }
+                for pool, sub in subs.items():
+                    result = await client.wait(sub.id, timeout=10)
+                    assert (result.status, result.text()) == ("succeeded", expected[pool])
