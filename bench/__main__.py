@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import functools
 import json
 import os
 import re
@@ -276,12 +277,15 @@ def sdk_figures(tasks: int, slots: int) -> None:
             )
             return
         built_testworker()  # compiling is not the drain's cost
-        go = on_loop(drain(server, tasks, slots, launch=go_worker))
-        print(
-            f"  Go worker: {go['tasks_per_s']:,.0f} tasks/s, worker CPU {go['worker_us']:.1f} us per task, "
-            f"{python['worker_us'] / go['worker_us']:.1f}x less than the Python worker's\n{cpu_figures(go)}",
-            flush=True,
-        )
+        for procs in (None, 1):
+            go = on_loop(drain(server, tasks, slots, launch=functools.partial(go_worker, procs=procs)))
+            how = "" if procs is None else " with GOMAXPROCS=1"
+            print(
+                f"  Go worker{how}: {go['tasks_per_s']:,.0f} tasks/s, worker CPU {go['worker_us']:.1f} us per "
+                f"task, {python['worker_us'] / go['worker_us']:.1f}x less than the Python worker's\n"
+                f"{cpu_figures(go)}",
+                flush=True,
+            )
 
 
 def memory_figures(args: argparse.Namespace) -> None:

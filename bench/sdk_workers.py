@@ -7,24 +7,21 @@ drain's cost); without ``go`` on the PATH its line says it was skipped and why."
 from __future__ import annotations
 
 import argparse
+import os
 import subprocess
 
 from tests.integration.gosdk import built_testworker
 
+from .worker import registered_worker
 
-def go_worker(target: str, expect: int, slots: int) -> subprocess.Popen[str]:
+
+def go_worker(target: str, expect: int, slots: int, *, procs: int | None = None) -> subprocess.Popen[str]:
     """The Go SDK's worker for a drain, registered, as :func:`bench.worker.start_worker` starts the
-    Python one: its last line is the same summary."""
-    proc = subprocess.Popen(
+    Python one: its last line is the same summary. ``procs`` sets its GOMAXPROCS (default: the cores)."""
+    return registered_worker(
         [str(built_testworker()), "-target", target, "-slots", str(slots), "-noop", "-expect", str(expect)],
-        stdout=subprocess.PIPE,
-        text=True,
+        env=None if procs is None else {**os.environ, "GOMAXPROCS": str(procs)},
     )
-    assert proc.stdout is not None
-    line = proc.stdout.readline()
-    if "registered" not in line:
-        raise RuntimeError(f"Go bench worker failed to register: {line!r}")
-    return proc
 
 
 def main() -> None:

@@ -279,6 +279,8 @@ type session struct {
 	maxMessageBytes int
 
 	outbox    []*pb.WorkerMessage // not yet handed to gRPC
+	frame     uint64              // counts the times the writer took the outbox
+	fresh     int                 // handlers started since then that are still running
 	halfClose bool                // end the requests once the outbox is empty
 	wake      chan struct{}
 
@@ -289,6 +291,7 @@ type session struct {
 
 type attempt struct {
 	lease  *Lease
+	frame  uint64 // the writer's frame count when it started
 	cancel context.CancelFunc
 	done   chan struct{}
 	beat   *time.Timer
@@ -443,7 +446,8 @@ func (s *session) onLease(m *pb.Lease) {
 	}
 	lease := leaseFrom(m, s.leaseTTL)
 	ctx, cancel := context.WithCancel(s.values)
-	a := &attempt{lease: lease, cancel: cancel, done: make(chan struct{})}
+	a := &attempt{lease: lease, cancel: cancel, done: make(chan struct{}), frame: s.frame}
+	s.fresh++
 	s.attempts[lease.ID] = a
 	if lease.LeaseTTL > 0 {
 		interval := lease.LeaseTTL / 3
@@ -491,6 +495,9 @@ func (s *session) execute(ctx context.Context, a *attempt) {
 	output, err := s.invoke(ctx, a.lease)
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	if a.frame == s.frame {
+		s.fresh--
+	}
 	if s.attempts[a.lease.ID] != a {
 		return
 	}
@@ -689,6 +696,8 @@ func (s *session) write(ctx context.Context, done chan<- struct{}) {
 		s.settle()
 		s.mu.Lock()
 		queued, s.outbox = s.outbox, queued[:0]
+		s.frame++
+		s.fresh = 0
 		halfClose, limit := s.halfClose, s.maxMessageBytes
 		s.mu.Unlock()
 		if len(queued) == 0 {
@@ -712,11 +721,12 @@ func (s *session) write(ctx context.Context, done chan<- struct{}) {
 	}
 }
 
-// settle yields to the goroutines ready to run for as long as they keep adding to the outbox (64 turns
-// at most), so that the reports of handlers finishing together leave in one frame. gRPC takes a frame at
-// once here (Send only queues it), so without this nearly every report went alone, which cost the
-// server far more CPU per task. It never waits for a message that is not on its way: when a turn adds
-// nothing it returns, and with nobody else ready to run a turn returns at once.
+// settle yields to the goroutines ready to run, so that the reports of handlers finishing together
+// leave in one frame: gRPC-go takes a frame at once (Send only queues it), and without this nearly every
+// report went alone, which cost the server several times the CPU per task. It yields (64 turns at most)
+// while the turns add to the outbox or handlers started since the last frame still run: those are
+// the reports on their way. A turn with nobody else ready to run returns at once, and nothing waits on a
+// timer, so a lone report is delayed by microseconds at most.
 func (s *session) settle() {
 	s.mu.Lock()
 	queued := len(s.outbox)
@@ -726,8 +736,9 @@ func (s *session) settle() {
 		s.mu.Lock()
 		grew := len(s.outbox) > queued
 		queued = len(s.outbox)
+		fresh := s.fresh
 		s.mu.Unlock()
-		if !grew {
+		if !grew && fresh == 0 {
 			return
 		}
 	}
