@@ -36,10 +36,15 @@ def do(what: str, **fields: object) -> bytes:
     return json.dumps({"do": what, **fields}).encode()
 
 
+@pytest.fixture(scope="module", autouse=True)
+def _go_worker_built() -> None:
+    """The worker is built before any server starts: without go, the tests are skipped at once."""
+    built_testworker()
+
+
 @pytest.fixture(scope="module")
 def shared(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     """One server for the tests that leave nothing behind but finished tasks."""
-    built_testworker()  # built before the server starts: a skip without go starts nothing
     with running_server(tmp_path_factory.mktemp("go-shared"), DEFAULT_CONFIG) as proc:
         yield proc
 
