@@ -136,3 +136,34 @@ func TestClientAgainstServer(t *testing.T) {
 		t.Fatalf("RunWorker after its context ended: %v", err)
 	}
 }
+
+// A task's options are checked before anything is sent, and the error names the field.
+func TestTaskSpec(t *testing.T) {
+	bad := map[string]Task{
+		"Task.Priority: \"urgent\"":                 {Priority: "urgent"},
+		"Task.OnMiss: \"later\"":                    {OnMiss: "later"},
+		"Task.DeadlineIn, DeadlineAt: give at most": {DeadlineIn: time.Second, DeadlineAt: time.Now()},
+		"Task.StartIn, StartAt: give at most":       {StartIn: time.Second, StartAt: time.Now()},
+		"Task.Timeout: -1s is negative":             {Timeout: -time.Second},
+		"Task.Retry: backoffs and multiplier":       {Retry: &RetryPolicy{InitialBackoff: -time.Second}},
+		"Task.After[1]: names no task":              {After: []Ref{ID(1), {}}},
+	}
+	for want, task := range bad {
+		if _, err := task.spec(); err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("%+v: error %v, want one saying %q", task, err, want)
+		}
+	}
+	at := time.Unix(100, 5)
+	s, err := Task{
+		Payload: []byte("x"), Priority: "LOW", Timeout: 1500 * time.Millisecond, StartAt: at, OnMiss: "skip",
+		Retry: &RetryPolicy{MaxAttempts: 5, NoJitter: true}, After: []Ref{Key("extract")},
+	}.spec()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s.ContentType != "application/octet-stream" || s.Priority.String() != "PRIORITY_LOW" || s.GetTimeoutS() != 1.5 ||
+		s.GetStartUnixNs() != at.UnixNano() || s.OnMiss.String() != "MISS_POLICY_SKIP" || s.Retry.MaxAttempts != 5 ||
+		s.Retry.Jitter || s.Deps[0].Target.GetKey() != "extract" || s.DeadlineInS != nil {
+		t.Errorf("spec %v", s)
+	}
+}

@@ -24,6 +24,7 @@ GO_TESTS = (
     "TestWireText",
     "TestBatchedFramesStayWithinTheLimit",
     "TestClientAgainstServer",
+    "TestTaskSpec",
 )
 
 
