@@ -318,3 +318,14 @@ async def test_shard_redirects_from_the_router_and_from_the_wrong_shard(tmp_path
                 for pool, sub in subs.items():
                     result = await client.wait(sub.id, timeout=10)
                     assert (result.status, result.text()) == ("succeeded", expected[pool])
+
+
+async def test_reconnects_when_the_server_comes_back(tmp_path: Path) -> None:
+    with running_server(tmp_path, DEFAULT_CONFIG) as server, GoWorker(server.target) as w:
+        server.stop()
+        server.start()  # the same ports
+        w.expect("registered", timeout=20)
+        async with Client(server.target) as client:
+            done = await client.submit(do("complete"), wait=True, wait_timeout=10)
+        assert done.result is not None and done.result.text() == "attempt 1"
+        assert w.proc.poll() is None
