@@ -30,6 +30,7 @@ help:
 	@echo "make bench  - engine, transport, drain, latency, sharding, scale-out, durable stores, failover (numbers printed)"
 	@echo "make proto  - regenerate proto/cronoq/v1/*_pb2*.py and their .pyi stubs from proto/cronoq/v1/cronoq.proto"
 	@echo "make schema - regenerate docs/cronoq-config.schema.json and docs/cronoq-operator.schema.json"
+	@echo "make sdk-go - Go and the Go SDK's libraries (apt-get, as root); make sdk-go-proto - regenerate sdk/go/cronoqv1"
 
 # The engine is compiled with mypyc at install time (setup.py): a change to its sources reinstalls.
 $(STAMP): pyproject.toml setup.py $(wildcard common/cronoq/engine/*.py)
@@ -47,7 +48,7 @@ cluster: $(STAMP)
 	$(BIN)/python -m deploy.cluster $(CLUSTER_ARGS)
 
 # -rs: the summary says why each skipped test was skipped (e.g. no promtool, no Postgres).
-test: $(STAMP) $(HELM) $(COMPOSE_SCHEMA) $(CRD_VALIDATORS) prometheus
+test: $(STAMP) $(HELM) $(COMPOSE_SCHEMA) $(CRD_VALIDATORS) prometheus sdk-go
 	$(BIN)/python -m pytest -q -rs -p no:cacheprovider $(PYTEST_ARGS)
 
 lint: $(STAMP)
@@ -55,7 +56,7 @@ lint: $(STAMP)
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy setup.py common shard router kube_operator bench tests compose dashboards charts/cronoq/files deploy
 
-bench: $(STAMP)
+bench: $(STAMP) sdk-go
 	$(BIN)/python -m bench
 
 # The .pyi stubs (mypy-protobuf) give mypy the messages' types: the generated modules have none, and
@@ -107,3 +108,33 @@ prometheus:
 
 clean:
 	rm -rf $(VENV) build *.egg-info common/*.egg-info
+
+# ------------------------------------------------------------------- the Go SDK (sdk/go, docs/sdk-go.md)
+# Debian's Go toolchain, the gRPC and protobuf libraries the module builds against, and the protoc plugins,
+# installed where they are missing, apt-get exists and we are root (as for `prometheus`). Elsewhere a `go`
+# on the PATH is used with its own module proxy, and without one the Go tests are skipped, saying why.
+# Debian's sources become sdk/go/vendor (not committed), so the module builds offline.
+GO_DEBS := golang-go golang-google-grpc-dev golang-google-protobuf-dev golang-github-golang-protobuf-1-5-dev \
+	protoc-gen-go protoc-gen-go-grpc
+GO_MODULE := github.com/cronoq/cronoq/sdk/go
+SDK_GO_PROTO_OUT ?= sdk/go
+
+.PHONY: sdk-go sdk-go-proto
+sdk-go:
+	@if command -v dpkg >/dev/null && dpkg -s $(GO_DEBS) >/dev/null 2>&1; then :; \
+	elif command -v apt-get >/dev/null && [ "$$(id -u)" = 0 ]; then \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $(GO_DEBS); \
+	elif command -v go >/dev/null; then echo "Go SDK: using $$(go version) from the PATH, with its module proxy"; \
+	else echo "go is missing and apt-get cannot install it here (not root, or no apt-get): the Go SDK's tests will be skipped"; fi
+	@if [ -d /usr/share/gocode/src/google.golang.org/grpc ]; then sdk/go/scripts/debian-vendor.sh; fi
+
+# sdk/go/cronoqv1 from proto/cronoq/v1/cronoq.proto, with the protoc the Python stubs are made with and
+# Debian's plugins; tests/integration/test_go_sdk.py checks the committed files against it.
+sdk-go-proto: $(STAMP)
+	mkdir -p $(SDK_GO_PROTO_OUT)
+	$(BIN)/python -m grpc_tools.protoc -Iproto \
+		--plugin=protoc-gen-go=$$(command -v protoc-gen-go) --plugin=protoc-gen-go-grpc=$$(command -v protoc-gen-go-grpc) \
+		--go_out=$(SDK_GO_PROTO_OUT) --go_opt=module=$(GO_MODULE) --go_opt=Mcronoq/v1/cronoq.proto=$(GO_MODULE)/cronoqv1 \
+		--go-grpc_out=$(SDK_GO_PROTO_OUT) --go-grpc_opt=module=$(GO_MODULE) \
+		--go-grpc_opt=Mcronoq/v1/cronoq.proto=$(GO_MODULE)/cronoqv1 \
+		proto/cronoq/v1/cronoq.proto

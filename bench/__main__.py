@@ -15,16 +15,21 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import functools
 import json
 import os
 import re
+import shutil
+import subprocess
 import tempfile
 import time
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
 
 from cronoq.client import Client, task
 from cronoq.engine import compiled
+from tests.integration.gosdk import built_testworker
 from tests.integration.serverproc import ServerProcess, running_server
 from tests.postgres import running_postgres
 
@@ -40,6 +45,7 @@ from . import (
     sharding,
 )
 from .cpu import postgres_cpu_s, process_cpu_s, self_cpu_s
+from .sdk_workers import go_worker
 from .worker import start_worker
 
 POOL_CONFIG = """
@@ -55,7 +61,7 @@ lease_ttl_s = 30
 """
 
 
-PARTS = ("library", "memory", "shards", "scaleout", "sqlite", "postgres")
+PARTS = ("library", "memory", "sdks", "shards", "scaleout", "sqlite", "postgres")
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -64,16 +70,27 @@ def percentile(values: list[float], q: float) -> float:
 
 
 async def drain(
-    server: ServerProcess, n: int, slots: int, *, plain: bool = False, postgres: bool = False
+    server: ServerProcess,
+    n: int,
+    slots: int,
+    *,
+    plain: bool = False,
+    postgres: bool = False,
+    launch: Callable[[str, int, int], subprocess.Popen[str]] | None = None,
 ) -> dict[str, float]:
     """Tasks/s end to end, and the CPU each process spent per task: on a machine whose cores are all
     busy, cores / (CPU per task) bounds the rate whatever the scheduling does. ``plain``: the worker
     uses Workers.Work rather than the batched extension; ``postgres``: the server's store is Postgres,
-    whose processes' CPU counts too (any other Postgres on the machine is none of the drain's)."""
+    whose processes' CPU counts too (any other Postgres on the machine is none of the drain's).
+    ``launch`` starts another SDK's worker (target, tasks, slots) instead of the Python SDK's; it prints
+    the summary bench/worker.py prints (``bench.sdk_workers``)."""
     assert server.proc is not None
     database = postgres_cpu_s if postgres else lambda: 0.0
     cpu = (process_cpu_s(server.proc.pid), self_cpu_s(), database())
-    worker = start_worker(server.target, n, slots, plain=plain)
+    if launch is None:
+        worker = start_worker(server.target, n, slots, plain=plain)
+    else:
+        worker = launch(server.target, n, slots)
     async with Client(server.target) as client:
         start = time.perf_counter()
         batch = 1000
@@ -197,7 +214,7 @@ def main() -> None:
         "--stores",
         default=",".join(PARTS),
         help="comma-separated parts: library (in-process mode), memory (engine, transport, drain, latency), "
-        "shards (two shards and a router), scaleout (1, 2 and 3 shards, each under the same CPU quota), "
+        "sdks (the drain served by each SDK's worker), shards (two shards and a router), scaleout (1, 2 and 3 shards, each under the same CPU quota), "
         "sqlite and postgres (durable drains; postgres also failover) (default: all)",
     )
     args = p.parse_args()
@@ -215,6 +232,8 @@ def main() -> None:
         library.report(args.library_tasks)
     if "memory" in stores:
         memory_figures(args)
+    if "sdks" in stores:
+        sdk_figures(args.tasks, args.slots)
     if "shards" in stores:
         sharding.run(args.tasks, args.slots)
     if "scaleout" in stores:
@@ -240,6 +259,33 @@ def main() -> None:
                 env,
             )
             failover.report(pg.url, args.failovers)
+
+
+def sdk_figures(tasks: int, slots: int) -> None:
+    """The memory part's drain served by each SDK's worker, with each worker's CPU per task (#26)."""
+    with tempfile.TemporaryDirectory() as tmp, running_server(Path(tmp), POOL_CONFIG) as server:
+        python = on_loop(drain(server, tasks, slots))
+        print(
+            f"SDK workers, the same drain ({tasks:,} no-op tasks, 1 worker process x {slots} slots, batched):\n"
+            f"  Python worker: {python['tasks_per_s']:,.0f} tasks/s, worker CPU {python['worker_us']:.1f} us per task\n"
+            f"{cpu_figures(python)}",
+            flush=True,
+        )
+        if shutil.which("go") is None:
+            print(
+                "  Go worker: skipped (go is not installed; `make sdk-go` installs it as root where apt-get exists)"
+            )
+            return
+        built_testworker()  # compiling is not the drain's cost
+        for procs in (None, 1):
+            go = on_loop(drain(server, tasks, slots, launch=functools.partial(go_worker, procs=procs)))
+            how = "" if procs is None else " with GOMAXPROCS=1"
+            print(
+                f"  Go worker{how}: {go['tasks_per_s']:,.0f} tasks/s, worker CPU {go['worker_us']:.1f} us per "
+                f"task, {python['worker_us'] / go['worker_us']:.1f}x less than the Python worker's\n"
+                f"{cpu_figures(go)}",
+                flush=True,
+            )
 
 
 def memory_figures(args: argparse.Namespace) -> None:

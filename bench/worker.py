@@ -54,7 +54,7 @@ def start_worker(
 ) -> subprocess.Popen[str]:
     """A bench worker process, registered; ``plain``: on Workers.Work (as a worker without the batched
     extension, such as the reference's, would be)."""
-    proc = subprocess.Popen(
+    return registered_worker(
         [
             sys.executable,
             "-m",
@@ -68,10 +68,14 @@ def start_worker(
             "--slots",
             str(slots),
             *(["--plain"] if plain else []),
-        ],
-        stdout=subprocess.PIPE,
-        text=True,
+        ]
     )
+
+
+def registered_worker(command: list[str], env: dict[str, str] | None = None) -> subprocess.Popen[str]:
+    """A bench worker process (any SDK's) started with ``command`` (and ``env``, default this one's),
+    once its first line says it registered; its last line is the summary :func:`main` prints."""
+    proc = subprocess.Popen(command, stdout=subprocess.PIPE, text=True, env=env)
     assert proc.stdout is not None
     line = proc.stdout.readline()
     if "registered" not in line:
