@@ -5,8 +5,9 @@ library mode (in-process ``cronoq.Scheduler``) ≥ 12,600 tasks/s,
 engine ≥ 250,000 decisions/s on the core run (issue #2, memory store; the same run with every feature on is
 printed beside it); the same drain with durable stores (fsync on):
 ≥ 4,000 tasks/s with SQLite and ≥ 6,500 with Postgres (issue #3), with group-commit batch sizes and
-commit latency percentiles read from the server's ``/metrics``. Simulated scale-out (issue #25): 1, 2 and
-3 shards, each server under the same CPU quota, ≥ 1.8 and ≥ 2.6 times one shard's drain
+commit latency percentiles read from the server's ``/metrics``. A lone Submit's acknowledgement, on
+the memory store and on Postgres (issue #25: p50 <= 1.5 ms on Postgres, ``bench.lone_submit``). Simulated
+scale-out (issue #25): 1, 2 and 3 shards, each server under the same CPU quota, ≥ 1.8 and ≥ 2.6 times one shard's drain
 (``bench.scaleout``). Nothing here asserts: the numbers are for people.
 """
 
@@ -23,6 +24,8 @@ import time
 import urllib.request
 from pathlib import Path
 
+from psycopg.conninfo import conninfo_to_dict
+
 from cronoq.client import Client, task
 from cronoq.engine import compiled
 from tests.integration.serverproc import ServerProcess, running_server
@@ -35,6 +38,7 @@ from . import (
     grpc_ceiling,
     latency_floor,
     library,
+    lone_submit,
     on_loop,
     scaleout,
     sharding,
@@ -63,11 +67,18 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else float("nan")
 
 
-async def drain(server: ServerProcess, n: int, slots: int) -> dict[str, float]:
+async def drain(
+    server: ServerProcess, n: int, slots: int, database_port: int | None = None
+) -> dict[str, float]:
     """Tasks/s end to end, and the CPU each process spent per task: on a machine whose cores are all
-    busy, cores / (CPU per task) bounds the rate whatever the scheduling does."""
+    busy, cores / (CPU per task) bounds the rate whatever the scheduling does. ``database_port``: the
+    local Postgres server the store uses, whose CPU is counted too."""
     assert server.proc is not None
-    cpu = (process_cpu_s(server.proc.pid), self_cpu_s(), postgres_cpu_s())
+
+    def database_s() -> float:
+        return 0.0 if database_port is None else postgres_cpu_s(database_port)
+
+    cpu = (process_cpu_s(server.proc.pid), self_cpu_s(), database_s())
     worker = start_worker(server.target, n, slots)
     async with Client(server.target) as client:
         start = time.perf_counter()
@@ -82,7 +93,7 @@ async def drain(server: ServerProcess, n: int, slots: int) -> dict[str, float]:
     server_s = process_cpu_s(server.proc.pid) - cpu[0]
     worker_s = summary["cpu_s"]  # from registering to the last task: its start-up is not the drain's
     producer_s = self_cpu_s() - cpu[1]
-    database_s = postgres_cpu_s() - cpu[2]
+    database = database_s() - cpu[2]
     return {
         "tasks": handled,
         "submit_s": submitted - start,
@@ -91,8 +102,8 @@ async def drain(server: ServerProcess, n: int, slots: int) -> dict[str, float]:
         "server_us": server_s / handled * 1e6,
         "worker_us": worker_s / handled * 1e6,
         "producer_us": producer_s / handled * 1e6,
-        "database_us": database_s / handled * 1e6,
-        "cpu_bound": (os.cpu_count() or 1) * handled / (server_s + worker_s + producer_s + database_s),
+        "database_us": database / handled * 1e6,
+        "cpu_bound": (os.cpu_count() or 1) * handled / (server_s + worker_s + producer_s + database),
     }
 
 
@@ -148,12 +159,18 @@ def commit_figures(server: ServerProcess) -> str:
 
 
 def durable_drain(
-    name: str, store: str, tasks: int, slots: int, target_rate: int, env: dict[str, str]
+    name: str,
+    store: str,
+    tasks: int,
+    slots: int,
+    target_rate: int,
+    env: dict[str, str],
+    database_port: int | None = None,
 ) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         body = POOL_CONFIG + store.replace("{tmp}", tmp)
         with running_server(Path(tmp), body, env=env) as server:
-            d = on_loop(drain(server, tasks, slots))
+            d = on_loop(drain(server, tasks, slots, database_port))
             print(
                 f"end-to-end drain, {name} store (fsync on): {d['tasks']:,.0f} tasks: {d['tasks_per_s']:,.0f} tasks/s "
                 f"(submit {d['submit_s']:.2f} s, total {d['total_s']:.2f} s)   target >= {target_rate:,}\n"
@@ -225,6 +242,7 @@ def main() -> None:
                 print(f"postgres: skipped ({err})")
                 return
             env = {**os.environ, "DATABASE_URL": pg.url}
+            lone_submit.report_postgres(pg.url)
             durable_drain(
                 "Postgres",
                 '[store]\nkind = "postgres"\nschema = "cronoq_bench"\n',
@@ -232,6 +250,7 @@ def main() -> None:
                 args.slots,
                 6500,
                 env,
+                int(str(conninfo_to_dict(pg.url)["port"])) if pg.local else None,
             )
             failover.report(pg.url, args.failovers)
 
@@ -291,6 +310,7 @@ def memory_figures(args: argparse.Namespace) -> None:
         "(no scheduler; cronoq's latency cannot go below this)",
         flush=True,
     )
+    lone_submit.report_memory()
 
 
 if __name__ == "__main__":
