@@ -676,6 +676,22 @@ async def test_pool_connections_find_rows_by_index_even_in_a_small_table(
     assert "Seq Scan on cronoq_tasks" not in plan and "cronoq_tasks_pkey" in plan
 
 
+async def test_the_commit_statement_is_planned_once_not_at_every_commit(open_store: OpenStore) -> None:
+    """Left to Postgres (``plan_cache_mode = auto``), a one-task commit was planned anew every time: the
+    generic plan looks dearer to it than a plan for one row, and planning cost more than running."""
+    store = await leading(open_store)
+    for i in range(1, 11):
+        await store.commit(Batch([task(i)], [], max_id=i))
+    async with store._require_pool().connection() as conn:  # the one connection the commits used
+        plans = await (
+            await conn.execute(
+                "SELECT sum(generic_plans), sum(custom_plans) FROM pg_prepared_statements"
+                " WHERE statement LIKE '%%cronoq_leader SET max_id%%'"
+            )
+        ).fetchone()
+    assert plans == (10, 0)
+
+
 async def test_a_state_update_of_a_row_deleted_by_hand_is_a_store_error(
     open_store: OpenStore, admin: Admin, pg_schema: str
 ) -> None:
