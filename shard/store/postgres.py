@@ -20,7 +20,9 @@ Commits run on a small connection pool, never on the lock session, so a slow com
 lock check. A commit is a single statement: the fence, then the whole batch upserted from one binary
 array per column (``unnest``) with the outputs, so it costs one round trip and one fsync. For 1,000 tasks
 that measured faster than ``executemany`` in pipeline mode (about 60 against 75 ms median, and less
-client CPU); text-format arrays would cost five times the client CPU of binary ones. A commit given up
+client CPU); text-format arrays would cost five times the client CPU of binary ones, and the arrays are
+encoded here (:mod:`.pgarrays`), at half the CPU psycopg spends on them. There is one such statement
+per shape of batch, so that a commit carries only the parts and arrays it needs. A commit given up
 on after ``commit_timeout`` is abandoned, not awaited; a per-leader sequence number checked in the
 fence keeps it from landing after a later commit if it reaches the server late.
 
@@ -62,6 +64,7 @@ from .base import (
     StoreError,
     StoreUnavailable,
 )
+from .pgarrays import ENCODERS, register
 from .rows import (
     ADDED_IN_V2,
     COLUMNS,
@@ -149,8 +152,6 @@ _SCHEDULE_TYPES: Final = {
 # to pick them from a rows.state_of() tuple.
 _CHANGING: Final = ("status", "attempt", "ready_ns", "started_ns", "finished_ns", "message")
 _changing = operator.itemgetter(*(STATE_COLUMNS.index(c) for c in _CHANGING))
-# Positions of the float columns: Python may hand us ints there, and a binary array must be uniform.
-_FLOAT_COLUMNS: Final = tuple(i for i, c in enumerate(COLUMNS) if _TYPES[c] == "DOUBLE PRECISION")
 
 # The slowest rate at which a commit is still expected to write its payloads and outputs: its timeout
 # is commit_timeout plus its bytes at this rate. A burst of large payloads (hundreds of MiB held for
@@ -161,6 +162,11 @@ LOCK_SESSION_NAME: Final = "cronoq-lock"
 PRUNE_CHUNK: Final = 10_000  # rows per DELETE, so pruning a large backlog never holds locks for long
 
 Conn = psycopg.AsyncConnection[TupleRow]
+# Which parts a commit statement has: rows written whole, rows updated by state, outputs of other rows.
+Shape = tuple[bool, bool, bool]
+_SHAPES: Final[tuple[Shape, ...]] = tuple(
+    (w, k, o) for w in (False, True) for k in (False, True) for o in (False, True)
+)
 # Failures worth retrying: connection loss, timeouts, serialization failures and deadlocks (all
 # OperationalError), and a primary that became a read-only replica during a failover.
 _TRANSIENT: Final = (psycopg.OperationalError, psycopg.errors.ReadOnlySqlTransaction)
@@ -215,7 +221,7 @@ class _Statements:
     migrations: dict[int, tuple[sql.Composed, ...]]
     bump_epoch: sql.Composed
     read_epoch: sql.Composed
-    commit: sql.Composed
+    commits: dict[Shape, sql.Composed]
     schedule: sql.Composed
     unschedule: sql.Composed
     recover: sql.Composed
@@ -232,16 +238,9 @@ def _statements(schema: str) -> _Statements:
     def q(template: str) -> sql.Composed:
         return sql.SQL(template).format(s=sql.Identifier(schema))
 
-    columns = ", ".join(COLUMNS)
     definitions = ",\n".join(
         f"{c} {_TYPES[c]}{'' if c in _NULLABLE else ' NOT NULL'}" for c in COLUMNS if c not in ADDED_IN_V2
     )
-    arrays = ", ".join(f"%({c})b::{_TYPES[c]}[]" for c in COLUMNS)
-    updates = ", ".join(f"{c} = EXCLUDED.{c}" for c in STATE_COLUMNS)
-    state_arrays = ", ".join(f"%(state_{c})b::{_TYPES[c]}[]" for c in ("id", *_CHANGING))
-    # An array literal, its braces doubled for sql.SQL.format().
-    terminal = "{{" + ",".join(str(int(status)) for status in Status if status.terminal) + "}}"
-    state_sets = ", ".join(f"{c} = u.{c}" for c in _CHANGING) + f", terminal = u.status = ANY('{terminal}')"
     fenced = "EXISTS (SELECT 1 FROM {s}.cronoq_leader WHERE id = 1 AND epoch = %(epoch)s AND commit_seq = %(commit_seq)s)"
     schedule_arrays = ", ".join(f"%(schedule_{c})b::{t}[]" for c, t in _SCHEDULE_TYPES.items())
     schedule_updates = ", ".join(f"{c} = EXCLUDED.{c}" for c in SCHEDULE_COLUMNS[1:])
@@ -297,30 +296,10 @@ def _statements(schema: str) -> _Statements:
         # flag follows from its status. Schedule changes are rare: a commit that has some writes them
         # with two more statements in its transaction, so that the common statement stays within the
         # size and parameter count that psycopg caches its parsing for (50 parameters: parsing it again
-        # at every commit cost 0.7 ms).
-        commit=q(
-            "WITH fence AS (UPDATE {s}.cronoq_leader SET max_id = GREATEST(max_id, %(max_id)s),"
-            " totals = COALESCE(%(totals)s::TEXT, totals),"
-            " commit_seq = %(commit_seq)s WHERE id = 1 AND epoch = %(epoch)s AND commit_seq < %(commit_seq)s RETURNING epoch),"
-            f" updated AS (UPDATE {{s}}.cronoq_tasks AS t SET {state_sets},"
-            " output = COALESCE(u.output, t.output),"
-            " output_type = CASE WHEN u.output IS NULL THEN t.output_type ELSE u.output_type END"
-            f" FROM unnest({state_arrays}, %(state_output)b::BYTEA[], %(state_output_type)b::TEXT[])"
-            f" AS u(id, {', '.join(_CHANGING)}, output, output_type)"
-            " WHERE t.id = u.id AND EXISTS (SELECT 1 FROM fence) RETURNING 1),"
-            f" upserted AS (INSERT INTO {{s}}.cronoq_tasks AS t ({columns}, output, output_type)"
-            f" SELECT * FROM unnest({arrays}, %(output)b::BYTEA[], %(output_type)b::TEXT[])"
-            " WHERE EXISTS (SELECT 1 FROM fence)"
-            f" ON CONFLICT (id) DO UPDATE SET {updates},"
-            " output = COALESCE(EXCLUDED.output, t.output),"
-            " output_type = CASE WHEN EXCLUDED.output IS NULL THEN t.output_type ELSE EXCLUDED.output_type END"
-            " RETURNING 1),"
-            " outputs AS (UPDATE {s}.cronoq_tasks AS t SET output = o.output, output_type = o.output_type"
-            " FROM unnest(%(other_id)b::BIGINT[], %(other_output)b::BYTEA[], %(other_type)b::TEXT[])"
-            " AS o(id, output, output_type) WHERE t.id = o.id AND EXISTS (SELECT 1 FROM fence) RETURNING 1)"
-            " SELECT (SELECT epoch FROM fence), (SELECT count(*) FROM upserted), (SELECT count(*) FROM outputs),"
-            " (SELECT count(*) FROM updated)"
-        ),
+        # at every commit cost 0.7 ms). One statement per shape (which of the three sets the batch has):
+        # an absent set costs neither its empty arrays nor its part of the plan (a lone new task, the
+        # commit of a lone Submit, took 0.75 ms with all three parts, 0.5 ms with its own).
+        commits={shape: _commit_statement(q, shape) for shape in _SHAPES},
         # In the commit's transaction, after the commit statement applied it: gated on the fence row
         # saying that this very commit holds it.
         schedule=q(
@@ -373,6 +352,55 @@ def _statements(schema: str) -> _Statements:
     )
 
 
+def _commit_statement(q: Callable[[str], sql.Composed], shape: Shape) -> sql.Composed:
+    """The commit statement of a batch of ``shape`` (see ``_Statements.commits``): the fence, then
+    the parts the batch needs; it answers the epoch the fence found (NULL: not ours), then how many
+    rows were upserted whole, got an output of their own, and got a state update."""
+    whole, known, other = shape
+    # An array literal, its braces doubled for sql.SQL.format().
+    terminal = "{{" + ",".join(str(int(status)) for status in Status if status.terminal) + "}}"
+    state_sets = ", ".join(f"{c} = u.{c}" for c in _CHANGING) + f", terminal = u.status = ANY('{terminal}')"
+    parts = [
+        "fence AS (UPDATE {s}.cronoq_leader SET max_id = GREATEST(max_id, %(max_id)s),"
+        " totals = COALESCE(%(totals)s::TEXT, totals),"
+        " commit_seq = %(commit_seq)s WHERE id = 1 AND epoch = %(epoch)s AND commit_seq < %(commit_seq)s RETURNING epoch)"
+    ]
+    if known:
+        parts.append(
+            f"updated AS (UPDATE {{s}}.cronoq_tasks AS t SET {state_sets},"
+            " output = COALESCE(u.output, t.output),"
+            " output_type = CASE WHEN u.output IS NULL THEN t.output_type ELSE u.output_type END"
+            f" FROM unnest({', '.join(_array_param(f'state_{c}', _TYPES[c]) for c in ('id', *_CHANGING))},"
+            " %(state_output)b::BYTEA[], %(state_output_type)b::TEXT[])"
+            f" AS u(id, {', '.join(_CHANGING)}, output, output_type)"
+            " WHERE t.id = u.id AND EXISTS (SELECT 1 FROM fence) RETURNING 1)"
+        )
+    if whole:
+        parts.append(
+            f"upserted AS (INSERT INTO {{s}}.cronoq_tasks AS t ({', '.join(COLUMNS)}, output, output_type)"
+            f" SELECT * FROM unnest({', '.join(_array_param(c, _TYPES[c]) for c in COLUMNS)},"
+            " %(output)b::BYTEA[], %(output_type)b::TEXT[])"
+            " WHERE EXISTS (SELECT 1 FROM fence)"
+            f" ON CONFLICT (id) DO UPDATE SET {', '.join(f'{c} = EXCLUDED.{c}' for c in STATE_COLUMNS)},"
+            " output = COALESCE(EXCLUDED.output, t.output),"
+            " output_type = CASE WHEN EXCLUDED.output IS NULL THEN t.output_type ELSE EXCLUDED.output_type END"
+            " RETURNING 1)"
+        )
+    if other:
+        parts.append(
+            "outputs AS (UPDATE {s}.cronoq_tasks AS t SET output = o.output, output_type = o.output_type"
+            " FROM unnest(%(other_id)b::BIGINT[], %(other_output)b::BYTEA[], %(other_type)b::TEXT[])"
+            " AS o(id, output, output_type) WHERE t.id = o.id AND EXISTS (SELECT 1 FROM fence) RETURNING 1)"
+        )
+    counted = (("upserted", whole), ("outputs", other), ("updated", known))
+    counts = ", ".join(f"(SELECT count(*) FROM {name})" if present else "0" for name, present in counted)
+    return q(f"WITH {', '.join(parts)} SELECT (SELECT epoch FROM fence), {counts}")
+
+
+def _array_param(name: str, sql_type: str) -> str:
+    return f"%({name})b::{sql_type}[]"
+
+
 _FIND_SCHEMA = "SELECT 1 FROM pg_namespace WHERE nspname = %s"
 _HOLDS_LOCK = (
     "SELECT EXISTS (SELECT 1 FROM pg_locks WHERE locktype = 'advisory' AND granted"
@@ -381,53 +409,72 @@ _HOLDS_LOCK = (
 )
 
 
-def _commit_params(
-    batch: Batch, live: LiveRows, epoch: int, seq: int
-) -> tuple[dict[str, Any], dict[str, Any] | None]:
-    """The commit statement's parameters: one array per column of the tasks to upsert whole, and one
-    per changing state column of those whose row ``live`` knows; then, if the batch changes schedules,
-    the schedule statements' parameters (one array per column of the schedules to upsert, and the names
+@dataclass(frozen=True, slots=True)
+class _CommitParams:
+    """What a commit runs: the shape of its batch (which commit statement), that statement's
+    parameters, the schedule statements' (None: no schedule changed), and how many task rows the
+    statement updates by state (each must exist)."""
+
+    shape: Shape
+    params: dict[str, Any]
+    schedules: dict[str, Any] | None
+    known: int
+
+
+def _commit_params(batch: Batch, live: LiveRows, epoch: int, seq: int) -> _CommitParams:
+    """The commit statement's parameters: one array per column of the tasks to upsert whole, one per
+    changing state column of those whose row ``live`` knows, and the outputs of tasks that are in
+    neither (each set only when the batch has some); then, if the batch changes schedules, the
+    schedule statements' parameters (one array per column of the schedules to upsert, and the names
     of those to delete). Tasks are de-duplicated (the last state wins: Postgres refuses to update a row
     twice in one statement); whole rows are sorted by id, so a task that finished and a newer one
-    reusing its key are written in that order and the live-key index never sees both live."""
+    reusing its key are written in that order and the live-key index never sees both live. Raises
+    ValueError for a value that does not fit its column."""
     known, whole = live.split(list({t.id: t for t in batch.tasks}.values()), one_statement=True)
     whole.sort(key=lambda t: t.id)
     outputs = {task_id: (data, kind) for task_id, data, kind in batch.outputs}
-    rows = [row_of(t) for t in whole]
-    columns: list[list[Any]] = [list(c) for c in zip(*rows, strict=True)] if rows else [[] for _ in COLUMNS]
-    for i in _FLOAT_COLUMNS:
-        columns[i] = [None if v is None else float(v) for v in columns[i]]
-    params: dict[str, Any] = dict(zip(COLUMNS, columns, strict=True))
-    _add_outputs(params, "", [outputs.pop(t.id, _NO_OUTPUT) for t in whole])
-    states = [(t.id, *_changing(state_of(t))) for t in known]
-    state_columns = zip(*states, strict=True) if states else ([] for _ in range(len(_CHANGING) + 1))
-    for column, values in zip(("id", *_CHANGING), state_columns, strict=True):
-        params[f"state_{column}"] = list(values)
-    _add_outputs(params, "state_", [outputs.pop(t.id, _NO_OUTPUT) for t in known])
-    params["other_id"] = list(outputs)
-    params["other_output"] = [bytes(data) for data, _ in outputs.values()]
-    params["other_type"] = [text(kind) for _, kind in outputs.values()]
-    params["max_id"] = batch.max_id
-    params["totals"] = None if batch.totals is None else totals_text(batch.totals)
-    params["epoch"] = epoch
-    params["commit_seq"] = seq
+    params: dict[str, Any] = {
+        "max_id": batch.max_id,
+        "totals": None if batch.totals is None else totals_text(batch.totals),
+        "epoch": epoch,
+        "commit_seq": seq,
+    }
+    if whole:
+        columns = zip(*(row_of(t) for t in whole), strict=True)
+        for column, encode, values in zip(COLUMNS, _COLUMN_ENCODERS, columns, strict=True):
+            params[column] = encode(values)
+        _add_outputs(params, "", [outputs.pop(t.id, _NO_OUTPUT) for t in whole])
+    if known:
+        states = zip(*((t.id, *_changing(state_of(t))) for t in known), strict=True)
+        for column, encode, values in zip(_STATE_PARAMS, _STATE_ENCODERS, states, strict=True):
+            params[column] = encode(values)
+        _add_outputs(params, "state_", [outputs.pop(t.id, _NO_OUTPUT) for t in known])
+    if outputs:
+        params["other_id"] = _BIGINTS(list(outputs))
+        params["other_output"] = _BYTEAS([data for data, _ in outputs.values()])
+        params["other_type"] = _TEXTS([text(kind) for _, kind in outputs.values()])
+    shape = (bool(whole), bool(known), bool(outputs))
     if not batch.schedules:
-        return params, None
+        return _CommitParams(shape, params, None, len(known))
     upserts, deletes = schedule_changes(batch.schedules)
     schedules: dict[str, Any] = {"epoch": epoch, "commit_seq": seq, "unscheduled": deletes}
     columns_of = zip(*upserts, strict=True) if upserts else ([] for _ in SCHEDULE_COLUMNS)
-    for column, values in zip(SCHEDULE_COLUMNS, columns_of, strict=True):
-        schedules[f"schedule_{column}"] = list(values)
-    return params, schedules
+    for column, column_values in zip(SCHEDULE_COLUMNS, columns_of, strict=True):
+        schedules[f"schedule_{column}"] = list(column_values)
+    return _CommitParams(shape, params, schedules, len(known))
 
 
 _NO_OUTPUT: Final = (None, "")
+_COLUMN_ENCODERS: Final = tuple(ENCODERS[_TYPES[c]] for c in COLUMNS)
+_STATE_PARAMS: Final = tuple(f"state_{c}" for c in ("id", *_CHANGING))
+_STATE_ENCODERS: Final = tuple(ENCODERS[_TYPES[c]] for c in ("id", *_CHANGING))
+_BIGINTS, _BYTEAS, _TEXTS = ENCODERS["BIGINT"], ENCODERS["BYTEA"], ENCODERS["TEXT"]
 
 
 def _add_outputs(params: dict[str, Any], prefix: str, own: Sequence[tuple[bytes | None, str]]) -> None:
     """The ``output`` and ``output_type`` arrays of rows written with their tasks (None: no new output)."""
-    params[f"{prefix}output"] = [bytes(data) if data is not None else None for data, _ in own]
-    params[f"{prefix}output_type"] = [text(kind) for _, kind in own]
+    params[f"{prefix}output"] = _BYTEAS([data for data, _ in own])
+    params[f"{prefix}output_type"] = _TEXTS([text(kind) for _, kind in own])
 
 
 def _decode(rows: Sequence[Row], broken: list[tuple[int, str]]) -> list[Task]:
@@ -609,7 +656,10 @@ class PostgresStore:
         a generic plan made while the table is still small (a leader's first few commits) joins the
         updated rows with a scan of the whole table, the cheapest plan then. That plan stays cached
         while the table grows: measured, it doubled the commit latency (3 to 7 ms for 26 updated rows
-        in a table of 12,000)."""
+        in a table of 12,000).
+
+        The connection also learns to send the commit's arrays, encoded by :mod:`.pgarrays`."""
+        register(conn.adapters)
         limit = f"{max(1, round(self._commit_timeout * 1000))}ms"
         await conn.execute(
             "SELECT set_config('statement_timeout', %s, false),"
@@ -853,11 +903,14 @@ class PostgresStore:
     async def commit(self, batch: Batch) -> None:
         leadership = self._leading()
         self._commit_seq += 1
-        params, schedules = _commit_params(batch, self._live_rows, leadership.epoch, self._commit_seq)
+        try:
+            work = _commit_params(batch, self._live_rows, leadership.epoch, self._commit_seq)
+        except ValueError as err:  # the same batch would fail the same way at every retry
+            raise StoreError(f"commit failed: {err}") from None
         timeout = commit_timeout(batch, self._commit_timeout)
         longer = timeout if timeout > self._commit_timeout else None
         try:
-            epoch = await _bounded(self._commit(params, schedules, longer), timeout)
+            epoch = await _bounded(self._commit(work, longer), timeout)
         except TimeoutError:
             raise StoreUnavailable(f"commit did not finish within {timeout:g} s") from None
         except psycopg.errors.ProgramLimitExceeded as err:
@@ -877,16 +930,15 @@ class PostgresStore:
         self._step_down(leadership, reason)
         raise Fenced(reason)
 
-    async def _commit(
-        self, params: dict[str, Any], schedules: dict[str, Any] | None, longer: float | None
-    ) -> int | None:
+    async def _commit(self, work: _CommitParams, longer: float | None) -> int | None:
         """Run the commit statement (and the schedule statements, in one transaction with it): our epoch
         when it was applied, else the current epoch when another leader bumped it, else None (the epoch
         is ours but a later commit got there first). ``longer``: this commit's server-side bound, when
         its size makes it longer than the connection's."""
+        statement, params, schedules = self._q.commits[work.shape], work.params, work.schedules
         async with self._require_pool().connection() as conn:
             if schedules is None and longer is None:
-                row = await (await conn.execute(self._q.commit, params, prepare=True)).fetchone()
+                row = await (await conn.execute(statement, params, prepare=True)).fetchone()
             else:
                 async with conn.transaction():
                     if longer is not None:
@@ -896,12 +948,12 @@ class PostgresStore:
                             " set_config('idle_in_transaction_session_timeout', %s, true)",
                             (limit, limit),
                         )
-                    row = await (await conn.execute(self._q.commit, params, prepare=True)).fetchone()
+                    row = await (await conn.execute(statement, params, prepare=True)).fetchone()
                     if row is not None and schedules is not None and row[0] is not None:
                         await conn.execute(self._q.schedule, schedules)
                         await conn.execute(self._q.unschedule, schedules)
             if row is not None and row[0] is not None:
-                known = len(params["state_id"])
+                known = work.known
                 if row[3] != known:  # not a race: only this leader writes, so rows went behind its back
                     raise StoreError(
                         f"{known - row[3]} of the {known} task rows this leader updated are missing from "

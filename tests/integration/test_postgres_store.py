@@ -362,6 +362,20 @@ async def test_a_commit_postgres_can_never_take_fails_for_good_and_writes_nothin
     assert await store.fetch(2) is None and await store.fetch(1) is not None
 
 
+async def test_a_value_that_does_not_fit_its_column_fails_the_commit_for_good_and_writes_nothing(
+    open_store: OpenStore,
+) -> None:
+    """The store encodes its arrays itself: a deadline past 2262 (Unix nanoseconds beyond 64 bits) is
+    refused before anything is sent, as Postgres refused it when psycopg encoded it."""
+    store = await leading(open_store)
+    too_late = replace(task(1), spec=replace(task(1).spec, deadline=1e10))
+    with pytest.raises(StoreError, match="commit failed: a value does not fit BIGINT") as raised:
+        await store.commit(Batch([too_late], [], max_id=1))
+    assert not isinstance(raised.value, StoreUnavailable)
+    await store.commit(Batch([task(2)], [], max_id=2))  # the next commit goes through
+    assert await store.fetch(1) is None and await store.fetch(2) is not None
+
+
 def test_a_commits_bound_grows_with_its_bytes_from_a_seconds_worth() -> None:
     finished = task(3, Status.SUCCEEDED, finished=NOW)
     finished.spec.payload = None  # as the engine releases it once a task finished
