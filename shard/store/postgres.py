@@ -17,12 +17,14 @@ TCP keepalives on the lock session, set on both ends, bound how long a vanished 
 lingers (:class:`Keepalives`).
 
 Commits run on a small connection pool, never on the lock session, so a slow commit cannot delay the
-lock check. A commit is a single statement: the fence, then the whole batch upserted from one binary
-array per column (``unnest``) with the outputs, so it costs one round trip and one fsync. For 1,000 tasks
-that measured faster than ``executemany`` in pipeline mode (about 60 against 75 ms median, and less
-client CPU); text-format arrays would cost five times the client CPU of binary ones, and the arrays are
-encoded here (:mod:`.pgarrays`), at half the CPU psycopg spends on them. There is one such statement
-per shape of batch, so that a commit carries only the parts and arrays it needs. A commit given up
+lock check. A commit is a single statement: the fence, then the whole batch upserted from binary
+arrays (``unnest``) with the outputs, so it costs one round trip and one fsync. For 1,000 tasks that
+measured faster than ``executemany`` in pipeline mode (about 60 against 75 ms median, and less client
+CPU); text-format arrays would cost five times the client CPU of binary ones. The tasks go as arrays
+of rows of two composite types (:data:`TASK_ROW`, :data:`TASK_STATE`) rather than an array per
+column, which Postgres unnests at less cost, encoded here (:mod:`.pgarrays`) at less CPU than psycopg
+spends on lists; and there is one statement per shape of batch, so that a commit carries only the
+parts it needs. A commit given up
 on after ``commit_timeout`` is abandoned, not awaited; a per-leader sequence number checked in the
 fence keeps it from landing after a later commit if it reaches the server late.
 
@@ -64,7 +66,7 @@ from .base import (
     StoreError,
     StoreUnavailable,
 )
-from .pgarrays import ENCODERS, register
+from .pgarrays import RecordArrays, register
 from .rows import (
     ADDED_IN_V2,
     COLUMNS,
@@ -89,7 +91,7 @@ from .rows import (
 
 log = get_logger("cronoq.store")
 
-SCHEMA_VERSION: Final = 3
+SCHEMA_VERSION: Final = 4
 
 # Advisory lock classes (first key of the two-int form): "cqld" and "cqmg" in ASCII, both below 2**31.
 LEADER_LOCK_CLASS: Final = 0x63716C64
@@ -152,6 +154,16 @@ _SCHEDULE_TYPES: Final = {
 # to pick them from a rows.state_of() tuple.
 _CHANGING: Final = ("status", "attempt", "ready_ns", "started_ns", "finished_ns", "message")
 _changing = operator.itemgetter(*(STATE_COLUMNS.index(c) for c in _CHANGING))
+# The composite types a commit sends its rows as (schema version 4, see pgarrays): a task written whole
+# (every column, then its output), and a task's state update or new output (the fields that change;
+# only id and the output for an output alone). A column added to cronoq_tasks later must be added to
+# TASK_ROW too (ALTER TYPE ... ADD ATTRIBUTE, in the same migration), or its value is never written.
+TASK_ROW: Final = "cronoq_task_row"
+TASK_STATE: Final = "cronoq_task_state"
+_ROW_FIELDS: Final = {**{c: _TYPES[c] for c in COLUMNS}, "output": "BYTEA", "output_type": "TEXT"}
+_STATE_FIELDS: Final = {c: _ROW_FIELDS[c] for c in ("id", *_CHANGING, "output", "output_type")}
+_ROWS: Final = RecordArrays(list(_ROW_FIELDS.values()))
+_STATES: Final = RecordArrays(list(_STATE_FIELDS.values()))
 
 # The slowest rate at which a commit is still expected to write its payloads and outputs: its timeout
 # is commit_timeout plus its bytes at this rate. A burst of large payloads (hundreds of MiB held for
@@ -272,6 +284,12 @@ def _statements(schema: str) -> _Statements:
     v2 = tuple(q("ALTER TABLE {s}.cronoq_tasks ") + sql.SQL(c) for c in columns_added_in_v2(_TYPES))
     # The engine's totals as of the last commit, for the next leader to count on from.
     v3 = (q("ALTER TABLE {s}.cronoq_leader ADD COLUMN totals TEXT"),)
+    # The types commits send their rows as: the statement reads the tasks of a batch from one array of
+    # rows, rather than from an array per column (see pgarrays). Nothing else changes.
+    v4 = tuple(
+        q(f"CREATE TYPE {{s}}.{name} AS ({', '.join(f'{c} {t}' for c, t in fields.items())})")
+        for name, fields in ((TASK_ROW, _ROW_FIELDS), (TASK_STATE, _STATE_FIELDS))
+    )
     return _Statements(
         create_schema=sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(sql.Identifier(schema)),
         create_version_table=q(
@@ -279,7 +297,7 @@ def _statements(schema: str) -> _Statements:
         ),
         read_version=q("SELECT COALESCE(max(version), 0) FROM {s}.cronoq_schema_version"),
         record_version=q("INSERT INTO {s}.cronoq_schema_version (version) VALUES (%s)"),
-        migrations={1: v1, 2: v2, 3: v3},
+        migrations={1: v1, 2: v2, 3: v3, 4: v4},
         bump_epoch=q(
             "UPDATE {s}.cronoq_leader SET epoch = epoch + 1, commit_seq = 0, holder = %s,"
             " expires_unix_ns = NULL WHERE id = 1 RETURNING epoch"
@@ -370,17 +388,12 @@ def _commit_statement(q: Callable[[str], sql.Composed], shape: Shape) -> sql.Com
             f"updated AS (UPDATE {{s}}.cronoq_tasks AS t SET {state_sets},"
             " output = COALESCE(u.output, t.output),"
             " output_type = CASE WHEN u.output IS NULL THEN t.output_type ELSE u.output_type END"
-            f" FROM unnest({', '.join(_array_param(f'state_{c}', _TYPES[c]) for c in ('id', *_CHANGING))},"
-            " %(state_output)b::BYTEA[], %(state_output_type)b::TEXT[])"
-            f" AS u(id, {', '.join(_CHANGING)}, output, output_type)"
-            " WHERE t.id = u.id AND EXISTS (SELECT 1 FROM fence) RETURNING 1)"
+            f" FROM unnest(%(states)b::{{s}}.{TASK_STATE}[]) AS u WHERE t.id = u.id AND EXISTS (SELECT 1 FROM fence) RETURNING 1)"
         )
     if whole:
         parts.append(
             f"upserted AS (INSERT INTO {{s}}.cronoq_tasks AS t ({', '.join(COLUMNS)}, output, output_type)"
-            f" SELECT * FROM unnest({', '.join(_array_param(c, _TYPES[c]) for c in COLUMNS)},"
-            " %(output)b::BYTEA[], %(output_type)b::TEXT[])"
-            " WHERE EXISTS (SELECT 1 FROM fence)"
+            f" SELECT * FROM unnest(%(rows)b::{{s}}.{TASK_ROW}[]) WHERE EXISTS (SELECT 1 FROM fence)"
             f" ON CONFLICT (id) DO UPDATE SET {', '.join(f'{c} = EXCLUDED.{c}' for c in STATE_COLUMNS)},"
             " output = COALESCE(EXCLUDED.output, t.output),"
             " output_type = CASE WHEN EXCLUDED.output IS NULL THEN t.output_type ELSE EXCLUDED.output_type END"
@@ -389,16 +402,11 @@ def _commit_statement(q: Callable[[str], sql.Composed], shape: Shape) -> sql.Com
     if other:
         parts.append(
             "outputs AS (UPDATE {s}.cronoq_tasks AS t SET output = o.output, output_type = o.output_type"
-            " FROM unnest(%(other_id)b::BIGINT[], %(other_output)b::BYTEA[], %(other_type)b::TEXT[])"
-            " AS o(id, output, output_type) WHERE t.id = o.id AND EXISTS (SELECT 1 FROM fence) RETURNING 1)"
+            f" FROM unnest(%(outputs)b::{{s}}.{TASK_STATE}[]) AS o WHERE t.id = o.id AND EXISTS (SELECT 1 FROM fence) RETURNING 1)"
         )
     counted = (("upserted", whole), ("outputs", other), ("updated", known))
     counts = ", ".join(f"(SELECT count(*) FROM {name})" if present else "0" for name, present in counted)
     return q(f"WITH {', '.join(parts)} SELECT (SELECT epoch FROM fence), {counts}")
-
-
-def _array_param(name: str, sql_type: str) -> str:
-    return f"%({name})b::{sql_type}[]"
 
 
 _FIND_SCHEMA = "SELECT 1 FROM pg_namespace WHERE nspname = %s"
@@ -421,10 +429,18 @@ class _CommitParams:
     known: int
 
 
-def _commit_params(batch: Batch, live: LiveRows, epoch: int, seq: int) -> _CommitParams:
-    """The commit statement's parameters: one array per column of the tasks to upsert whole, one per
-    changing state column of those whose row ``live`` knows, and the outputs of tasks that are in
-    neither (each set only when the batch has some); then, if the batch changes schedules, the
+@dataclass(frozen=True, slots=True)
+class _TypeOids:
+    """The OIDs of this schema's TASK_ROW and TASK_STATE types, which the commit's arrays name."""
+
+    row: int
+    state: int
+
+
+def _commit_params(batch: Batch, live: LiveRows, epoch: int, seq: int, types: _TypeOids) -> _CommitParams:
+    """The commit statement's parameters: the tasks to upsert whole as an array of TASK_ROW, the state
+    changes of those whose row ``live`` knows, and the outputs of tasks that are in neither, as arrays
+    of TASK_STATE (each only when the batch has some); then, if the batch changes schedules, the
     schedule statements' parameters (one array per column of the schedules to upsert, and the names
     of those to delete). Tasks are de-duplicated (the last state wins: Postgres refuses to update a row
     twice in one statement); whole rows are sorted by id, so a task that finished and a newer one
@@ -432,7 +448,7 @@ def _commit_params(batch: Batch, live: LiveRows, epoch: int, seq: int) -> _Commi
     ValueError for a value that does not fit its column."""
     known, whole = live.split(list({t.id: t for t in batch.tasks}.values()), one_statement=True)
     whole.sort(key=lambda t: t.id)
-    outputs = {task_id: (data, kind) for task_id, data, kind in batch.outputs}
+    outputs = {task_id: (data, text(kind)) for task_id, data, kind in batch.outputs}
     params: dict[str, Any] = {
         "max_id": batch.max_id,
         "totals": None if batch.totals is None else totals_text(batch.totals),
@@ -440,41 +456,27 @@ def _commit_params(batch: Batch, live: LiveRows, epoch: int, seq: int) -> _Commi
         "commit_seq": seq,
     }
     if whole:
-        columns = zip(*(row_of(t) for t in whole), strict=True)
-        for column, encode, values in zip(COLUMNS, _COLUMN_ENCODERS, columns, strict=True):
-            params[column] = encode(values)
-        _add_outputs(params, "", [outputs.pop(t.id, _NO_OUTPUT) for t in whole])
+        rows = [(*row_of(t), *outputs.pop(t.id, _NO_OUTPUT)) for t in whole]
+        params["rows"] = _ROWS.encode(types.row, rows)
     if known:
-        states = zip(*((t.id, *_changing(state_of(t))) for t in known), strict=True)
-        for column, encode, values in zip(_STATE_PARAMS, _STATE_ENCODERS, states, strict=True):
-            params[column] = encode(values)
-        _add_outputs(params, "state_", [outputs.pop(t.id, _NO_OUTPUT) for t in known])
+        states = [(t.id, *_changing(state_of(t)), *outputs.pop(t.id, _NO_OUTPUT)) for t in known]
+        params["states"] = _STATES.encode(types.state, states)
     if outputs:
-        params["other_id"] = _BIGINTS(list(outputs))
-        params["other_output"] = _BYTEAS([data for data, _ in outputs.values()])
-        params["other_type"] = _TEXTS([text(kind) for _, kind in outputs.values()])
+        alone = [(task_id, *_NO_STATE, data, kind) for task_id, (data, kind) in outputs.items()]
+        params["outputs"] = _STATES.encode(types.state, alone)
     shape = (bool(whole), bool(known), bool(outputs))
     if not batch.schedules:
         return _CommitParams(shape, params, None, len(known))
     upserts, deletes = schedule_changes(batch.schedules)
     schedules: dict[str, Any] = {"epoch": epoch, "commit_seq": seq, "unscheduled": deletes}
     columns_of = zip(*upserts, strict=True) if upserts else ([] for _ in SCHEDULE_COLUMNS)
-    for column, column_values in zip(SCHEDULE_COLUMNS, columns_of, strict=True):
-        schedules[f"schedule_{column}"] = list(column_values)
+    for column, values in zip(SCHEDULE_COLUMNS, columns_of, strict=True):
+        schedules[f"schedule_{column}"] = list(values)
     return _CommitParams(shape, params, schedules, len(known))
 
 
-_NO_OUTPUT: Final = (None, "")
-_COLUMN_ENCODERS: Final = tuple(ENCODERS[_TYPES[c]] for c in COLUMNS)
-_STATE_PARAMS: Final = tuple(f"state_{c}" for c in ("id", *_CHANGING))
-_STATE_ENCODERS: Final = tuple(ENCODERS[_TYPES[c]] for c in ("id", *_CHANGING))
-_BIGINTS, _BYTEAS, _TEXTS = ENCODERS["BIGINT"], ENCODERS["BYTEA"], ENCODERS["TEXT"]
-
-
-def _add_outputs(params: dict[str, Any], prefix: str, own: Sequence[tuple[bytes | None, str]]) -> None:
-    """The ``output`` and ``output_type`` arrays of rows written with their tasks (None: no new output)."""
-    params[f"{prefix}output"] = _BYTEAS([data for data, _ in own])
-    params[f"{prefix}output_type"] = _TEXTS([text(kind) for _, kind in own])
+_NO_OUTPUT: Final = (None, "")  # a task written without an output: the row keeps the one it has
+_NO_STATE: Final = (None,) * len(_CHANGING)  # an output alone: its state columns are not written
 
 
 def _decode(rows: Sequence[Row], broken: list[tuple[int, str]]) -> list[Task]:
@@ -560,6 +562,7 @@ class PostgresStore:
         self._waiting: asyncio.Task[bool] | None = None  # a standby's wait for the lock, while it runs
         self._commit_seq = 0  # per leadership: orders this leader's commits (see the commit statement)
         self._live_rows = LiveRows()
+        self._types = _TypeOids(0, 0)  # read by open()
         self._closed = False
 
     @property
@@ -596,6 +599,7 @@ class PostgresStore:
         try:
             self._session = await self._connect_session()
             await self._migrate(self._session)
+            self._types = await self._type_oids(self._session)
             await pool.open(wait=True, timeout=max(2.0, self._session_timeout))
             self._pool = pool
         except BaseException as err:
@@ -607,6 +611,16 @@ class PostgresStore:
                 raise StoreError(f"cannot use Postgres at {where}: {self._redact(err)}") from None
             raise
         log.info("store.opened", kind="postgres", at=where, schema=self._schema, version=SCHEMA_VERSION)
+
+    async def _type_oids(self, conn: Conn) -> _TypeOids:
+        """The OIDs of the types a commit sends its rows as (they differ from database to database)."""
+        names = [sql.Identifier(self._schema, name).as_string(conn) for name in (TASK_ROW, TASK_STATE)]
+        row = await (await conn.execute("SELECT to_regtype(%s)::oid, to_regtype(%s)::oid", names)).fetchone()
+        if row is None or None in row:
+            raise StoreError(
+                f"schema {self._schema!r} lacks the type {TASK_ROW} or {TASK_STATE}: dropped by hand?"
+            )
+        return _TypeOids(int(row[0]), int(row[1]))
 
     async def _connect_session(self) -> Conn:
         """A new lock session; named (unless the URL names every connection) so that operators can tell
@@ -904,7 +918,7 @@ class PostgresStore:
         leadership = self._leading()
         self._commit_seq += 1
         try:
-            work = _commit_params(batch, self._live_rows, leadership.epoch, self._commit_seq)
+            work = _commit_params(batch, self._live_rows, leadership.epoch, self._commit_seq, self._types)
         except ValueError as err:  # the same batch would fail the same way at every retry
             raise StoreError(f"commit failed: {err}") from None
         timeout = commit_timeout(batch, self._commit_timeout)

@@ -1,6 +1,7 @@
-"""shard.store.pgarrays: the arrays the Postgres store encodes itself read back in Postgres as what was
-encoded, for every column type the store uses, NULLs and empty arrays included; a value that does not
-fit is a ValueError naming the problem, before anything is sent."""
+"""shard.store.pgarrays: arrays of rows the Postgres store encodes itself read back in Postgres as what
+was encoded, for every field type the store uses, NULLs and empty arrays included; Postgres refuses
+rows whose fields are not those of the statement's type; a value that does not fit is a ValueError
+naming the problem, before anything is sent."""
 
 from __future__ import annotations
 
@@ -9,9 +10,10 @@ from typing import Any
 
 import psycopg
 import pytest
+from psycopg import sql
 from psycopg.rows import TupleRow
 
-from shard.store.pgarrays import ENCODERS, register
+from shard.store.pgarrays import TYPES, RecordArrays, register
 
 VALUES: dict[str, list[Any]] = {
     "BOOLEAN": [True, False, None, True],
@@ -22,50 +24,58 @@ VALUES: dict[str, list[Any]] = {
     "TEXT": ["", "plain", "ünïcødé ✓ 🎉", None, "x" * 10_000],
     "BYTEA": [b"", b"\x00\xff" * 3, None, bytearray(b"mutable"), b"y" * 100_000],
 }
+FIELDS = list(TYPES)  # a type with a field of each kind
 
 
 @pytest.fixture
-def conn(postgres_url: str) -> Iterator[psycopg.Connection[TupleRow]]:
+def conn(postgres_url: str, pg_schema: str) -> Iterator[psycopg.Connection[TupleRow]]:
+    """A connection that sends encoded arrays, and in ``pg_schema`` the composite types ``every``
+    (a field per type, f0, f1...) and ``pair`` (id BIGINT, name TEXT)."""
     with psycopg.connect(postgres_url, autocommit=True) as conn:
         register(conn.adapters)
+        schema = sql.Identifier(pg_schema)
+        fields = ", ".join(f"f{i} {t}" for i, t in enumerate(FIELDS))
+        conn.execute(sql.SQL("CREATE SCHEMA {}").format(schema))
+        conn.execute(sql.SQL("CREATE TYPE {}.every AS (" + fields + ")").format(schema))
+        conn.execute(sql.SQL("CREATE TYPE {}.pair AS (id BIGINT, name TEXT)").format(schema))
+        conn.execute(sql.SQL("SET search_path = {}").format(schema))
         yield conn
 
 
-@pytest.mark.parametrize("sql_type", list(VALUES))
+def oid(conn: psycopg.Connection[TupleRow], name: str) -> int:
+    row = conn.execute("SELECT to_regtype(%s)::oid", (name,)).fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+def read_back(
+    conn: psycopg.Connection[TupleRow], rows: list[tuple[Any, ...]], prepare: bool
+) -> list[tuple[Any, ...]]:
+    encoded = RecordArrays(FIELDS).encode(oid(conn, "every"), rows)
+    found = conn.execute("SELECT * FROM unnest(%(a)b::every[])", {"a": encoded}, prepare=prepare).fetchall()
+    assert conn.execute("SELECT cardinality(%(a)b::every[])", {"a": encoded}).fetchone() == (len(rows),)
+    return found
+
+
 @pytest.mark.parametrize("prepare", [False, True])
-def test_arrays_read_back_as_encoded(
-    conn: psycopg.Connection[TupleRow], sql_type: str, prepare: bool
-) -> None:
-    values = VALUES[sql_type]
-    encode = ENCODERS[sql_type]
-    cases = [values, [v for v in values if v is not None], [values[0]], [None], []]
-    for case in cases:
-        row = conn.execute(
-            f"SELECT %(a)b::{sql_type}[], cardinality(%(a)b::{sql_type}[])",
-            {"a": encode(case)},
-            prepare=prepare,
-        ).fetchone()
-        assert row is not None
-        expected = [bytes(v) if isinstance(v, bytearray) else v for v in case]
-        assert (row[0], row[1]) == (expected, len(case))
+def test_rows_read_back_as_encoded(conn: psycopg.Connection[TupleRow], prepare: bool) -> None:
+    # Row i takes the i-th value of each type's list (cycling), so NULLs fall in different fields.
+    rows = [tuple(VALUES[t][(i + j) % len(VALUES[t])] for j, t in enumerate(FIELDS)) for i in range(7)]
+    expected = [tuple(bytes(v) if isinstance(v, bytearray) else v for v in row) for row in rows]
+    assert read_back(conn, rows, prepare) == expected
+    assert read_back(conn, rows[:1], prepare) == expected[:1]
+    assert read_back(conn, [(None,) * len(FIELDS)], prepare) == [(None,) * len(FIELDS)]
+    assert read_back(conn, [], prepare) == []
 
 
-def test_arrays_unnest_together_into_rows(conn: psycopg.Connection[TupleRow]) -> None:
-    """What the commit statement does with them: one array per column, zipped into rows."""
-    rows = conn.execute(
-        "SELECT * FROM unnest(%(id)b::BIGINT[], %(name)b::TEXT[], %(data)b::BYTEA[])",
-        {
-            "id": ENCODERS["BIGINT"]([1, 2]),
-            "name": ENCODERS["TEXT"](["a", None]),
-            "data": ENCODERS["BYTEA"]([None, b"z"]),
-        },
-    ).fetchall()
-    assert rows == [(1, "a", None), (2, None, b"z")]
-
-
-def test_an_array_of_another_element_type_is_refused_by_postgres(conn: psycopg.Connection[TupleRow]) -> None:
-    with pytest.raises(psycopg.errors.DatatypeMismatch, match="element type"):
-        conn.execute("SELECT %(a)b::INTEGER[]", {"a": ENCODERS["BIGINT"]([1])})
+def test_rows_that_are_not_of_the_type_are_refused_by_postgres(conn: psycopg.Connection[TupleRow]) -> None:
+    pair = oid(conn, "pair")
+    swapped = RecordArrays(["TEXT", "TEXT"]).encode(pair, [("1", "a")])
+    with pytest.raises(psycopg.errors.DatatypeMismatch, match=r"instead of expected 20 \(bigint\)"):
+        conn.execute("SELECT %(a)b::pair[]", {"a": swapped})
+    longer = RecordArrays(["BIGINT", "TEXT", "TEXT"]).encode(pair, [(1, "a", "b")])
+    with pytest.raises(psycopg.errors.DatatypeMismatch, match="wrong number of columns: 3, expected 2"):
+        conn.execute("SELECT %(a)b::pair[]", {"a": longer})
 
 
 @pytest.mark.parametrize(
@@ -79,7 +89,7 @@ def test_an_array_of_another_element_type_is_refused_by_postgres(conn: psycopg.C
     ],
 )
 def test_a_value_that_does_not_fit_is_a_value_error(sql_type: str, value: Any, message: str) -> None:
-    with pytest.raises(ValueError, match=message):
-        ENCODERS[sql_type]([value])
-    with pytest.raises(ValueError, match=message):
-        ENCODERS[sql_type]([None, value])
+    arrays = RecordArrays(["BIGINT", sql_type])
+    for rows in ([(1, value)], [(1, None), (2, value)]):
+        with pytest.raises(ValueError, match=message):
+            arrays.encode(1, rows)

@@ -167,6 +167,28 @@ async def test_open_creates_the_schema_and_tables_in_it(
     assert "WHERE ((key IS NOT NULL) AND (NOT terminal))" in indexes["cronoq_tasks_live_key"]
     assert "(terminal, finished_ns)" in indexes["cronoq_tasks_finished"]
     assert await rows(admin, "SELECT id, epoch, max_id FROM {s}.cronoq_leader", schema) == [(1, 0, 0)]
+    # The composite types commits send rows as (version 4), in the order the store encodes them.
+    fields = {
+        name: [
+            attribute
+            for (attribute,) in await rows(
+                admin,
+                "SELECT attribute_name FROM information_schema.attributes WHERE udt_schema = %s"
+                " AND udt_name = %s ORDER BY ordinal_position",
+                schema,
+                schema,
+                name,
+            )
+        ]
+        for name in ("cronoq_task_row", "cronoq_task_state")
+    }
+    assert fields == {
+        "cronoq_task_row": [*COLUMNS, "output", "output_type"],
+        "cronoq_task_state": [
+            *("id", "status", "attempt", "ready_ns", "started_ns", "finished_ns", "message"),
+            *("output", "output_type"),
+        ],
+    }
 
     await open_store(schema)  # a second replica finds the schema current and changes nothing
     assert (

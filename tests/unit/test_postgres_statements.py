@@ -10,7 +10,7 @@ from psycopg import _queries
 
 from cronoq.engine.model import Status, Task, TaskSpec
 from shard.store.base import Batch
-from shard.store.postgres import _commit_params, _statements
+from shard.store.postgres import _commit_params, _statements, _TypeOids
 from shard.store.rows import LiveRows
 
 QUERIES = _statements("cronoq_a_rather_long_shard_schema_name").commits
@@ -33,7 +33,7 @@ def test_each_shape_has_a_statement_that_takes_exactly_its_parameters(
     shape: tuple[bool, bool, bool],
 ) -> None:
     batch, live = batch_of(*shape)
-    work = _commit_params(batch, live, 1, 1)
+    work = _commit_params(batch, live, 1, 1, _TypeOids(1, 2))
     assert work.shape == shape
     assert set(re.findall(r"%\((\w+)\)", QUERIES[shape].as_string(None))) == set(work.params)
     assert work.schedules is None  # no schedule changed: no schedule statement to run
