@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import json
 import os
 import re
@@ -29,7 +28,6 @@ from psycopg.conninfo import conninfo_to_dict
 from cronoq.client import Client, task
 from cronoq.engine import compiled
 from tests.integration.serverproc import ServerProcess, running_server
-from tests.postgres import running_postgres
 
 from . import (
     LOOP,
@@ -40,6 +38,7 @@ from . import (
     library,
     lone_submit,
     on_loop,
+    postgres_or_skip,
     scaleout,
     sharding,
 )
@@ -235,11 +234,8 @@ def main() -> None:
             "SQLite", '[store]\nkind = "sqlite"\npath = "{tmp}/cronoq.db"\n', args.tasks, args.slots, 4000, {}
         )
     if "postgres" in stores:
-        with contextlib.ExitStack() as stack:
-            try:
-                pg = stack.enter_context(running_postgres())
-            except LookupError as err:
-                print(f"postgres: skipped ({err})")
+        with postgres_or_skip() as pg:
+            if pg is None:
                 return
             env = {**os.environ, "DATABASE_URL": pg.url}
             lone_submit.report_postgres(pg.url)

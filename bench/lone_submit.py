@@ -10,7 +10,6 @@ floor without a commit. Nothing here asserts: the numbers are for people.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import os
 import tempfile
 import time
@@ -18,9 +17,8 @@ from pathlib import Path
 
 from cronoq.client import Client
 from tests.integration.serverproc import running_server
-from tests.postgres import running_postgres
 
-from . import on_loop
+from . import on_loop, postgres_or_skip
 
 TARGET_P50_MS = 1.5  # Postgres (issue #25)
 SUBMITS = 300
@@ -82,13 +80,9 @@ def main() -> None:
     if "memory" in stores:
         report_memory(args.submits, args.warmup)
     if "postgres" in stores:
-        with contextlib.ExitStack() as stack:
-            try:
-                pg = stack.enter_context(running_postgres())
-            except LookupError as err:
-                print(f"postgres: skipped ({err})")
-                return
-            report_postgres(pg.url, args.submits, args.warmup)
+        with postgres_or_skip() as pg:
+            if pg is not None:
+                report_postgres(pg.url, args.submits, args.warmup)
 
 
 if __name__ == "__main__":
