@@ -1,5 +1,6 @@
-"""bench.cpu.postgres_cpu_s: the CPU of the one Postgres server a benchmark uses, not of every Postgres
-on the machine (other agents' servers share it)."""
+"""bench.cpu: postgres_cpu_s counts the CPU of the one Postgres server a benchmark uses, not of every
+Postgres on the machine (other agents' servers share it); processes_cpu_s counts a backend's CPU to the
+nanosecond."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import psycopg
 import pytest
 from psycopg.conninfo import conninfo_to_dict
 
-from bench.cpu import postgres_cpu_s
+from bench.cpu import postgres_cpu_s, processes_cpu_s
 from tests.ports import free_ports
 from tests.postgres import PostgresServer, server_programs, throwaway_postgres
 
@@ -44,3 +45,17 @@ def test_counts_only_the_server_on_that_port(postgres_server: PostgresServer) ->
 def test_no_local_server_on_the_port_counts_nothing() -> None:
     [port] = free_ports(1)
     assert postgres_cpu_s(port) == 0.0
+
+
+def test_a_backends_cpu_is_counted_to_the_nanosecond(postgres_server: PostgresServer) -> None:
+    if not postgres_server.local:
+        pytest.skip("DATABASE_URL: the server's processes are not on this machine")
+    with psycopg.connect(postgres_server.url) as conn:
+        row = conn.execute("SELECT pg_backend_pid()").fetchone()
+        assert row is not None
+        before = processes_cpu_s([row[0]])
+        conn.execute("SELECT 1")  # microseconds: less than one clock tick
+        after = processes_cpu_s([row[0]])
+        conn.execute(BURN)
+        assert 0 < after - before < processes_cpu_s([row[0]]) - after
+    assert processes_cpu_s([2**22 + 1]) == 0.0  # past Linux's largest pid_max: no such process
