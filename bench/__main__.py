@@ -5,8 +5,9 @@ library mode (in-process ``cronoq.Scheduler``) ≥ 12,600 tasks/s,
 engine ≥ 250,000 decisions/s on the core run (issue #2, memory store; the same run with every feature on is
 printed beside it); the same drain with durable stores (fsync on):
 ≥ 4,000 tasks/s with SQLite and ≥ 6,500 with Postgres (issue #3), with group-commit batch sizes and
-commit latency percentiles read from the server's ``/metrics``. Simulated scale-out (issue #25): 1, 2 and
-3 shards, each server under the same CPU quota, ≥ 1.8 and ≥ 2.6 times one shard's drain
+commit latency percentiles read from the server's ``/metrics``. A lone Submit's acknowledgement, on
+the memory store and on Postgres (issue #25: p50 <= 1.5 ms on Postgres, ``bench.lone_submit``). Simulated
+scale-out (issue #25): 1, 2 and 3 shards, each server under the same CPU quota, ≥ 1.8 and ≥ 2.6 times one shard's drain
 (``bench.scaleout``). Nothing here asserts: the numbers are for people.
 """
 
@@ -14,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import functools
 import json
 import os
@@ -27,11 +27,12 @@ import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 
+from psycopg.conninfo import conninfo_to_dict
+
 from cronoq.client import Client, task
 from cronoq.engine import compiled
 from tests.integration.gosdk import built_testworker
 from tests.integration.serverproc import ServerProcess, running_server
-from tests.postgres import running_postgres
 
 from . import (
     LOOP,
@@ -40,7 +41,9 @@ from . import (
     grpc_ceiling,
     latency_floor,
     library,
+    lone_submit,
     on_loop,
+    postgres_or_skip,
     scaleout,
     sharding,
 )
@@ -75,18 +78,21 @@ async def drain(
     slots: int,
     *,
     plain: bool = False,
-    postgres: bool = False,
+    database_port: int | None = None,
     launch: Callable[[str, int, int], subprocess.Popen[str]] | None = None,
 ) -> dict[str, float]:
     """Tasks/s end to end, and the CPU each process spent per task: on a machine whose cores are all
     busy, cores / (CPU per task) bounds the rate whatever the scheduling does. ``plain``: the worker
-    uses Workers.Work rather than the batched extension; ``postgres``: the server's store is Postgres,
-    whose processes' CPU counts too (any other Postgres on the machine is none of the drain's).
-    ``launch`` starts another SDK's worker (target, tasks, slots) instead of the Python SDK's; it prints
-    the summary bench/worker.py prints (``bench.sdk_workers``)."""
+    uses Workers.Work rather than the batched extension; ``database_port``: the local Postgres server
+    the store uses, whose CPU is counted too. ``launch`` starts another SDK's worker (target, tasks,
+    slots) instead of the Python SDK's; it prints the summary bench/worker.py prints
+    (``bench.sdk_workers``)."""
     assert server.proc is not None
-    database = postgres_cpu_s if postgres else lambda: 0.0
-    cpu = (process_cpu_s(server.proc.pid), self_cpu_s(), database())
+
+    def database_s() -> float:
+        return 0.0 if database_port is None else postgres_cpu_s(database_port)
+
+    cpu = (process_cpu_s(server.proc.pid), self_cpu_s(), database_s())
     if launch is None:
         worker = start_worker(server.target, n, slots, plain=plain)
     else:
@@ -104,7 +110,7 @@ async def drain(
     server_s = process_cpu_s(server.proc.pid) - cpu[0]
     worker_s = summary["cpu_s"]  # from registering to the last task: its start-up is not the drain's
     producer_s = self_cpu_s() - cpu[1]
-    database_s = database() - cpu[2]
+    database = database_s() - cpu[2]
     return {
         "tasks": handled,
         "submit_s": submitted - start,
@@ -113,8 +119,8 @@ async def drain(
         "server_us": server_s / handled * 1e6,
         "worker_us": worker_s / handled * 1e6,
         "producer_us": producer_s / handled * 1e6,
-        "database_us": database_s / handled * 1e6,
-        "cpu_bound": (os.cpu_count() or 1) * handled / (server_s + worker_s + producer_s + database_s),
+        "database_us": database / handled * 1e6,
+        "cpu_bound": (os.cpu_count() or 1) * handled / (server_s + worker_s + producer_s + database),
     }
 
 
@@ -171,12 +177,18 @@ def commit_figures(server: ServerProcess) -> str:
 
 
 def durable_drain(
-    name: str, store: str, tasks: int, slots: int, target_rate: int, env: dict[str, str]
+    name: str,
+    store: str,
+    tasks: int,
+    slots: int,
+    target_rate: int,
+    env: dict[str, str],
+    database_port: int | None = None,
 ) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         body = POOL_CONFIG + store.replace("{tmp}", tmp)
         with running_server(Path(tmp), body, env=env) as server:
-            d = on_loop(drain(server, tasks, slots, postgres=name == "Postgres"))
+            d = on_loop(drain(server, tasks, slots, database_port=database_port))
             print(
                 f"end-to-end drain, {name} store (fsync on): {d['tasks']:,.0f} tasks: {d['tasks_per_s']:,.0f} tasks/s "
                 f"(submit {d['submit_s']:.2f} s, total {d['total_s']:.2f} s)   target >= {target_rate:,}\n"
@@ -243,13 +255,11 @@ def main() -> None:
             "SQLite", '[store]\nkind = "sqlite"\npath = "{tmp}/cronoq.db"\n', args.tasks, args.slots, 4000, {}
         )
     if "postgres" in stores:
-        with contextlib.ExitStack() as stack:
-            try:
-                pg = stack.enter_context(running_postgres())
-            except LookupError as err:
-                print(f"postgres: skipped ({err})")
+        with postgres_or_skip() as pg:
+            if pg is None:
                 return
             env = {**os.environ, "DATABASE_URL": pg.url}
+            lone_submit.report_postgres(pg.url)
             durable_drain(
                 "Postgres",
                 '[store]\nkind = "postgres"\nschema = "cronoq_bench"\n',
@@ -257,6 +267,7 @@ def main() -> None:
                 args.slots,
                 6500,
                 env,
+                int(str(conninfo_to_dict(pg.url)["port"])) if pg.local else None,
             )
             failover.report(pg.url, args.failovers)
 
@@ -350,6 +361,7 @@ def memory_figures(args: argparse.Namespace) -> None:
         "(no scheduler; cronoq's latency cannot go below this)",
         flush=True,
     )
+    lone_submit.report_memory()
 
 
 if __name__ == "__main__":

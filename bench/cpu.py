@@ -19,21 +19,45 @@ def self_cpu_s() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
-def postgres_cpu_s() -> float:
-    """CPU seconds used so far by every process named ``postgres`` on this machine (the postmaster and
-    its backends, including those that exited and were waited for): the database's share of a drain.
-    Meaningful only while no other Postgres works, as during ``make bench``."""
-    total = 0
+def postgres_cpu_s(port: int) -> float:
+    """CPU seconds used so far by the Postgres server listening on ``port`` on this machine: its
+    postmaster (including the backends that exited and were waited for) and the processes it runs
+    now (backends, WAL writer, checkpointer...). The database's share of a drain. Only that server's:
+    other agents' Postgres servers on a shared machine are left out. 0 when no local postmaster
+    listens there (``DATABASE_URL`` pointing elsewhere)."""
+    stats: dict[int, tuple[int, list[str]]] = {}  # pid -> (parent pid, the fields after the name)
+    postmaster = None
     for stat in Path("/proc").glob("[0-9]*/stat"):
         try:
             text = stat.read_text()
-        except OSError:  # exited meanwhile
+            if postmaster is None and text.rpartition(")")[0].endswith("(postgres"):
+                args = (stat.parent / "cmdline").read_bytes().split(b"\0")
+                if b"-p" in args and args[args.index(b"-p") + 1 :][:1] == [str(port).encode()]:
+                    postmaster = int(stat.parent.name)
+        except (OSError, IndexError):  # exited meanwhile
             continue
-        head, _, rest = text.rpartition(")")
-        if head.endswith("(postgres"):
-            fields = rest.split()
+        fields = text.rpartition(")")[2].split()
+        stats[int(stat.parent.name)] = (int(fields[1]), fields)
+    if postmaster is None:
+        return 0.0
+    total = 0
+    for pid, (parent, fields) in stats.items():
+        if pid == postmaster or parent == postmaster:
             total += sum(int(f) for f in fields[11:15])  # utime, stime, cutime, cstime
     return total / os.sysconf("SC_CLK_TCK")
+
+
+def processes_cpu_s(pids: list[int]) -> float:
+    """CPU seconds the running processes ``pids`` have used so far, to the nanosecond (Linux
+    ``/proc/<pid>/schedstat``, where ``/proc/<pid>/stat`` counts clock ticks): precise enough to
+    measure one short statement of a Postgres backend. A process that is gone counts 0."""
+    total = 0
+    for pid in pids:
+        try:
+            total += int(Path(f"/proc/{pid}/schedstat").read_text().split()[0])
+        except OSError:
+            continue
+    return total / 1e9
 
 
 def machine_busy_s() -> float:

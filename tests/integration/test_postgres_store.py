@@ -167,6 +167,28 @@ async def test_open_creates_the_schema_and_tables_in_it(
     assert "WHERE ((key IS NOT NULL) AND (NOT terminal))" in indexes["cronoq_tasks_live_key"]
     assert "(terminal, finished_ns)" in indexes["cronoq_tasks_finished"]
     assert await rows(admin, "SELECT id, epoch, max_id FROM {s}.cronoq_leader", schema) == [(1, 0, 0)]
+    # The composite types commits send rows as (version 4), in the order the store encodes them.
+    fields = {
+        name: [
+            attribute
+            for (attribute,) in await rows(
+                admin,
+                "SELECT attribute_name FROM information_schema.attributes WHERE udt_schema = %s"
+                " AND udt_name = %s ORDER BY ordinal_position",
+                schema,
+                schema,
+                name,
+            )
+        ]
+        for name in ("cronoq_task_row", "cronoq_task_state")
+    }
+    assert fields == {
+        "cronoq_task_row": [*COLUMNS, "output", "output_type"],
+        "cronoq_task_state": [
+            *("id", "status", "attempt", "ready_ns", "started_ns", "finished_ns", "message"),
+            *("output", "output_type"),
+        ],
+    }
 
     await open_store(schema)  # a second replica finds the schema current and changes nothing
     assert (
@@ -360,6 +382,20 @@ async def test_a_commit_postgres_can_never_take_fails_for_good_and_writes_nothin
         await store.commit(Batch([task(2, key=unindexable)], [], max_id=2))
     assert not isinstance(raised.value, StoreUnavailable)
     assert await store.fetch(2) is None and await store.fetch(1) is not None
+
+
+async def test_a_value_that_does_not_fit_its_column_fails_the_commit_for_good_and_writes_nothing(
+    open_store: OpenStore,
+) -> None:
+    """The store encodes its arrays itself: a deadline past 2262 (Unix nanoseconds beyond 64 bits) is
+    refused before anything is sent, as Postgres refused it when psycopg encoded it."""
+    store = await leading(open_store)
+    too_late = replace(task(1), spec=replace(task(1).spec, deadline=1e10))
+    with pytest.raises(StoreError, match="commit failed: a value does not fit BIGINT") as raised:
+        await store.commit(Batch([too_late], [], max_id=1))
+    assert not isinstance(raised.value, StoreUnavailable)
+    await store.commit(Batch([task(2)], [], max_id=2))  # the next commit goes through
+    assert await store.fetch(1) is None and await store.fetch(2) is not None
 
 
 def test_a_commits_bound_grows_with_its_bytes_from_a_seconds_worth() -> None:
@@ -674,6 +710,22 @@ async def test_pool_connections_find_rows_by_index_even_in_a_small_table(
     async with store._require_pool().connection() as conn:
         plan = " ".join(row[0] for row in await (await conn.execute(join)).fetchall())
     assert "Seq Scan on cronoq_tasks" not in plan and "cronoq_tasks_pkey" in plan
+
+
+async def test_the_commit_statement_is_planned_once_not_at_every_commit(open_store: OpenStore) -> None:
+    """Left to Postgres (``plan_cache_mode = auto``), a one-task commit was planned anew every time: the
+    generic plan looks dearer to it than a plan for one row, and planning cost more than running."""
+    store = await leading(open_store)
+    for i in range(1, 11):
+        await store.commit(Batch([task(i)], [], max_id=i))
+    async with store._require_pool().connection() as conn:  # the one connection the commits used
+        plans = await (
+            await conn.execute(
+                "SELECT sum(generic_plans), sum(custom_plans) FROM pg_prepared_statements"
+                " WHERE statement LIKE '%%cronoq_leader SET max_id%%'"
+            )
+        ).fetchone()
+    assert plans == (10, 0)
 
 
 async def test_a_state_update_of_a_row_deleted_by_hand_is_a_store_error(
