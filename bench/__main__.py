@@ -21,6 +21,7 @@ import re
 import tempfile
 import time
 import urllib.request
+from collections.abc import Sequence
 from pathlib import Path
 
 from cronoq.client import Client, task
@@ -37,10 +38,11 @@ from . import (
     library,
     on_loop,
     scaleout,
+    sdk_workers,
     sharding,
 )
 from .cpu import postgres_cpu_s, process_cpu_s, self_cpu_s
-from .worker import start_worker
+from .worker import PYTHON_WORKER, start_worker
 
 POOL_CONFIG = """
 [limits]
@@ -55,7 +57,7 @@ lease_ttl_s = 30
 """
 
 
-PARTS = ("library", "memory", "shards", "scaleout", "sqlite", "postgres")
+PARTS = ("library", "memory", "sdks", "shards", "scaleout", "sqlite", "postgres")
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -64,16 +66,23 @@ def percentile(values: list[float], q: float) -> float:
 
 
 async def drain(
-    server: ServerProcess, n: int, slots: int, *, plain: bool = False, postgres: bool = False
+    server: ServerProcess,
+    n: int,
+    slots: int,
+    *,
+    plain: bool = False,
+    postgres: bool = False,
+    worker_command: Sequence[str] = PYTHON_WORKER,
 ) -> dict[str, float]:
     """Tasks/s end to end, and the CPU each process spent per task: on a machine whose cores are all
     busy, cores / (CPU per task) bounds the rate whatever the scheduling does. ``plain``: the worker
     uses Workers.Work rather than the batched extension; ``postgres``: the server's store is Postgres,
-    whose processes' CPU counts too (any other Postgres on the machine is none of the drain's)."""
+    whose processes' CPU counts too (any other Postgres on the machine is none of the drain's);
+    ``worker_command``: the worker process to run (another SDK's, see ``bench.sdk_workers``)."""
     assert server.proc is not None
     database = postgres_cpu_s if postgres else lambda: 0.0
     cpu = (process_cpu_s(server.proc.pid), self_cpu_s(), database())
-    worker = start_worker(server.target, n, slots, plain=plain)
+    worker = start_worker(server.target, n, slots, plain=plain, command=worker_command)
     async with Client(server.target) as client:
         start = time.perf_counter()
         batch = 1000
@@ -197,6 +206,7 @@ def main() -> None:
         "--stores",
         default=",".join(PARTS),
         help="comma-separated parts: library (in-process mode), memory (engine, transport, drain, latency), "
+        "sdks (the drain served by each SDK's worker: Python, TypeScript), "
         "shards (two shards and a router), scaleout (1, 2 and 3 shards, each under the same CPU quota), "
         "sqlite and postgres (durable drains; postgres also failover) (default: all)",
     )
@@ -215,6 +225,8 @@ def main() -> None:
         library.report(args.library_tasks)
     if "memory" in stores:
         memory_figures(args)
+    if "sdks" in stores:
+        sdk_workers.run(args.tasks, args.slots)
     if "shards" in stores:
         sharding.run(args.tasks, args.slots)
     if "scaleout" in stores:
