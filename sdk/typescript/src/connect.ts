@@ -161,17 +161,40 @@ function pem(field: string, value: string | Buffer | undefined): Buffer | null {
   throw new TypeError(`${field}: expected PEM text (a string or a Buffer)`);
 }
 
-/** The `ApiError` for a gRPC status, carrying the call's `cronoq-*` metadata. */
+/** Trailing metadata of a refusal made before the call ran: sending it again cannot run it twice. */
+export const NOT_RECEIVED_KEY = "cronoq-not-received";
+// A message over a size limit, as gRPC words it or as a cronoq server refuses it (the limit's name).
+const TOO_LARGE = /message larger than max|limits\.max_message_bytes/i;
+// How grpc-js fails a call it never sent: the channel could not connect.
+const NOT_CONNECTED = /^No connection established|ECONNREFUSED/;
+
+/**
+ * The `ApiError` for a gRPC status, carrying the call's `cronoq-*` trailing metadata, as the Python SDK
+ * reads it: a server's `cancelled` (its gRPC core ended a call the server had not taken yet, as its
+ * listener closed) is `Unavailable`; a message over a size limit is a `ResourceExhausted` that is not
+ * retryable; a call that provably never ran (refused before admission, never connected, or cancelled
+ * that way) carries `cronoq-not-received: 1`, so that it is safe to send again even without a key.
+ */
 export function statusError(status: { code: number; details: string; metadata?: grpc.Metadata }): ApiError {
   const code = STATUS_CODES[status.code] ?? "unknown";
-  const error =
-    code === "cancelled"
-      ? new Unavailable(`the call was cancelled before it completed (gRPC: ${status.details || code}); retry`)
-      : errorFor(code, status.details);
+  const details = status.details ?? "";
+  let error: ApiError;
+  if (code === "cancelled") {
+    error = new Unavailable(
+      `the server's listener closed before the server took the call (gRPC: ${details || code}); nothing of it ran, retry`,
+    );
+  } else if (code === "resource_exhausted" && TOO_LARGE.test(details)) {
+    error = new ApiError(details, code, false);
+  } else {
+    error = errorFor(code, details);
+  }
   for (const [key, value] of Object.entries(status.metadata?.getMap() ?? {})) {
     if (key.startsWith("cronoq-")) {
       error.metadata[key] = metadataText(value);
     }
+  }
+  if (code === "cancelled" || (code === "unavailable" && NOT_CONNECTED.test(details))) {
+    error.metadata[NOT_RECEIVED_KEY] = "1";
   }
   return error;
 }

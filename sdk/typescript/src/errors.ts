@@ -124,10 +124,11 @@ export class ApiError extends CronoqError {
   readonly retryable: boolean;
   metadata: Record<string, string> = {};
 
-  constructor(message: string, code: StatusCode = "unknown") {
+  /** `retryable` defaults to what the code says; a message over a size limit is no better next time. */
+  constructor(message: string, code: StatusCode = "unknown", retryable?: boolean) {
     super(message ? `${code}: ${message}` : code);
     this.code = code;
-    this.retryable = code === "unavailable" || code === "resource_exhausted";
+    this.retryable = retryable ?? (code === "unavailable" || code === "resource_exhausted");
     this.details = message;
   }
 }

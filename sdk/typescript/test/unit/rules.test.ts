@@ -6,9 +6,11 @@
 import assert from "node:assert/strict";
 import { describe, test } from "node:test";
 
-import { Endpoint, Origin, type Redirect, Redirects, allowedHosts } from "../../src/connect.js";
+import * as grpc from "@grpc/grpc-js";
+
+import { Endpoint, Origin, type Redirect, Redirects, allowedHosts, statusError } from "../../src/connect.js";
 import { decodeJson, decodeText, encode } from "../../src/codec.js";
-import { ApiError, FailedPrecondition, Retryable, errorFor } from "../../src/errors.js";
+import { ApiError, FailedPrecondition, Retryable, Unavailable, errorFor } from "../../src/errors.js";
 import { EdgeCond, MissPolicy, Priority } from "../../src/gen/cronoq/v1/cronoq.js";
 import { task } from "../../src/spec.js";
 import { describe as describeError, reportText } from "../../src/worker.js";
@@ -65,6 +67,24 @@ describe("errors and reports", () => {
     );
     const aborted = errorFor("aborted", "");
     assert.ok(aborted instanceof ApiError && aborted.name === "ApiError" && aborted.code === "aborted" && !aborted.retryable);
+  });
+
+  test("statuses as the Python SDK reads them", () => {
+    const tooLarge = statusError({ code: grpc.status.RESOURCE_EXHAUSTED, details: "Received message larger than max (5 vs. 4)" });
+    assert.deepEqual([tooLarge.code, tooLarge.retryable], ["resource_exhausted", false]);
+    const full = statusError({ code: grpc.status.RESOURCE_EXHAUSTED, details: "pool gpu is full" });
+    assert.deepEqual([full.code, full.retryable], ["resource_exhausted", true]);
+    const cancelled = statusError({ code: grpc.status.CANCELLED, details: "" });
+    assert.ok(cancelled instanceof Unavailable && cancelled.retryable);
+    assert.deepEqual(cancelled.metadata, { "cronoq-not-received": "1" });
+    const refused = statusError({ code: grpc.status.UNAVAILABLE, details: "No connection established. Last error: x" });
+    assert.deepEqual(refused.metadata, { "cronoq-not-received": "1" });
+    const trailers = new grpc.Metadata();
+    trailers.set("cronoq-shard", "b");
+    trailers.set("other", "x");
+    const redirected = statusError({ code: grpc.status.FAILED_PRECONDITION, details: "shard b", metadata: trailers });
+    assert.deepEqual(redirected.metadata, { "cronoq-shard": "b" });
+    assert.deepEqual(statusError({ code: grpc.status.UNAVAILABLE, details: "shutting down" }).metadata, {});
   });
 
   test("how a thrown value is described", () => {
