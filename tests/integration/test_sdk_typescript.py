@@ -17,40 +17,18 @@ import pytest
 from cronoq.client import Client, Lease
 from tests.typescript import sdk_dist
 
-from .helpers import worker
+from .conftest import DEFAULT_CONFIG
+from .helpers import FAST_RETRY, Scalar, toml_table, worker
 from .serverproc import ServerProcess, running_server
 from .tsworker import TsWorker, registered
 
-FAST_RETRY = "retry = { max_attempts = 3, initial_backoff_s = 0.05, multiplier = 1.0, max_backoff_s = 0.05, jitter = false }"
-CONFIG = f"""
-[server]
-shutdown_grace_s = 5
-
-[limits]
-max_message_bytes = 1048576
-
-[[pools]]
-name = "default"
-max = 16
-lease_ttl_s = 1
-{FAST_RETRY}
-
-[[pools]]
-name = "handover"
-max = 8
-{FAST_RETRY}
-
-[[pools]]
-name = "solo"
-max = 4
-lease_ttl_s = 1
-{FAST_RETRY}
-
-[[pools]]
-name = "drain"
-max = 4
-{FAST_RETRY}
-"""
+RETRY: dict[str, Scalar] = {"max_attempts": 3, **FAST_RETRY}
+# The suite's usual server (pool "default": 16 slots, a 1 s lease TTL, 3 attempts 50 ms apart) and a pool
+# for each test that needs a worker of its own.
+CONFIG = DEFAULT_CONFIG + "".join(
+    toml_table("[pools]", name=name, max=max_, lease_ttl_s=ttl, retry=RETRY)
+    for name, max_, ttl in (("handover", 8, None), ("solo", 4, 1), ("drain", 4, None))
+)
 
 
 @pytest.fixture(scope="module")
