@@ -20,7 +20,7 @@ import {
   type WorkerOptions,
   runWorker,
 } from "../../src/node.js";
-import { type ScriptedServer, kindOf, scripted, within } from "./scripted.js";
+import { type ScriptedServer, TIMEOUT_MS, scripted, within } from "./scripted.js";
 
 const servers: ScriptedServer[] = [];
 const stops: AbortController[] = [];
@@ -83,7 +83,7 @@ describe("runWorker against a scripted server", () => {
     const register = await stream.handshake({ slots: 2, ttl: 30, maxBytes: 65536 });
     assert.deepEqual(register, { pool: "p", slots: 3, workerName: "w1", protocolVersion: 3, labels: { gpu: "a100" } });
     assert.equal(stream.batched, true);
-    await within(waitFor(() => w.registrations.length === 1), "the registration");
+    await waitFor(() => w.registrations.length === 1, "the registration");
     assert.deepEqual(
       { ...w.registrations[0] },
       { workerId: 42n, grantedSlots: 2, leaseTtl: 30, serverProtocol: 3, maxMessageBytes: 65536, batched: true, endpoint: s.url, connections: 1 },
@@ -163,7 +163,7 @@ describe("runWorker against a scripted server", () => {
     const stream = await s.accept();
     await stream.handshake({ maxBytes: 4096 });
     stream.send(...Object.keys(outcomes).map((id) => stream.lease(Number(id))));
-    await within(waitFor(() => stream.log.length >= 10), "every outcome");
+    await waitFor(() => stream.log.length >= 10, "every outcome");
     const byLease = new Map(stream.log.slice(1).map((m) => [Number(Object.values(m).find((v) => v)!.lease), m]));
     assert.deepEqual(byLease.get(1)?.complete, { lease: 1n, output: Buffer.from('{"ok":1}'), contentType: "application/json" });
     assert.deepEqual(byLease.get(2)?.fail, { lease: 2n, message: "later", permanent: false, retryAfterS: 2.5 });
@@ -194,7 +194,7 @@ describe("runWorker against a scripted server", () => {
     const stream = await s.accept();
     await stream.handshake({ maxBytes: 4096 });
     stream.send(...Array.from({ length: 20 }, (_, i) => stream.lease(i + 1)));
-    await within(waitFor(() => stream.kinds().filter((k) => k === "complete").length === 20), "20 completions");
+    await waitFor(() => stream.kinds().filter((k) => k === "complete").length === 20, "20 completions");
     const frames = stream.frames.slice(1); // after the one with Register
     assert.ok(frames.every((size) => size <= 4096), `frames: ${frames}`);
     assert.ok(frames.length < 20, `one completion per frame: ${frames}`);
@@ -233,9 +233,9 @@ describe("runWorker against a scripted server", () => {
     const stream = await s.accept();
     await stream.handshake();
     stream.send(stream.lease(1));
-    await within(waitFor(() => started.length === 1), "the handler to start");
+    await waitFor(() => started.length === 1, "the handler to start");
     stream.send({ abort: { lease: 1n, reason: "attempt timed out" } });
-    await within(waitFor(() => reasons.length === 1), "the abort");
+    await waitFor(() => reasons.length === 1, "the abort");
     assert.ok(reasons[0] instanceof LeaseAborted);
     assert.equal((reasons[0] as Error).message, "aborted by the server: attempt timed out");
     stream.send(stream.lease(2));
@@ -250,7 +250,7 @@ describe("runWorker against a scripted server", () => {
     const plain = await s.accept();
     assert.equal(plain.batched, false);
     await plain.handshake();
-    await within(waitFor(() => w.registrations.length === 1), "the registration");
+    await waitFor(() => w.registrations.length === 1, "the registration");
     assert.equal(w.registrations[0]!.batched, false);
     assert.equal(s.batchProbes, 1);
     s.batches = true; // upgraded meanwhile
@@ -320,7 +320,7 @@ describe("runWorker against a scripted server", () => {
     // The shard is down: the worker asks its configured target again, which redirects again.
     home.refusals.push(redirect);
     await (await shard.accept()).handshake();
-    await within(waitFor(() => w.registrations.length === 1), "the registration");
+    await waitFor(() => w.registrations.length === 1, "the registration");
     assert.equal(w.registrations[0]!.endpoint, shard.url);
     assert.deepEqual([home.connects, shard.connects], [2, 2]);
   });
@@ -357,7 +357,7 @@ describe("runWorker against a scripted server", () => {
     const stream = await s.accept();
     await stream.handshake();
     stream.send(stream.lease(1));
-    await within(waitFor(() => started === 1), "the handler to start");
+    await waitFor(() => started === 1, "the handler to start");
     w.stop.abort();
     assert.deepEqual(await stream.next("setSlots"), { slots: 0 });
     stream.send(stream.lease(2)); // sent before the server read SetSlots(0)
@@ -383,7 +383,7 @@ describe("runWorker against a scripted server", () => {
     const stream = await s.accept();
     await stream.handshake();
     stream.send(stream.lease(1));
-    await within(waitFor(() => started === 1), "the handler to start");
+    await waitFor(() => started === 1, "the handler to start");
     w.stop.abort();
     const fail = await stream.next("fail");
     assert.deepEqual(fail, { lease: 1n, message: "the worker stopped; the handler did not finish within 0.05 s", permanent: false, retryAfterS: undefined });
@@ -405,9 +405,9 @@ describe("runWorker against a scripted server", () => {
     const stream = await s.accept();
     await stream.handshake();
     stream.send(stream.lease(1));
-    await within(waitFor(() => started === 1), "the handler to start");
+    await waitFor(() => started === 1, "the handler to start");
     stream.end({ code: grpc.status.UNAVAILABLE, details: "bye" });
-    await within(waitFor(() => reasons.length === 1), "the abort");
+    await waitFor(() => reasons.length === 1, "the abort");
     assert.equal(reasons[0], "the stream to the server ended; the server retries this lease elsewhere");
     await s.accept(); // and it reconnects
   });
@@ -424,7 +424,7 @@ describe("runWorker against a scripted server", () => {
     const s = await server();
     s.refusals.push({ code: grpc.status.UNAVAILABLE });
     const w = start(s.target, done, { backoff: { initial: 60, max: 60 } });
-    await within(waitFor(() => w.delays.length === 1), "the first refusal");
+    await waitFor(() => w.delays.length === 1, "the first refusal");
     w.stop.abort();
     await within(w.done, "runWorker to resolve", 1000);
   });
@@ -446,11 +446,14 @@ describe("runWorker against a scripted server", () => {
   });
 });
 
-/** Resolves once `condition()` holds (polled every 5 ms; callers bound it with `within`). */
-async function waitFor(condition: () => boolean): Promise<void> {
+/** Resolves once `condition()` holds (polled every 5 ms), or rejects naming `what` after TIMEOUT_MS. */
+async function waitFor(condition: () => boolean, what: string): Promise<void> {
+  const deadline = Date.now() + TIMEOUT_MS;
   while (!condition()) {
+    if (Date.now() > deadline) {
+      throw new Error(`timed out waiting for ${what}`);
+    }
     await sleep(5);
   }
 }
 
-export { kindOf };
