@@ -46,7 +46,7 @@ def run(tasks: int, slots: int) -> None:
         python, typescript = worker_us[f"Python {stream}"], worker_us[f"TypeScript {stream}"]
         print(
             f"worker CPU per task over {stream}: Python {python:.0f} us, TypeScript {typescript:.0f} us "
-            f"(TypeScript {python / typescript:.1f}x less)",
+            f"(the TypeScript worker's is {typescript / python:.0%} of the Python worker's)",
             flush=True,
         )
 
