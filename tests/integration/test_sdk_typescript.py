@@ -235,12 +235,12 @@ async def test_stop_sends_set_slots_0_and_lets_running_handlers_finish(
     finish and report, and stops; the queued tasks wait for another worker."""
     with registered(dist, target=server.target, pool="drain", slots=2, drainTimeout=20) as draining:
         async with Client(server.target) as client:
-            running = [await client.submit(payload("sleep", seconds=3), pool="drain") for _ in range(2)]
+            running = [await client.submit(payload("sleep", seconds=4), pool="drain") for _ in range(2)]
             for sub in running:
                 await draining.wait_for("started", taskId=str(sub.id))
             queued = [await client.submit(payload("complete", value="later"), pool="drain") for _ in range(2)]
             draining.proc.send_signal(signal.SIGTERM)
-            for _ in range(200):
+            for _ in range(300):  # the handlers run for 4 s: the drop must come well before
                 if (await client.snapshot()).pool("drain").capacity == 0:
                     break
                 await asyncio.sleep(0.01)
@@ -249,7 +249,7 @@ async def test_stop_sends_set_slots_0_and_lets_running_handlers_finish(
             assert await asyncio.to_thread(draining.proc.wait, 15) == 0
             draining.expect("stopped")
             for sub in running:
-                assert (await client.wait(sub.id, timeout=5)).text() == "slept 3"
+                assert (await client.wait(sub.id, timeout=5)).text() == "slept 4"
             assert [(await client.get(s.id)).status for s in queued] == ["ready", "ready"]
             assert not [e for e in draining.seen("started") if e["taskId"] in {str(s.id) for s in queued}]
 
