@@ -138,3 +138,17 @@ sdk-go-proto: $(STAMP)
 		--go-grpc_out=$(SDK_GO_PROTO_OUT) --go-grpc_opt=module=$(GO_MODULE) \
 		--go-grpc_opt=Mcronoq/v1/cronoq.proto=$(GO_MODULE)/cronoqv1 \
 		proto/cronoq/v1/cronoq.proto
+
+# ---------------------------------------------------------------------- TypeScript SDK (sdk/typescript)
+# `make test` builds it first: npm ci from the committed lockfile, then tsc (tests/typescript.py, which the
+# tests also call, so a test run outside make builds it the same way). Without node 20+ and npm nothing is
+# built, and its tests are skipped saying why. `make sdk-typescript-proto` regenerates its committed stubs
+# from proto/cronoq/v1/cronoq.proto (tests/integration/test_sdk_typescript_unit.py checks they are current).
+.PHONY: sdk-typescript sdk-typescript-proto
+test: sdk-typescript
+sdk-typescript: $(STAMP)
+	@if command -v node >/dev/null && command -v npm >/dev/null; then $(BIN)/python -m tests.typescript; \
+	else echo "node or npm is missing: the TypeScript SDK is not built and its tests will be skipped"; fi
+
+sdk-typescript-proto: $(STAMP)
+	$(BIN)/python -m tests.typescript proto

@@ -15,11 +15,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import functools
 import json
 import os
 import re
-import shutil
 import subprocess
 import tempfile
 import time
@@ -31,7 +29,6 @@ from psycopg.conninfo import conninfo_to_dict
 
 from cronoq.client import Client, task
 from cronoq.engine import compiled
-from tests.integration.gosdk import built_testworker
 from tests.integration.serverproc import ServerProcess, running_server
 
 from . import (
@@ -45,10 +42,10 @@ from . import (
     on_loop,
     postgres_or_skip,
     scaleout,
+    sdk_workers,
     sharding,
 )
 from .cpu import postgres_cpu_s, process_cpu_s, self_cpu_s
-from .sdk_workers import go_worker
 from .worker import start_worker
 
 POOL_CONFIG = """
@@ -226,7 +223,8 @@ def main() -> None:
         "--stores",
         default=",".join(PARTS),
         help="comma-separated parts: library (in-process mode), memory (engine, transport, drain, latency), "
-        "sdks (the drain served by each SDK's worker), shards (two shards and a router), scaleout (1, 2 and 3 shards, each under the same CPU quota), "
+        "sdks (the drain served by each SDK's worker: Python, TypeScript, Go), "
+        "shards (two shards and a router), scaleout (1, 2 and 3 shards, each under the same CPU quota), "
         "sqlite and postgres (durable drains; postgres also failover) (default: all)",
     )
     args = p.parse_args()
@@ -245,7 +243,7 @@ def main() -> None:
     if "memory" in stores:
         memory_figures(args)
     if "sdks" in stores:
-        sdk_figures(args.tasks, args.slots)
+        sdk_workers.run(args.tasks, args.slots)
     if "shards" in stores:
         sharding.run(args.tasks, args.slots)
     if "scaleout" in stores:
@@ -270,33 +268,6 @@ def main() -> None:
                 int(str(conninfo_to_dict(pg.url)["port"])) if pg.local else None,
             )
             failover.report(pg.url, args.failovers)
-
-
-def sdk_figures(tasks: int, slots: int) -> None:
-    """The memory part's drain served by each SDK's worker, with each worker's CPU per task (#26)."""
-    with tempfile.TemporaryDirectory() as tmp, running_server(Path(tmp), POOL_CONFIG) as server:
-        python = on_loop(drain(server, tasks, slots))
-        print(
-            f"SDK workers, the same drain ({tasks:,} no-op tasks, 1 worker process x {slots} slots, batched):\n"
-            f"  Python worker: {python['tasks_per_s']:,.0f} tasks/s, worker CPU {python['worker_us']:.1f} us per task\n"
-            f"{cpu_figures(python)}",
-            flush=True,
-        )
-        if shutil.which("go") is None:
-            print(
-                "  Go worker: skipped (go is not installed; `make sdk-go` installs it as root where apt-get exists)"
-            )
-            return
-        built_testworker()  # compiling is not the drain's cost
-        for procs in (None, 1):
-            go = on_loop(drain(server, tasks, slots, launch=functools.partial(go_worker, procs=procs)))
-            how = "" if procs is None else " with GOMAXPROCS=1"
-            print(
-                f"  Go worker{how}: {go['tasks_per_s']:,.0f} tasks/s, worker CPU {go['worker_us']:.1f} us per "
-                f"task, {python['worker_us'] / go['worker_us']:.1f}x less than the Python worker's\n"
-                f"{cpu_figures(go)}",
-                flush=True,
-            )
 
 
 def memory_figures(args: argparse.Namespace) -> None:

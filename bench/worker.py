@@ -10,6 +10,7 @@ import json
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 
 from cronoq.client import Lease, Worker
 
@@ -49,16 +50,24 @@ async def main() -> None:
     sys.exit(0)
 
 
+PYTHON_WORKER = (sys.executable, "-m", "bench.worker")
+
+
 def start_worker(
-    target: str, expect: int, slots: int, pool: str = "default", *, plain: bool = False
+    target: str,
+    expect: int,
+    slots: int,
+    pool: str = "default",
+    *,
+    plain: bool = False,
+    command: Sequence[str] = PYTHON_WORKER,
 ) -> subprocess.Popen[str]:
     """A bench worker process, registered; ``plain``: on Workers.Work (as a worker without the batched
-    extension, such as the reference's, would be)."""
+    extension, such as the reference's, would be). ``command`` runs another SDK's bench worker that
+    takes the same options and prints the same JSON lines (``bench.sdk_workers``)."""
     return registered_worker(
         [
-            sys.executable,
-            "-m",
-            "bench.worker",
+            *command,
             "--target",
             target,
             "--pool",
