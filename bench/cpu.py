@@ -24,17 +24,22 @@ def postgres_cpu_s(port: int) -> float:
     postmaster (including the backends that exited and were waited for) and the processes it runs
     now (backends, WAL writer, checkpointer...). The database's share of a drain. Only that server's:
     other agents' Postgres servers on a shared machine are left out. 0 when no local postmaster
-    listens there (``DATABASE_URL`` pointing elsewhere)."""
+    listens there (``DATABASE_URL`` pointing elsewhere).
+
+    The postmaster is the process holding the TCP socket that listens on ``port``, not one whose
+    command line says ``-p port``: a server without a TCP listener, or one in another network
+    namespace, may say the same port."""
+    sockets = {f"socket:[{inode}]" for inode in listening_inodes(port)}
     stats: dict[int, tuple[int, list[str]]] = {}  # pid -> (parent pid, the fields after the name)
     postmaster = None
     for stat in Path("/proc").glob("[0-9]*/stat"):
         try:
             text = stat.read_text()
-            if postmaster is None and text.rpartition(")")[0].endswith("(postgres"):
-                args = (stat.parent / "cmdline").read_bytes().split(b"\0")
-                if b"-p" in args and args[args.index(b"-p") + 1 :][:1] == [str(port).encode()]:
+            if postmaster is None and sockets and text.rpartition(")")[0].endswith("(postgres"):
+                fds = stat.parent / "fd"
+                if any(os.readlink(fd) in sockets for fd in fds.iterdir()):
                     postmaster = int(stat.parent.name)
-        except (OSError, IndexError):  # exited meanwhile
+        except OSError:  # exited meanwhile
             continue
         fields = text.rpartition(")")[2].split()
         stats[int(stat.parent.name)] = (int(fields[1]), fields)
@@ -45,6 +50,21 @@ def postgres_cpu_s(port: int) -> float:
         if pid == postmaster or parent == postmaster:
             total += sum(int(f) for f in fields[11:15])  # utime, stime, cutime, cstime
     return total / os.sysconf("SC_CLK_TCK")
+
+
+def listening_inodes(port: int) -> set[str]:
+    """The inodes of the TCP sockets listening on ``port`` in this network namespace (/proc/net)."""
+    inodes = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            lines = Path(table).read_text().splitlines()[1:]
+        except OSError:
+            continue
+        for line in lines:
+            fields = line.split()
+            if fields[3] == "0A" and int(fields[1].rpartition(":")[2], 16) == port:  # 0A: LISTEN
+                inodes.add(fields[9])
+    return inodes
 
 
 def processes_cpu_s(pids: list[int]) -> float:

@@ -4,11 +4,14 @@ nanosecond."""
 
 from __future__ import annotations
 
+import os
+import socket
+
 import psycopg
 import pytest
 from psycopg.conninfo import conninfo_to_dict
 
-from bench.cpu import postgres_cpu_s, processes_cpu_s
+from bench.cpu import listening_inodes, postgres_cpu_s, processes_cpu_s
 from tests.ports import free_ports
 from tests.postgres import PostgresServer, server_programs, throwaway_postgres
 
@@ -45,6 +48,20 @@ def test_counts_only_the_server_on_that_port(postgres_server: PostgresServer) ->
 def test_no_local_server_on_the_port_counts_nothing() -> None:
     [port] = free_ports(1)
     assert postgres_cpu_s(port) == 0.0
+
+
+def test_the_postmaster_is_found_by_its_listening_socket() -> None:
+    """Not by a ``-p`` on a command line, which a server with no TCP listener (or in another network
+    namespace: other agents' clusters on this machine) may share: a socket listening on the port is
+    what names it, and only while it listens."""
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        port = listener.getsockname()[1]
+        assert listening_inodes(port) == set()  # bound, not listening
+        listener.listen()
+        inode = str(os.stat(f"/proc/self/fd/{listener.fileno()}").st_ino)
+        assert listening_inodes(port) == {inode}
+    assert listening_inodes(port) == set()
 
 
 def test_a_backends_cpu_is_counted_to_the_nanosecond(postgres_server: PostgresServer) -> None:
