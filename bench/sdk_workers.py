@@ -38,10 +38,12 @@ def go_worker(
     plain: bool = False,
     procs: int | None = None,
     binary: Callable[[], Path] = built_testworker,
+    flags: tuple[str, ...] = (),
 ) -> subprocess.Popen[str]:
     """The Go SDK's worker for a drain, registered, as :func:`bench.worker.start_worker` starts the
     Python one: its last line is the same summary. ``procs`` sets its GOMAXPROCS (default: the cores).
-    ``binary`` gives another SDK's test worker taking the same flags (the Rust one)."""
+    ``binary`` gives another SDK's test worker taking the same flags (the Rust one), ``flags`` more of
+    its own."""
     command = [
         str(binary()),
         "-target",
@@ -53,7 +55,7 @@ def go_worker(
         str(expect),
     ]
     return registered_worker(
-        [*command, *(["-no-batches"] if plain else [])],
+        [*command, *flags, *(["-no-batches"] if plain else [])],
         env=None if procs is None else {**os.environ, "GOMAXPROCS": str(procs)},
     )
 
@@ -84,6 +86,14 @@ def workers() -> tuple[list[tuple[str, Callable[[bool], Launch]]], list[str]]:
         release = functools.partial(rustsdk.built_testworker, release=True)
         release()
         found.append(("Rust", lambda plain: functools.partial(go_worker, plain=plain, binary=release)))
+        found.append(
+            (
+                "Rust (one thread)",
+                lambda plain: functools.partial(
+                    go_worker, plain=plain, binary=release, flags=("-threads", "1")
+                ),
+            )
+        )
     else:
         skipped.append(f"Rust SDK worker: skipped ({reason})")
     return found, skipped

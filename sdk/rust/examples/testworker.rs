@@ -11,6 +11,7 @@
 //!   {"do": "sleep", "seconds": 30}               waits that long, or until lease.cancel
 //!   {"do": "sleep", "seconds": 30, "first": 1}   the same on attempt 1 only; later ones complete
 //!
+//! -threads N runs it on N tokio threads (1: the current-thread runtime; 0, the default: one per core).
 //! With -reject every handler rejects its lease; with -noop every handler returns at once without
 //! reading its payload. -noop -expect N is the benchmark's worker: after N tasks it drains, exits, and
 //! prints the CPU it spent from its registration to its last task, as bench/worker.py does.
@@ -52,9 +53,33 @@ fn parse_duration(text: &str) -> Duration {
     })
 }
 
-#[tokio::main]
-async fn main() {
-    let mut args = std::env::args().skip(1);
+/// `-threads N` picks tokio's runtime: 1 is the current-thread one, where the handlers that finish
+/// together all run before the writer takes the next frame; otherwise a multi-threaded one with N worker
+/// threads (0, the default: one per core).
+fn main() {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let threads = args
+        .iter()
+        .position(|a| a == "-threads")
+        .map(|i| {
+            args.get(i + 1)
+                .and_then(|n| n.parse::<usize>().ok())
+                .expect("-threads N")
+        })
+        .unwrap_or(0);
+    let runtime = match threads {
+        1 => tokio::runtime::Builder::new_current_thread().enable_all().build(),
+        0 => tokio::runtime::Builder::new_multi_thread().enable_all().build(),
+        n => tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(n)
+            .enable_all()
+            .build(),
+    };
+    runtime.expect("the tokio runtime").block_on(serve(args));
+}
+
+async fn serve(args: Vec<String>) {
+    let mut args = args.into_iter();
     let (mut target, mut pool, mut slots) = (String::new(), "default".to_string(), 1);
     let (mut name, mut drain, mut insecure, mut batches) = (String::new(), None, false, true);
     let (mut ca, mut cert, mut key, mut labels) = (None, None, None, String::new());
@@ -77,6 +102,7 @@ async fn main() {
             "-noop" => noop = true,
             "-reject" => reject = true,
             "-expect" => expect = value().parse().expect("-expect"),
+            "-threads" => drop(value()), // read by main
             other => panic!("unknown flag {other}"),
         }
     }
