@@ -27,3 +27,12 @@ async def test_the_crates_unit_tests_pass() -> None:
 async def test_the_generated_messages_are_current(tmp_path: Path) -> None:
     generate(tmp_path)
     assert (tmp_path / GENERATED.name).read_text() == GENERATED.read_text(), "run `make sdk-rust-proto`"
+
+
+async def test_without_cargo_the_tests_are_skipped_saying_why(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setenv("PATH", str(tmp_path))  # no cargo on it, nor in ~/.cargo/bin
+    monkeypatch.setenv("HOME", str(tmp_path))
+    with pytest.raises(pytest.skip.Exception, match="cargo is not installed"):
+        built_testworker.__wrapped__()  # not the session's cached build
