@@ -143,6 +143,21 @@ async def test_reject_hands_the_lease_to_another_worker(
     assert [r.text() for r in results] == ["attempt 1"] * 8  # handed over within the same attempt
 
 
+async def test_labels_route_tasks_to_the_workers_that_have_them(
+    sdk: Sdk, shared: ServerProcess, client: Client
+) -> None:
+    with (
+        sdk.worker(shared.target, "-labels", "gpu=a100", "-name", "gpu", pool="other", slots=2) as gpu,
+        sdk.worker(shared.target, "-name", "plain", pool="other", slots=2) as plain,
+    ):
+        subs = [await client.submit(do("complete"), pool="other", labels={"gpu": "a100"}) for _ in range(4)]
+        for sub in subs:
+            assert (await client.wait(sub.id, timeout=10)).status == "succeeded"
+        ids = {sub.id for sub in subs}
+        assert {e["task"] for e in gpu.all_events() if e["event"] == "start"} == ids
+        assert not ids & {e.get("task") for e in plain.all_events()}
+
+
 async def test_abort_on_timeout_ends_the_handlers_context(
     sdk: Sdk, sdk_worker: GoWorker, client: Client
 ) -> None:
@@ -261,7 +276,9 @@ CLIENT_TOKEN = "client-token-0123456789abcdef"
 TOKENS = token(WORKER_TOKEN, "worker") + token(CLIENT_TOKEN, "client")
 
 
-async def test_a_refused_token_ends_run_worker_with_the_error(sdk: Sdk, tmp_path: Path) -> None:
+async def test_a_refused_token_or_an_unknown_pool_ends_run_worker_with_the_error(
+    sdk: Sdk, tmp_path: Path
+) -> None:
     with running_server(tmp_path, TOKENS + DEFAULT_CONFIG) as server:
         with sdk.worker(server.target, token="not-" + WORKER_TOKEN, registered=False) as refused:
             exit_event = refused.expect("exit", timeout=20)
@@ -271,6 +288,9 @@ async def test_a_refused_token_ends_run_worker_with_the_error(sdk: Sdk, tmp_path
             assert wrong_role.expect("exit", timeout=20)["code"] == "PermissionDenied"
         with sdk.worker(server.target, token=WORKER_TOKEN) as accepted:
             assert accepted.registration["slots"] == 1
+        with sdk.worker(server.target, pool="nope", token=WORKER_TOKEN, registered=False) as unknown_pool:
+            exit_event = unknown_pool.expect("exit", timeout=20)
+        assert exit_event["code"] == "NotFound" and "unknown pool 'nope'" in exit_event["error"]
 
 
 async def test_tls_and_mtls(sdk: Sdk, tmp_path: Path) -> None:
