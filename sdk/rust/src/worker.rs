@@ -1042,26 +1042,8 @@ async fn write(
                 }
             }
         }
-        let mut buffer = BytesMut::new();
-        if batched {
-            let limit = shared.state.lock().unwrap().max_message_bytes;
-            let mut messages = queued.drain(..).peekable();
-            while messages.peek().is_some() {
-                let mut batch = pb::WorkerBatch::default();
-                let mut size = 0;
-                while let Some(m) = messages
-                    .next_if(|m| batch.messages.is_empty() || size + m.encoded_len() + FRAMING_BYTES <= limit)
-                {
-                    size += m.encoded_len() + FRAMING_BYTES;
-                    batch.messages.push(m);
-                }
-                grpc::frame(&batch, &mut buffer);
-            }
-        } else {
-            for m in queued.drain(..) {
-                grpc::frame(&m, &mut buffer);
-            }
-        }
+        let limit = batched.then(|| shared.state.lock().unwrap().max_message_bytes);
+        let buffer = encode(queued.drain(..), limit);
         if !buffer.is_empty() && sender.send_data(buffer.freeze()).await.is_err() {
             return; // the reader sees why the stream ended
         }
@@ -1069,6 +1051,33 @@ async fn write(
             return; // dropping the sender ends the request stream
         }
     }
+}
+
+/// The gRPC messages carrying `messages`: one each on Workers.Work (`limit` None), or on
+/// BatchedWorkers.Work as few frames as fit within `limit` bytes, counting each message's size plus its
+/// tag and length (a message larger than the limit on its own goes alone).
+fn encode(messages: impl Iterator<Item = pb::WorkerMessage>, limit: Option<usize>) -> BytesMut {
+    let mut buffer = BytesMut::new();
+    let limit = match limit {
+        Some(limit) => limit,
+        None => {
+            messages.for_each(|m| grpc::frame(&m, &mut buffer));
+            return buffer;
+        }
+    };
+    let mut messages = messages.peekable();
+    while messages.peek().is_some() {
+        let mut batch = pb::WorkerBatch::default();
+        let mut size = 0;
+        while let Some(m) =
+            messages.next_if(|m| batch.messages.is_empty() || size + m.encoded_len() + FRAMING_BYTES <= limit)
+        {
+            size += m.encoded_len() + FRAMING_BYTES;
+            batch.messages.push(m);
+        }
+        grpc::frame(&batch, &mut buffer);
+    }
+    buffer
 }
 
 /// Yields to the tasks ready to run, so that the reports of handlers finishing together leave in one
@@ -1124,6 +1133,35 @@ mod tests {
             small.len() <= 100 && small.ends_with("(cut: 500 characters)"),
             "{small}"
         );
+    }
+
+    #[test]
+    fn batched_frames_stay_within_the_limit() {
+        let complete = |lease: u64, bytes: usize| pb::WorkerMessage {
+            msg: Some(WorkerMsg::Complete(pb::Complete {
+                lease,
+                output: vec![b'x'; bytes],
+                content_type: String::new(),
+            })),
+        };
+        let messages: Vec<_> = (1..=10)
+            .map(|i| complete(i, 100))
+            .chain([complete(11, 5000)])
+            .collect();
+        let limit = 4 * (messages[0].encoded_len() + FRAMING_BYTES);
+        let mut wire = encode(messages.clone().into_iter(), Some(limit));
+        let mut frames = Vec::new();
+        while !wire.is_empty() {
+            let length = u32::from_be_bytes([wire[1], wire[2], wire[3], wire[4]]) as usize;
+            let frame = wire.split_to(5 + length).split_off(5);
+            frames.push(pb::WorkerBatch::decode(frame.freeze()).unwrap().messages);
+        }
+        let sizes: Vec<usize> = frames.iter().map(Vec::len).collect();
+        assert_eq!(sizes, [4, 4, 2, 1]); // the large one alone
+        assert_eq!(frames.concat(), messages); // all of them, in order
+        let plain = encode(messages.clone().into_iter(), None);
+        let expected: usize = messages.iter().map(|m| 5 + m.encoded_len()).sum();
+        assert_eq!(plain.len(), expected); // one gRPC message each
     }
 
     #[test]
