@@ -11,6 +11,7 @@
 //!   {"do": "sleep", "seconds": 30}               waits that long, or until lease.cancel
 //!   {"do": "sleep", "seconds": 30, "first": 1}   the same on attempt 1 only; later ones complete
 //!
+//! -backoff D is its initial reconnect backoff (default 50ms).
 //! -threads N runs it on N tokio threads (1: the current-thread runtime; 0, the default: one per core).
 //! With -reject every handler rejects its lease; with -noop every handler returns at once without
 //! reading its payload. -noop -expect N is the benchmark's worker: after N tasks it drains, exits, and
@@ -84,6 +85,7 @@ async fn serve(args: Vec<String>) {
     let (mut name, mut drain, mut insecure, mut batches) = (String::new(), None, false, true);
     let (mut ca, mut cert, mut key, mut labels) = (None, None, None, String::new());
     let (mut noop, mut reject, mut expect, mut domain) = (false, false, 0i64, None);
+    let mut backoff = Duration::from_millis(50);
     while let Some(flag) = args.next() {
         let mut value = || args.next().unwrap_or_else(|| panic!("{flag} needs a value"));
         match flag.as_str() {
@@ -103,6 +105,7 @@ async fn serve(args: Vec<String>) {
             "-reject" => reject = true,
             "-expect" => expect = value().parse().expect("-expect"),
             "-threads" => drop(value()), // read by main
+            "-backoff" => backoff = parse_duration(&value()),
             other => panic!("unknown flag {other}"),
         }
     }
@@ -111,7 +114,7 @@ async fn serve(args: Vec<String>) {
         .name(name)
         .insecure_redirect_http(insecure)
         .batches(batches)
-        .backoff(Duration::from_millis(50), Duration::from_secs(1));
+        .backoff(backoff, backoff.max(Duration::from_secs(1)));
     if let Ok(token) = std::env::var("CRONOQ_TOKEN") {
         if !token.is_empty() {
             opts = opts.token(token); // not a flag: it would show in ps
