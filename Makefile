@@ -152,3 +152,29 @@ sdk-typescript: $(STAMP)
 
 sdk-typescript-proto: $(STAMP)
 	$(BIN)/python -m tests.typescript proto
+
+# ---------------------------------------------------------------------------- Rust SDK (sdk/rust, docs/sdk-rust.md)
+# There is no crates.io here: Debian packages the crates the SDK builds against (librust-*-dev, under
+# /usr/share/cargo/registry), installed where they are missing, apt-get exists and we are root, with Debian's
+# cargo where none is found (rustup's ~/.cargo/bin/cargo counts). tests/integration/rustsdk.py points cargo at
+# that directory in place of crates.io (--config), builds the test worker (here, and in the tests, once per
+# session) and skips the Rust tests, saying why, where cargo or the crates are missing. `make sdk-rust-proto`
+# regenerates sdk/rust/src/gen with prost-build (tests/integration/test_rust_worker.py checks it is current).
+RUST_DEBS := librust-bytes-dev librust-futures-util-dev librust-http-dev librust-hyper-dev librust-prost-dev \
+	librust-prost-derive-dev librust-prost-build-dev librust-rustls-dev librust-rustls-native-certs-dev \
+	librust-rustls-pemfile-dev librust-tokio-dev librust-tokio-rustls-dev librust-tokio-util-dev librust-serde-json-dev
+RUST_CARGO := $(shell command -v cargo || ls $(HOME)/.cargo/bin/cargo 2>/dev/null)
+
+.PHONY: sdk-rust sdk-rust-proto
+test: sdk-rust
+bench: sdk-rust
+sdk-rust: $(STAMP)
+	@if command -v dpkg >/dev/null && dpkg -s $(RUST_DEBS) >/dev/null 2>&1 && [ -n "$(RUST_CARGO)" ]; then :; \
+	elif command -v apt-get >/dev/null && [ "$$(id -u)" = 0 ]; then \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+			$(RUST_DEBS) $(if $(RUST_CARGO),,cargo); \
+	else echo "the Rust crates (or cargo) are missing and apt-get cannot install them here (not root, or no apt-get)"; fi
+	$(BIN)/python -m tests.integration.rustsdk
+
+sdk-rust-proto: $(STAMP)
+	$(BIN)/python -m tests.integration.rustsdk proto

@@ -1,11 +1,12 @@
 """``python -m bench.sdk_workers`` (and the ``sdks`` part of ``make bench``): the drain of the memory
 part, 20,000 no-op tasks submitted in batches of 1,000 and served by one worker process with 64 slots, by
-each SDK's worker (Python, TypeScript, Go), over the BatchedWorkers extension and over plain
+each SDK's worker (Python, TypeScript, Go, Rust), over the BatchedWorkers extension and over plain
 Workers.Work, with the CPU per task of each process (issue #26). The worker's CPU per task is the figure
 that differs: the server's work is the same whoever serves the pool. The TypeScript worker is
-sdk/typescript's bench/worker.js, the Go worker sdk/go/internal/testworker with ``-noop -expect``, each
-built before its drains (building is not a drain's cost); where node or go is missing, its lines say it
-was skipped and why."""
+sdk/typescript's bench/worker.js, the Go worker sdk/go/internal/testworker with ``-noop -expect``, the Rust
+worker sdk/rust/examples/testworker.rs (a release build) with the same flags, each built before its
+drains (building is not a drain's cost); where node, go or cargo is missing, its lines say it was
+skipped and why."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
+from tests.integration import rustsdk
 from tests.integration.gosdk import built_testworker
 from tests.integration.serverproc import running_server
 from tests.typescript import build, missing_toolchain
@@ -29,12 +31,21 @@ Launch = Callable[[str, int, int], subprocess.Popen[str]]  # (target, tasks, slo
 
 
 def go_worker(
-    target: str, expect: int, slots: int, *, plain: bool = False, procs: int | None = None
+    target: str,
+    expect: int,
+    slots: int,
+    *,
+    plain: bool = False,
+    procs: int | None = None,
+    binary: Callable[[], Path] = built_testworker,
+    flags: tuple[str, ...] = (),
 ) -> subprocess.Popen[str]:
     """The Go SDK's worker for a drain, registered, as :func:`bench.worker.start_worker` starts the
-    Python one: its last line is the same summary. ``procs`` sets its GOMAXPROCS (default: the cores)."""
+    Python one: its last line is the same summary. ``procs`` sets its GOMAXPROCS (default: the cores).
+    ``binary`` gives another SDK's test worker taking the same flags (the Rust one), ``flags`` more of
+    its own."""
     command = [
-        str(built_testworker()),
+        str(binary()),
         "-target",
         target,
         "-slots",
@@ -44,7 +55,7 @@ def go_worker(
         str(expect),
     ]
     return registered_worker(
-        [*command, *(["-no-batches"] if plain else [])],
+        [*command, *flags, *(["-no-batches"] if plain else [])],
         env=None if procs is None else {**os.environ, "GOMAXPROCS": str(procs)},
     )
 
@@ -70,6 +81,21 @@ def workers() -> tuple[list[tuple[str, Callable[[bool], Launch]]], list[str]]:
         built_testworker()
         found.append(("Go", lambda plain: functools.partial(go_worker, plain=plain)))
         found.append(("Go (GOMAXPROCS=1)", lambda plain: functools.partial(go_worker, plain=plain, procs=1)))
+    reason = rustsdk.missing_toolchain()
+    if reason is None:
+        release = functools.partial(rustsdk.built_testworker, release=True)
+        release()
+        found.append(("Rust", lambda plain: functools.partial(go_worker, plain=plain, binary=release)))
+        found.append(
+            (
+                "Rust (one thread)",
+                lambda plain: functools.partial(
+                    go_worker, plain=plain, binary=release, flags=("-threads", "1")
+                ),
+            )
+        )
+    else:
+        skipped.append(f"Rust SDK worker: skipped ({reason})")
     return found, skipped
 
 

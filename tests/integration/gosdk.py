@@ -20,7 +20,7 @@ import threading
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
 import pytest
 
@@ -78,7 +78,12 @@ def built_testworker() -> Path:
 
 class GoWorker:
     """The Go test worker in its own process. Its JSON lines arrive in ``events`` (each with ``t``, the
-    monotonic time it was read); :meth:`expect` waits for the next one of a kind."""
+    monotonic time it was read); :meth:`expect` waits for the next one of a kind. Another SDK's test
+    worker taking the same flags and printing the same lines overrides :meth:`binary`."""
+
+    def binary(self) -> Path:
+        """The test worker's executable, built on first use."""
+        return built_testworker()
 
     def __init__(
         self,
@@ -90,7 +95,7 @@ class GoWorker:
         registered: bool = True,
     ) -> None:
         env = {**os.environ, "CRONOQ_TOKEN": token or ""}
-        command = [str(built_testworker()), "-target", target, "-pool", pool, "-slots", str(slots), *args]
+        command = [str(self.binary()), "-target", target, "-pool", pool, "-slots", str(slots), *args]
         self.proc = subprocess.Popen(
             command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, text=True
         )
@@ -123,7 +128,7 @@ class GoWorker:
                 event = self.events.get(timeout=max(deadline - time.monotonic(), 0))
             except queue.Empty:
                 raise TimeoutError(
-                    f"no {kind} event {match} from the Go worker within {timeout} s; seen {self.seen}; "
+                    f"no {kind} event {match} from the {type(self).__name__} within {timeout} s; seen {self.seen}; "
                     f"stderr {''.join(self.stderr)[-3000:]}"
                 ) from None
             self.seen.append(event)
@@ -151,7 +156,7 @@ class GoWorker:
             self.proc.kill()
         self.proc.wait(10)
 
-    def __enter__(self) -> GoWorker:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc: object) -> None:
