@@ -227,7 +227,9 @@ class History:
                 self.task(int(request["task"])).seen.append(call)
             elif call["op"] == "cancel" and call["ok"]:
                 self.task(int(request["task"])).cancels.append(call)
-        for lease in sorted(leases, key=lambda lease: lease.t):
+        # In the order the server leased them: by attempt. A worker's own times can be out of that
+        # order: one paused while leases reached it records them when it resumes.
+        for lease in sorted(leases, key=lambda lease: (lease.attempt, lease.t)):
             task = self.task(lease.task)
             task.leases.append(lease)
             if task.spec is None and lease.uid in self.by_uid:
@@ -286,7 +288,8 @@ class History:
         self, start: float, end: float, worker: str | None, shard: str | None, slack: float
     ) -> Window | None:
         """A fault that hit ``worker`` or ``shard``'s servers or store between ``start`` and ``end``
-        (its effects lasting ``slack`` past its heal)."""
+        (its effects lasting ``slack`` past its heal; the two times in either order)."""
+        start, end = min(start, end), max(start, end)
         for window in self.windows:
             hits = (worker is not None and window.process == worker) or (
                 shard is not None and shard in window.shards and window.kind not in ROUTER_KINDS
@@ -449,7 +452,11 @@ def _outcome(history: History, task: Task, takeovers: list[tuple[float, float, s
             )
         ]
     found: list[Violation] = []
-    later = [other for other in task.leases if lease.t < other.t < lease.reported]
+    later = [
+        other
+        for other in task.leases
+        if (other.attempt, other.t) > (lease.attempt, lease.t) and other.t < lease.reported
+    ]
     if later:
         other = later[0]
         found.append(
@@ -524,12 +531,13 @@ def _spec_rules(history: History, task: Task) -> list[Violation]:
             found.append(Violation("attempts", task.id, f"attempt {lease.attempt} ran; it allows {limit}"))
             break
     start_at = spec.get("start_at")
-    if start_at is not None and task.leases and task.leases[0].t < float(start_at):
+    first = min((lease.t for lease in task.leases), default=None)
+    if start_at is not None and first is not None and first < float(start_at):
         found.append(
             Violation(
                 "fixed-start",
                 task.id,
-                f"leased at {task.leases[0].t:.3f}, before its start at {start_at:.3f}",
+                f"leased at {first:.3f}, before its start at {start_at:.3f}",
             )
         )
     for ref, cond in spec.get("deps", []):
@@ -570,13 +578,14 @@ def _dependency(history: History, task: Task, parent: Task, ref: int | str, cond
         return found
     ident = history.accepted(parent)
     lease = history.leases.get(identity_key(ident)) if ident else None
-    decided = lease.reported if lease is not None else (parent.leases[-1].t if parent.leases else None)
-    if decided is not None and task.leases and task.leases[0].t < decided:
+    decided = lease.reported if lease is not None else max((other.t for other in parent.leases), default=None)
+    first = min((other.t for other in task.leases), default=None)
+    if decided is not None and first is not None and first < decided:
         return [
             Violation(
                 "dependency",
                 task.id,
-                f"leased at {task.leases[0].t:.3f}, before {name} was decided at {decided:.3f}",
+                f"leased at {first:.3f}, before {name} was decided at {decided:.3f}",
             )
         ]
     return []
@@ -697,7 +706,7 @@ def recoveries(history: History) -> dict[str, list[float | None]]:
             continue
         fresh = [c for c in task.submits if not c["answer"]["duplicate"]]
         if fresh:
-            plain[spec["pool"]].append((fresh[0]["t0"], task.leases[0].t))
+            plain[spec["pool"]].append((fresh[0]["t0"], min(lease.t for lease in task.leases)))
     for pool, pairs in plain.items():
         pairs.sort()
         suffix = [p[1] for p in pairs]

@@ -1,9 +1,8 @@
 """The chaos run's worker program: the Python SDK's ``Worker`` with a handler that writes the history.
 
-It replaces the example worker (``compose/worker.py``) in the run's topology and reads the same
-environment (``CRONOQ_TARGET``, ``CRONOQ_TOKEN``, ``CRONOQ_POOL``, ``CRONOQ_SLOTS``,
-``CRONOQ_WORKER_NAME``, ``CRONOQ_INSECURE_REDIRECT_HTTP``), plus ``CHAOS_HISTORY``, the file its
-records go to. The worker runs with the SDK's defaults (keepalives, backoff, redirects), as users run it.
+It replaces the example worker (``compose/worker.py``) in the run's topology and runs as it does, from
+the same environment (its ``from_env`` and ``serve``), plus ``CHAOS_HISTORY``, the file its records go
+to: the SDK's defaults (keepalives, backoff, redirects), as users run it.
 
 For each lease the handler writes a ``lease`` record when it begins and a ``report`` record before it
 returns or raises, so the report's time is no later than the server received it. The payload (JSON,
@@ -25,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import cronoq
+from compose.worker import from_env, serve
 from cronoq.client import Lease, Worker
 
 from .history import HistoryWriter, failure_message, identity
@@ -72,28 +72,9 @@ class ChaosHandler:
 async def main() -> None:
     name = os.environ.get("CRONOQ_WORKER_NAME") or socket.gethostname()
     handler = ChaosHandler(HistoryWriter(Path(os.environ["CHAOS_HISTORY"])), name)
-    worker = Worker(
-        os.environ.get("CRONOQ_TARGET", "127.0.0.1:7070"),
-        os.environ.get("CRONOQ_POOL", "default"),
-        handler,
-        slots=int(os.environ.get("CRONOQ_SLOTS", "4")),
-        token=os.environ.get("CRONOQ_TOKEN") or None,
-        name=name,
-        insecure_redirect_http=os.environ.get("CRONOQ_INSECURE_REDIRECT_HTTP") == "1",
-    )
-    handler.worker = worker
-    loop = asyncio.get_running_loop()
-    loop.add_signal_handler(signal.SIGUSR1, handler.hang_next)
-    stop = asyncio.Event()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
-    running = asyncio.create_task(worker.run())
-    stopping = asyncio.create_task(stop.wait())
-    await asyncio.wait({running, stopping}, return_when=asyncio.FIRST_COMPLETED)
-    if not running.done():
-        await worker.stop(grace=1)
-    stopping.cancel()
-    await running
+    handler.worker = worker = from_env(handler, name)
+    asyncio.get_running_loop().add_signal_handler(signal.SIGUSR1, handler.hang_next)
+    await serve(worker)
 
 
 if __name__ == "__main__":

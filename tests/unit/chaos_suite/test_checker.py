@@ -200,6 +200,27 @@ def test_a_fault_on_another_worker_or_the_router_explains_no_rerun() -> None:
     assert rules(story) == ["rerun"]
 
 
+def test_leases_are_judged_in_attempt_order_not_in_the_order_a_paused_worker_wrote_them() -> None:
+    """A worker paused with a lease on it records the lease when it resumes, after the attempts that
+    ran elsewhere meanwhile: the second attempt is still what follows the first."""
+    story = Story()
+    story.submit(1, A1)
+    story.fault(1.5, 1, "pause-worker", "w2", heal=20)
+    story.lease(20, A1, 1, worker="w2", outcome="aborted", reported=20.01)  # dispatched at 2, seen at 20
+    ident = story.lease(7, A1, 2, worker="w1")
+    story.final(100, A1, output=ident)
+    found = verdict(story)
+    assert found.violations == [] and found.stats["run_twice"] == 1
+    # and an outcome of the paused attempt, had it been accepted, came after the second one began
+    stale = Story()
+    stale.submit(1, A1)
+    stale.fault(1.5, 1, "pause-worker", "w2", heal=20)
+    first = stale.lease(20, A1, 1, worker="w2", reported=20.5)
+    stale.lease(7, A1, 2, worker="w1")
+    stale.final(100, A1, output=first)
+    assert rules(stale) == ["stale-attempt"]
+
+
 def test_a_rerun_after_a_hung_handler_is_explained_by_the_hang() -> None:
     story = Story()
     story.submit(1, A1)
