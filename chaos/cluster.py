@@ -25,6 +25,7 @@ import contextlib
 import os
 import re
 import signal
+import sqlite3
 import subprocess
 import sys
 import time
@@ -90,10 +91,17 @@ class Disk:
     mount: Path | None
     why_not: str = ""
     filler: Path | None = None
+    reader: sqlite3.Connection | None = None
 
     def fill(self, leave: int) -> None:
-        """Fill the file system but for ``leave`` bytes."""
+        """Fill the file system but for ``leave`` bytes, while a reader holds a snapshot of the store, as
+        an online backup (``sqlite3 .backup``, which operations.md recommends) does: the WAL cannot start
+        over while it reads, so the server's next commits must grow it. Without the reader a WAL that
+        already grew to its checkpoint size is written over in place, and a full disk would never bite."""
         assert self.mount is not None
+        self.reader = sqlite3.connect(self.mount / "disk.db", timeout=5, isolation_level=None)
+        self.reader.execute("BEGIN")
+        self.reader.execute("SELECT count(*) FROM cronoq_tasks").fetchone()
         self.filler = self.mount / "filler"
         stats = os.statvfs(self.mount)
         size = max(stats.f_bavail * stats.f_frsize - leave, 0)
@@ -107,6 +115,9 @@ class Disk:
     def free(self) -> None:
         if self.filler is not None:
             self.filler.unlink(missing_ok=True)
+        if self.reader is not None:
+            self.reader.close()
+            self.reader = None
 
 
 @dataclass(slots=True)
@@ -172,7 +183,11 @@ def running(directory: Path, seed: int, source: Path | None = None) -> Iterator[
     shards = servers_by_shard(project)
     history_dir = directory / "history"
     history_dir.mkdir(parents=True)
-    with local_postgres(*server_programs()) as postgres, tmpfs(directory / "disk") as disk:
+    try:
+        programs = server_programs()
+    except LookupError as err:
+        raise RuntimeError(f"cannot start Postgres: {err}") from None
+    with local_postgres(*programs) as postgres, tmpfs(directory / "disk") as disk:
         proxies = Proxies(("127.0.0.1", postgres.port), [*shards, DISK_SHARD], seed)
         try:
             processes = local_processes(

@@ -38,12 +38,14 @@ from .cluster import DISK_POOL, DISK_SERVER, DISK_SHARD, LEASE_TTL_S, MAX_ATTEMP
 from .history import TERMINAL, HistoryWriter, identity_in_message, read, write_all
 from .producer import Producer
 from .schedule import Fault, Topology, plan
-from .watch import RoleWatcher
+from .watch import RoleWatcher, scrape
 
 TAKEOVER_S = 12.0  # Postgres: a paused leader's lock session ends within 10 s; 0.5 s look, 1 s check
 GRACE_S = 3.0  # scheduling slack on a busy 2-core machine
 RUNNING_EVERY_S = 2.0
 RESTART_AFTER_S = 1.0
+# Faults on a store or its link: the report says how many commits failed (and were retried) during each.
+STORE_KINDS = frozenset({"restart-postgres", "cut-link", "slow-link", "lossy-link", "fill-disk"})
 FINAL_CONCURRENCY = 16
 
 
@@ -129,6 +131,8 @@ class Run:
         name, shards, pools = resolved
         pid = self.cluster.pid(name) if name in self.cluster.processes else None
         self.busy.add(name)
+        measured = fault.kind in STORE_KINDS
+        before = await self.commit_failures(shards) if measured else {}
         try:
             self.history.write(
                 "fault", **common, process=name, pid=pid, shards=shards, pools=pools,
@@ -142,7 +146,16 @@ class Run:
         finally:
             self.busy.discard(name)
             self.last_heal = time.time()
-            self.history.write("heal", fault=fault.number)
+            effect: dict[str, Any] = {}
+            if measured:
+                after = await self.commit_failures(shards)
+                # of the servers that answered both times; one that restarted meanwhile counts from 0
+                effect["commit_failures"] = sum(
+                    count - before[server] if count >= before[server] else count
+                    for server, count in after.items()
+                    if server in before
+                )
+            self.history.write("heal", fault=fault.number, **effect)
 
     async def apply(self, fault: Fault, name: str) -> None:
         """Do the fault, hold it for its duration, undo it (also when the run ends meanwhile)."""
@@ -187,7 +200,7 @@ class Run:
                 cluster.proxies.heal(link)
 
         else:  # fill-disk
-            cluster.disk.fill(leave=self.rng.randrange(0, 65536))
+            cluster.disk.fill(leave=self.rng.randrange(0, 16384))
 
             def undo() -> None:
                 cluster.disk.free()
@@ -198,6 +211,18 @@ class Run:
             done = undo()
             if done is not None:
                 await done
+
+    async def commit_failures(self, shards: list[str]) -> dict[str, float]:
+        """Each server of ``shards``: its ``cronoq_store_commit_failures_total`` now (those that answer)."""
+        servers = [name for name, shard in self.cluster.shard_of_server.items() if shard in shards]
+        token = self.cluster.tokens["metrics"]
+        counts = await asyncio.gather(
+            *(
+                scrape(self.cluster.http(name), token, "cronoq_store_commit_failures_total")
+                for name in servers
+            )
+        )
+        return {name: count for name, count in zip(servers, counts, strict=True) if count is not None}
 
     # -------------------------------------------------------------------------------- supervisor
 

@@ -17,6 +17,10 @@ def summary(records: list[Record], verdict: Verdict) -> dict[str, Any]:
     meta = next((r for r in records if r["type"] == "meta"), {})
     skipped = Counter(r["kind"] for r in records if r["type"] == "fault" and r.get("skipped"))
     exits = Counter(r["process"] for r in records if r["type"] == "exit")
+    kind_of = {r["id"]: r["kind"] for r in records if r["type"] == "fault"}
+    commit_failures: Counter[str] = Counter()
+    for heal in (r for r in records if r["type"] == "heal" and "commit_failures" in r):
+        commit_failures[kind_of[heal["fault"]]] += int(heal["commit_failures"])
     stats = dict(verdict.stats)
     recovery = {}
     for kind, values in stats.pop("recovery").items():
@@ -27,6 +31,8 @@ def summary(records: list[Record], verdict: Verdict) -> dict[str, Any]:
             "measured": len(measured),
             "unmeasured": len(values) - len(measured),
         }
+        if kind in commit_failures:  # a store fault: every heal of it counted them (0 included)
+            recovery[kind]["commit_failures"] = commit_failures[kind]
     return {
         **stats,
         "seconds": meta.get("seconds"),
@@ -53,7 +59,7 @@ def render(records: list[Record], verdict: Verdict) -> str:
             if data["faults_skipped"]
             else ""
         ),
-        f"  {'kind':<18} {'count':>5}  {'recovery p50':>12}  {'p99':>7}  unmeasured",
+        f"  {'kind':<18} {'count':>5}  {'recovery p50':>12}  {'p99':>7}  {'unmeasured':>10}  store commits failed meanwhile",
     ]
     for kind, count in data["faults"].items():
         if kind == "exit":
@@ -61,7 +67,7 @@ def render(records: list[Record], verdict: Verdict) -> str:
         figures = data["recovery"].get(kind, {})
         lines.append(
             f"  {kind:<18} {count:>5}  {_seconds(figures.get('p50_s')):>12}  {_seconds(figures.get('p99_s')):>7}"
-            f"  {figures.get('unmeasured', 0)}"
+            f"  {figures.get('unmeasured', 0):>10}  {figures.get('commit_failures', '')}"
         )
     if data["exits"]:
         lines.append(

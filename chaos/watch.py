@@ -47,6 +47,27 @@ async def probe(address: str, timeout: float = PROBE_TIMEOUT_S) -> str:
     return "standby" if parts else "down"
 
 
+async def scrape(address: str, token: str, name: str, timeout: float = 2.0) -> float | None:
+    """The sum of every sample of the metric ``name`` on ``host:port``'s ``/metrics`` (None: no answer)."""
+    host, _, port = address.rpartition(":")
+    try:
+        async with asyncio.timeout(timeout):
+            reader, writer = await asyncio.open_connection(host, int(port))
+            try:
+                writer.write(
+                    f"GET /metrics HTTP/1.0\r\nHost: {address}\r\nAuthorization: Bearer {token}\r\n\r\n".encode()
+                )
+                text = (await reader.read()).decode(errors="replace")
+            finally:
+                writer.close()
+    except (OSError, TimeoutError):
+        return None
+    if not text.startswith("HTTP/1.") or text.split(None, 2)[1] != "200":
+        return None
+    samples = [line.rsplit(None, 1) for line in text.splitlines() if line.startswith(name)]
+    return sum(float(value) for key, value in samples if key == name or key.startswith(name + "{"))
+
+
 class RoleWatcher:
     """Polls the servers (name -> (shard, HTTP address)) and records each change of role."""
 
