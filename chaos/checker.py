@@ -576,19 +576,31 @@ def _dependency(history: History, task: Task, parent: Task, ref: int | str, cond
                 )
             )
         return found
-    ident = history.accepted(parent)
-    lease = history.leases.get(identity_key(ident)) if ident else None
-    decided = lease.reported if lease is not None else max((other.t for other in parent.leases), default=None)
     first = min((other.t for other in task.leases), default=None)
+    decided = _decided(history, parent, final)
     if decided is not None and first is not None and first < decided:
         return [
             Violation(
                 "dependency",
                 task.id,
-                f"leased at {first:.3f}, before {name} was decided at {decided:.3f}",
+                f"leased at {first:.3f}, before {name} was decided (not before {decided:.3f})",
             )
         ]
     return []
+
+
+def _decided(history: History, task: Task, final: Record) -> float | None:
+    """A time before which ``task`` cannot have reached its outcome: the report of the lease whose
+    outcome was accepted (written before it was sent), the dispatch of its last attempt (the server's
+    ``started_at``), a cancel that was answered true (sent before it took effect). Never a worker's
+    record of a lease: a worker paused with a lease records it when it resumes, long after."""
+    ident = history.accepted(task)
+    lease = history.leases.get(identity_key(ident)) if ident else None
+    bounds = [lease.reported] if lease is not None else []
+    if final.get("started_at"):
+        bounds.append(float(final["started_at"]))
+    bounds += [call["t0"] for call in task.cancels if call["answer"].get("cancelled")]
+    return max(bounds, default=None)
 
 
 def _keys(history: History, counts: dict[str, int]) -> list[Violation]:

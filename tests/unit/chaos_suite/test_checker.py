@@ -336,6 +336,26 @@ def test_dependency_leased_before_its_parent_was_decided() -> None:
     assert rules(story) == ["dependency"]
 
 
+def test_dependency_on_a_cancelled_task_is_decided_by_the_cancel_not_by_a_late_lease_record() -> None:
+    """Seed 5: the parent was leased to a worker that recorded the lease only when it resumed, after the
+    parent had been cancelled and its dependent had run; the cancel is what decided it."""
+    story = Story()
+    story.submit(1, A1)
+    story.call(1.5, "cancel", A1, cancelled=True)
+    story.lease(9, A1, outcome="aborted", reported=9.01)  # dispatched at 1.01, seen at 9
+    story.final(100, A1, "cancelled", started_at=1001.01)
+    story.submit(2, A2, deps=[[A1, "complete"]])
+    story.final(100, A2, output=story.lease(2.1, A2))
+    assert rules(story) == []
+    early = Story()  # a dependent that began before the cancel was even sent
+    early.submit(1, A1)
+    early.submit(1.2, A2, deps=[[A1, "complete"]])
+    early.final(100, A2, output=early.lease(1.3, A2))
+    early.call(1.5, "cancel", A1, cancelled=True)
+    early.final(100, A1, "cancelled")
+    assert rules(early) == ["dependency"]
+
+
 def test_dependency_by_key_resolves_on_the_dependents_shard() -> None:
     story = Story()
     story.submit(1, A1, key="parent")
