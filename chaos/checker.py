@@ -202,10 +202,14 @@ class History:
                     tuple(fault.get("pools", ())),
                 )
             )
+        servers = self.meta.get("servers", {})
         for number, gone in enumerate(exits):
             back = [t for t in restarts[gone["process"]] if t >= gone["t"]]
+            shards = (
+                (servers[gone["process"]],) if gone["process"] in servers else ()
+            )  # a server's, its shard's
             self.windows.append(
-                Window(-1 - number, "exit", gone["t"], min(back, default=last), gone["process"], (), ())
+                Window(-1 - number, "exit", gone["t"], min(back, default=last), gone["process"], shards, ())
             )
         self._tasks(finals, list(leases.values()))
 

@@ -169,7 +169,8 @@ def test_rerun_a_task_leased_again_with_no_fault_to_explain_it() -> None:
         ("kill-worker", "w1", ()),  # the attempt's own worker
         ("restart-postgres", "postgres", ("a", "b")),  # its shard's store
         ("cut-link", "link:a", ("a",)),
-        ("exit", None, ()),  # its worker exited on its own (below)
+        ("exit", "w1", ()),  # its worker exited on its own (below)
+        ("exit", "a1", ()),  # a server of its shard did
     ],
 )
 def test_a_rerun_a_fault_explains_is_counted_not_flagged(
@@ -179,8 +180,8 @@ def test_a_rerun_a_fault_explains_is_counted_not_flagged(
     story.submit(1, A1)
     story.lease(2, A1, outcome=None)
     if kind == "exit":
-        story.add("exit", 3, process="w1", code=-9)
-        story.add("restart", 4, process="w1")
+        story.add("exit", 3, process=process, code=1)
+        story.add("restart", 4, process=process)
     else:
         story.fault(3, 1, kind, process, shards=shards, heal=4)
     ident = story.lease(9, A1, 2, worker="w2")
