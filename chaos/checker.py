@@ -46,6 +46,10 @@ in the violations it reports:
     be met, or not ended ``skipped`` when it cannot be met.
 ``fixed-start``
     a task leased before its fixed start.
+``crash``
+    a process that ended by a signal the run did not send (SIGABRT, SIGSEGV, ...). One that exits with
+    a status (a server that stepped down for good exits 1, as documented) is restarted and reported,
+    not a violation.
 """
 
 from __future__ import annotations
@@ -53,6 +57,7 @@ from __future__ import annotations
 import bisect
 import itertools
 import math
+import signal
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -143,7 +148,7 @@ class History:
         self.holders: dict[str, list[Task]] = defaultdict(list)  # key: the tasks the cluster says hold it
         leases: dict[tuple[Any, ...], Lease] = {}
         heals: dict[int, float] = {}
-        exits: list[Record] = []
+        self.exits: list[Record] = []
         restarts: dict[str, list[float]] = defaultdict(list)
         faults: list[Record] = []
         reports: list[Record] = []
@@ -159,7 +164,7 @@ class History:
             elif kind == "heal":
                 heals[record["fault"]] = record["t"]
             elif kind == "exit":
-                exits.append(record)
+                self.exits.append(record)
             elif kind == "restart":
                 restarts[record["process"]].append(record["t"])
             elif kind == "role":
@@ -203,7 +208,7 @@ class History:
                 )
             )
         servers = self.meta.get("servers", {})
-        for number, gone in enumerate(exits):
+        for number, gone in enumerate(self.exits):
             back = [t for t in restarts[gone["process"]] if t >= gone["t"]]
             shards = (
                 (servers[gone["process"]],) if gone["process"] in servers else ()
@@ -358,6 +363,7 @@ def check(records: Iterable[Record]) -> Verdict:
         violations += found
     violations += _keys(history, counts)
     violations += _stuck(history)
+    violations += _crashes(history)
     stats = _stats(history, violations, counts, acked)
     return Verdict(violations, stats)
 
@@ -697,6 +703,20 @@ def _stuck(history: History) -> list[Violation]:
                 f"attempt {attempt} running since {started:.3f}, still at {at:.3f} (bound {bound:.1f} s)",
             )
     return [found[task_id] for task_id in sorted(found)]
+
+
+def _crashes(history: History) -> list[Violation]:
+    """Processes that ended by a signal the run did not send: its kills hold their process down, so
+    the run records no exit for them, and it sends nothing else that ends a process."""
+    found = []
+    for gone in history.exits:
+        if int(gone["code"]) < 0:
+            try:
+                name = signal.Signals(-int(gone["code"])).name
+            except ValueError:
+                name = f"signal {-int(gone['code'])}"
+            found.append(Violation("crash", None, f"{gone['process']} ended by {name} at {gone['t']:.3f}"))
+    return found
 
 
 # --------------------------------------------------------------------------------------- the figures

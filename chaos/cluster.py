@@ -94,12 +94,17 @@ class Disk:
     reader: sqlite3.Connection | None = None
 
     def fill(self, leave: int) -> None:
-        """Fill the file system but for ``leave`` bytes, while a reader holds a snapshot of the store, as
-        an online backup (``sqlite3 .backup``, which operations.md recommends) does: the WAL cannot start
-        over while it reads, so the server's next commits must grow it. Without the reader a WAL that
-        already grew to its checkpoint size is written over in place, and a full disk would never bite."""
+        """Fill the file system but for ``leave`` bytes, with the store's WAL emptied first (a checkpoint
+        that truncates it, as ``sqlite3`` run by an operator may do) and a reader holding a snapshot, as
+        an online backup (``sqlite3 .backup``) does, so that the WAL cannot start over: the server's next
+        commits must grow it. Otherwise a WAL that once grew is written over in place, and a full disk
+        refuses nothing (so it was in a 10-minute run before this). Blocks up to 5 s on SQLite's locks."""
         assert self.mount is not None
-        self.reader = sqlite3.connect(self.mount / "disk.db", timeout=5, isolation_level=None)
+        self.reader = sqlite3.connect(
+            self.mount / "disk.db", timeout=5, isolation_level=None, check_same_thread=False
+        )
+        with contextlib.suppress(sqlite3.OperationalError):  # busy: the WAL stays as long as it is
+            self.reader.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()
         self.reader.execute("BEGIN")
         self.reader.execute("SELECT count(*) FROM cronoq_tasks").fetchone()
         self.filler = self.mount / "filler"
@@ -274,8 +279,12 @@ def _make_chaos_worker(process: LocalProcess, history_dir: Path) -> None:
 
 def _run_from(process: LocalProcess, source: Path | None) -> None:
     """``source`` first on the path (the cronoq package it holds shadows the installed one), then this
-    checkout (for :mod:`chaos` itself)."""
+    checkout (for :mod:`chaos` itself). Every process also writes its log unbuffered, so that a killed
+    one loses no line, and the Python stack of every thread when it crashes (``faulthandler``, on
+    SIGSEGV, SIGABRT, SIGBUS, SIGILL and SIGFPE): a crash must say where it happened."""
     process.env["PYTHONPATH"] = os.pathsep.join([*([str(source)] if source else []), str(REPO)])
+    process.env["PYTHONUNBUFFERED"] = "1"
+    process.env["PYTHONFAULTHANDLER"] = "1"
 
 
 @contextlib.contextmanager

@@ -200,7 +200,7 @@ class Run:
                 cluster.proxies.heal(link)
 
         else:  # fill-disk
-            cluster.disk.fill(leave=self.rng.randrange(0, 16384))
+            await asyncio.to_thread(cluster.disk.fill, self.rng.randrange(0, 16384))
 
             def undo() -> None:
                 cluster.disk.free()

@@ -1,13 +1,18 @@
 """The report of a run: faults injected, time to recovery by kind, tasks acknowledged, lost, stale,
-run twice and stuck, the seed, and every violation the checker found (the first ``SHOWN`` in text)."""
+run twice and stuck, the seed, and every violation the checker found (the first ``SHOWN`` in text).
+
+``python -m chaos.report HISTORY`` checks a run's ``history.jsonl`` again and prints its report (exit 1
+on a violation): to judge an old run with a changed checker, or to read one run's figures again."""
 
 from __future__ import annotations
 
+import sys
 from collections import Counter
+from pathlib import Path
 from typing import Any
 
-from .checker import Verdict, percentile
-from .history import Record
+from .checker import Verdict, check, percentile
+from .history import Record, read
 
 SHOWN = 40
 
@@ -101,3 +106,18 @@ def render(records: list[Record], verdict: Verdict) -> str:
 
 def _seconds(value: float | None) -> str:
     return "-" if value is None else f"{value:.2f} s"
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) != 1:
+        print("usage: python -m chaos.report HISTORY (a run's history.jsonl)", file=sys.stderr)
+        return 2
+    records = read([Path(args[0])])
+    verdict = check(records)
+    print(render(records, verdict), end="")
+    return 1 if verdict.violations else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -408,6 +408,18 @@ def test_recovery_is_from_a_fault_to_the_first_task_of_its_pools_submitted_after
     assert percentile([], 0.5) is None
 
 
+def test_crash_a_process_ended_by_a_signal_the_run_did_not_send() -> None:
+    story = Story()
+    story.simple(1, A1)
+    story.add("exit", 5, process="a2", code=1)  # exited with a status (stepped down for good): reported
+    story.add("restart", 6, process="a2")
+    assert rules(story) == []
+    story.add("exit", 9, process="a1", code=-6)
+    story.add("restart", 10, process="a1")
+    found = verdict(story)
+    assert [str(v) for v in found.violations] == ["crash: a1 ended by SIGABRT at 1009.000"]
+
+
 def test_the_checker_imports_nothing_of_cronoq() -> None:
     """It judges the server: it must not share its code (the history module is its only input)."""
     for name in ("checker.py", "history.py"):

@@ -3,10 +3,13 @@ that failed during store faults, skipped faults, processes that exited, the figu
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from chaos.checker import check
-from chaos.report import render, summary
+from chaos.history import write_all
+from chaos.report import main, render, summary
 
 from .story import SHARD_A, Story
 
@@ -39,3 +42,16 @@ def test_the_report_sums_up_faults_recovery_and_tasks() -> None:
     assert "faults injected: 2 (and 1 skipped: target busy or missing)" in text
     assert "processes that exited on their own (restarted): a2 1x" in text
     assert "lost: 0\n" in text and text.endswith("seed 7 (CHAOS_SEED=7 replays this schedule)\n")
+
+
+def test_a_history_can_be_checked_again_from_its_file(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    story = Story()
+    story.simple(1, SHARD_A + 1)
+    path = tmp_path / "history.jsonl"
+    write_all(path, story.sorted())
+    assert main([str(path)]) == 0 and "no violations" in capsys.readouterr().out
+    story.add("exit", 5, process="a1", code=-11)
+    write_all(path, story.sorted())
+    assert main([str(path)]) == 1 and "crash: a1 ended by SIGSEGV" in capsys.readouterr().out

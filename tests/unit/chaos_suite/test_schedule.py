@@ -10,8 +10,9 @@ import pytest
 from chaos.broken import DEMONSTRATIONS, MEAN_GAP_S
 from chaos.schedule import KINDS, SQLITE_KINDS, Topology, plan
 
+# As the harness makes it from make cluster's topology: the workers in name order.
 TOPOLOGY = Topology(
-    ("cpu", "gpu"), ("worker-default-1", "worker-default-2", "worker-llm", "worker-disk"), sqlite=True
+    ("cpu", "gpu"), ("worker-default-1", "worker-default-2", "worker-disk", "worker-llm"), sqlite=True
 )
 SHORT_RUN = (90.0, 20261206)  # the seconds and seed of tests/integration/test_chaos.py's run
 
