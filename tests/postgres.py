@@ -82,8 +82,9 @@ def _unprivileged() -> pwd.struct_passwd | None:
     raise RuntimeError("running as root and neither a 'postgres' nor a 'nobody' account exists")
 
 
-class _Cluster:
-    """One initdb'd data directory and the server running on it."""
+class LocalPostgres:
+    """One initdb'd data directory and the server running on it (the chaos suite restarts it:
+    :meth:`stop_server`, :meth:`start_again`)."""
 
     def __init__(self, initdb: str, pg_ctl: str) -> None:
         self.initdb = initdb
@@ -134,20 +135,8 @@ class _Cluster:
         """Start on a free port; a port taken between choosing and binding it is retried."""
         for attempt in range(3):
             self.port = _free_port()
-            options = " ".join(
-                [
-                    f"-p {self.port}",
-                    "-c listen_addresses=127.0.0.1",
-                    f"-c unix_socket_directories={shlex.quote(str(self.sockets))}",
-                    "-c fsync=on",
-                    "-c max_connections=200",
-                ]
-            )
             try:
-                self._run(
-                    self.pg_ctl, "start", "--wait", f"--timeout={int(START_TIMEOUT)}",
-                    f"--pgdata={self.data}", f"--log={self.log}", f"--options={options}",
-                )  # fmt: skip
+                self._pg_ctl_start()
             except RuntimeError:
                 log = self.log.read_text(errors="replace") if self.log.exists() else ""
                 if attempt < 2 and "could not bind" in log:
@@ -155,6 +144,31 @@ class _Cluster:
                 raise RuntimeError(f"postgres did not start; server log:\n{log[-4000:]}") from None
             self._wait_until_ready()
             return
+
+    def _pg_ctl_start(self) -> None:
+        options = " ".join(
+            [
+                f"-p {self.port}",
+                "-c listen_addresses=127.0.0.1",
+                f"-c unix_socket_directories={shlex.quote(str(self.sockets))}",
+                "-c fsync=on",
+                "-c max_connections=200",
+            ]
+        )
+        self._run(
+            self.pg_ctl, "start", "--wait", f"--timeout={int(START_TIMEOUT)}",
+            f"--pgdata={self.data}", f"--log={self.log}", f"--options={options}",
+        )  # fmt: skip
+
+    def stop_server(self, mode: str) -> None:
+        """``pg_ctl stop`` in ``mode``: ``fast`` (a clean shutdown) or ``immediate`` (a crash: recovery
+        replays the WAL at the next start). The data stays, for :meth:`start_again`."""
+        self._run(self.pg_ctl, "stop", "--wait", f"--mode={mode}", f"--pgdata={self.data}")
+
+    def start_again(self) -> None:
+        """Start a stopped server on the port it had (clients reconnect to the same address)."""
+        self._pg_ctl_start()
+        self._wait_until_ready()
 
     @property
     def url(self) -> str:
@@ -192,16 +206,23 @@ def server_programs() -> tuple[str, str]:
 
 
 @contextlib.contextmanager
-def throwaway_postgres(initdb: str, pg_ctl: str) -> Iterator[str]:
-    """A server on a new data directory for the duration of the block, and its URL; stopped and its
-    directory removed afterwards. Also what ``make cluster`` runs (``deploy/cluster.py``)."""
-    cluster = _Cluster(initdb, pg_ctl)
+def local_postgres(initdb: str, pg_ctl: str) -> Iterator[LocalPostgres]:
+    """A server on a new data directory for the duration of the block; stopped and its directory
+    removed afterwards."""
+    cluster = LocalPostgres(initdb, pg_ctl)
     try:
         cluster.init()
         cluster.start()
-        yield cluster.url
+        yield cluster
     finally:
         cluster.stop()
+
+
+@contextlib.contextmanager
+def throwaway_postgres(initdb: str, pg_ctl: str) -> Iterator[str]:
+    """:func:`local_postgres`'s URL. Also what ``make cluster`` runs (``deploy/cluster.py``)."""
+    with local_postgres(initdb, pg_ctl) as cluster:
+        yield cluster.url
 
 
 @contextlib.contextmanager

@@ -10,23 +10,27 @@ never settled by whichever shard answers first.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import signal
+import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
 import aiohttp
 import grpc
+import psycopg
 import pytest
+from psycopg import sql
 
 from cronoq.client import Client, task
 from cronoq.errors import FailedPrecondition, InvalidArgument, NotFound, PermissionDenied, Unavailable
 from cronoq.v1 import cronoq_pb2 as pb
 from cronoq.v1 import cronoq_pb2_grpc as pbg
 
-from .helpers import token
+from .helpers import postgres_store, token
 from .serverproc import ServerProcess
-from .shardproc import ShardSpec, routed_cluster
+from .shardproc import ShardSpec, routed_cluster, running_cluster
 
 pytestmark = pytest.mark.asyncio
 
@@ -249,3 +253,39 @@ async def test_a_scoped_watch_by_key_never_sees_another_pools_task(
     finally:
         await scoped.aclose()
         await witness.aclose()
+
+
+async def test_a_key_held_by_a_task_not_yet_committed_on_its_shard_is_not_answered_as_its_duplicate(
+    tmp_path: Path, postgres_url: str, pg_schema: str
+) -> None:
+    """Found by the chaos suite (seed 20261206): shard b's leader held a keyed task it could not commit
+    (its link to Postgres was cut), and shard a, asked for the same key, answered the caller with that
+    task's id as a duplicate; b's leader then lost its leadership, the task was never written, and the
+    id the caller was given named nothing. A duplicate answer is an acknowledgement: the task it names
+    must be committed first. Here b's commits are held up by a lock on its table, b's leader is killed
+    before it can commit, and whatever a answered must still exist once b is back."""
+    shards = (ShardSpec("a", 1, ("a1",)), ShardSpec("b", 2, ("b1",)))
+    shared = "[limits]\nrequest_timeout_s = 2\n\n" + postgres_store(f"{pg_schema}_{{shard}}")
+    with running_cluster(
+        tmp_path, shards, extra={"a": shared, "b": shared}, env={"DATABASE_URL": postgres_url}
+    ) as procs:
+        async with Client(procs["a"].target) as to_a, Client(procs["b"].target) as to_b:
+            with psycopg.connect(postgres_url) as blocker:
+                blocker.execute(
+                    sql.SQL("LOCK TABLE {}.cronoq_tasks IN ACCESS EXCLUSIVE MODE").format(
+                        sql.Identifier(f"{pg_schema}_b")
+                    )
+                )
+                held = asyncio.create_task(to_b.submit(b"", pool="b1", key="uncommitted", call_timeout=30))
+                deadline = time.monotonic() + 20
+                while procs["b"].metric("cronoq_live_tasks") != 1:  # b's engine holds it; b cannot commit
+                    assert time.monotonic() < deadline and not held.done()
+                    await asyncio.sleep(0.05)
+                answer = await to_a.submit(b"", pool="a1", key="uncommitted", call_timeout=15)
+                procs["b"].kill()
+                blocker.rollback()
+            with contextlib.suppress(Unavailable):
+                await held  # its leader died before answering
+            procs["b"].start()
+            found = await to_a.get(answer.id)  # through a: b's ids are forwarded to b
+            assert (found.id, found.key) == (answer.id, "uncommitted")
