@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import json
 import os
 import re
@@ -74,26 +75,21 @@ async def drain(
     n: int,
     slots: int,
     *,
-    plain: bool = False,
     database_port: int | None = None,
-    launch: Callable[[str, int, int], subprocess.Popen[str]] | None = None,
+    launch: Callable[[str, int, int], subprocess.Popen[str]] = start_worker,
 ) -> dict[str, float]:
     """Tasks/s end to end, and the CPU each process spent per task: on a machine whose cores are all
-    busy, cores / (CPU per task) bounds the rate whatever the scheduling does. ``plain``: the worker
-    uses Workers.Work rather than the batched extension; ``database_port``: the local Postgres server
-    the store uses, whose CPU is counted too. ``launch`` starts another SDK's worker (target, tasks,
-    slots) instead of the Python SDK's; it prints the summary bench/worker.py prints
-    (``bench.sdk_workers``)."""
+    busy, cores / (CPU per task) bounds the rate whatever the scheduling does. ``database_port``: the
+    local Postgres server the store uses, whose CPU is counted too. ``launch`` starts the worker process
+    (target, tasks, slots), registered, printing the summary bench/worker.py prints: by default the
+    Python SDK's on BatchedWorkers.Work (``bench.sdk_workers`` passes the other SDKs' and streams)."""
     assert server.proc is not None
 
     def database_s() -> float:
         return 0.0 if database_port is None else postgres_cpu_s(database_port)
 
     cpu = (process_cpu_s(server.proc.pid), self_cpu_s(), database_s())
-    if launch is None:
-        worker = start_worker(server.target, n, slots, plain=plain)
-    else:
-        worker = launch(server.target, n, slots)
+    worker = launch(server.target, n, slots)
     async with Client(server.target) as client:
         start = time.perf_counter()
         batch = 1000
@@ -312,7 +308,7 @@ def memory_figures(args: argparse.Namespace) -> None:
             f"   target >= 5,000\n{cpu_figures(d)}   target <= 80 us in all",
             flush=True,
         )
-        d = on_loop(drain(server, args.tasks, args.slots, plain=True))
+        d = on_loop(drain(server, args.tasks, args.slots, launch=functools.partial(start_worker, plain=True)))
         print(
             f"the same drain over Workers.Work (one message per lease and per outcome, as workers without "
             f"the batched extension): {d['tasks_per_s']:,.0f} tasks/s (total {d['total_s']:.2f} s)\n"

@@ -35,6 +35,7 @@ from cronoq.errors import (
 )
 from cronoq.limit_hits import LimitHits
 from cronoq.logs import get_logger
+from cronoq.transport import framed_size
 from cronoq.v1 import cronoq_pb2 as pb
 
 from .convert import NS, SpecLimits, check_map, priority_to_wire
@@ -44,9 +45,6 @@ PROTOCOL_VERSION = 3
 MAX_WORKER_NAME = 256
 WRITER_STOP_S = 5.0
 _STOP = pb.ServerMessage()  # sentinel (by identity) that ends the writer
-# What a message adds to a batch's size beyond its own: its field tag (1 byte) and length (a varint of at
-# most 5 bytes below 4 GiB). Counting it keeps a batch within the limit it is built for.
-FRAMING_BYTES = 6
 log = get_logger("cronoq.workers")
 
 
@@ -175,11 +173,11 @@ class WorkerStream:
             if msg is _STOP or self.failure is not None:
                 return
             messages = [msg]
-            size = msg.ByteSize() + FRAMING_BYTES
+            size = framed_size(msg)
             while not queue.empty():
                 following = queue.get_nowait()
                 if following is not _STOP:
-                    size += following.ByteSize() + FRAMING_BYTES
+                    size += framed_size(following)
                     if size <= limit:
                         messages.append(following)
                         continue

@@ -107,6 +107,14 @@ async def take_first_message(context: Any) -> None:
         await asyncio.wait_for(context.read(), REFUSAL_READ_S)
 
 
+def framed_size(message: Any) -> int:
+    """What a message adds to a ``BatchedWorkers.Work`` frame (a ``WorkerBatch`` or ``ServerBatch``):
+    its encoded size, plus its field tag (1 byte) and length (a varint of at most 5 bytes below 4 GiB).
+    The server and the SDK both fill frames by it, so that a frame stays within the limit it is built
+    for (docs/worker-protocol.md, rule 4)."""
+    return int(message.ByteSize()) + 6
+
+
 def grpc_status(err: ApiError) -> grpc.StatusCode:
     return _STATUS_BY_CODE.get(err.code, grpc.StatusCode.UNKNOWN)
 

@@ -42,7 +42,7 @@ from cronoq.errors import (
     Retryable,
     error_for,
 )
-from cronoq.transport import ChannelOptions, Endpoint, api_error, open_channel
+from cronoq.transport import ChannelOptions, Endpoint, api_error, framed_size, open_channel
 from cronoq.v1 import cronoq_pb2 as pb
 from cronoq.v1 import cronoq_pb2_grpc as pb_grpc
 
@@ -69,8 +69,6 @@ FATAL_CODES = frozenset(
 )
 DEFAULT_MAX_MESSAGE_BYTES = 4 * 1024 * 1024  # gRPC's default, for servers that do not say
 OUTPUT_HEADROOM = 1024  # room for the Complete message around the output bytes
-# What a message adds to a batch beyond its own size: its tag and length (see shard/workers.py).
-FRAMING_BYTES = 6
 MIN_HEARTBEAT_INTERVAL = 0.01
 CLOSE_WAIT = 5.0  # how long stop() waits for the server to end the stream after the half-close
 
@@ -723,9 +721,9 @@ class _Session:
         limit = self._worker.max_message_bytes or DEFAULT_MAX_MESSAGE_BYTES
         first = outbox.popleft()
         messages = [first]
-        size = first.ByteSize() + FRAMING_BYTES
+        size = framed_size(first)
         while outbox:
-            size += outbox[0].ByteSize() + FRAMING_BYTES
+            size += framed_size(outbox[0])
             if size > limit:
                 break
             messages.append(outbox.popleft())
