@@ -43,7 +43,7 @@ import re
 import socket
 import time
 import zlib
-from collections.abc import Callable, Coroutine, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from dataclasses import dataclass
 from typing import Any, Final, TypeVar
 
@@ -500,7 +500,7 @@ def commit_timeout(batch: Batch, base: float) -> float:
     return base + size / COMMIT_BYTES_PER_S if size >= COMMIT_BYTES_PER_S else base
 
 
-async def _bounded(work: Coroutine[Any, Any, T], timeout: float) -> T:
+async def _bounded(work: Awaitable[T], timeout: float) -> T:
     """Await ``work`` for at most ``timeout`` seconds, else cancel it and raise TimeoutError. The work
     runs in a task of its own so that giving up never waits for it: psycopg's cancellation of a query
     to a server that no longer answers can take ten more seconds. Its late outcome is discarded."""
@@ -514,6 +514,15 @@ async def _bounded(work: Coroutine[Any, Any, T], timeout: float) -> T:
     if not done:
         raise TimeoutError
     return job.result()
+
+
+def _shut_down(conn: Conn) -> None:
+    """End both directions of ``conn``'s socket without closing its descriptor (see
+    :meth:`PostgresStore._drop_session`)."""
+    with contextlib.suppress(OSError, psycopg.Error):
+        fd = conn.pgconn.socket
+        with socket.socket(fileno=os.dup(fd)) as sock:  # closing the duplicate leaves the original open
+            sock.shutdown(socket.SHUT_RDWR)
 
 
 def _discard(task: asyncio.Future[Any]) -> None:
@@ -560,6 +569,8 @@ class PostgresStore:
         self._leadership: Leadership | None = None
         self._watcher: asyncio.Task[None] | None = None
         self._waiting: asyncio.Task[bool] | None = None  # a standby's wait for the lock, while it runs
+        self._session_work: asyncio.Future[Any] | None = None  # the last work started on the lock session
+        self._closing: set[asyncio.Task[None]] = set()  # lock sessions to close once their work ended
         self._commit_seq = 0  # per leadership: orders this leader's commits (see the commit statement)
         self._live_rows = LiveRows()
         self._types = _TypeOids(0, 0)  # read by open()
@@ -716,6 +727,8 @@ class PostgresStore:
         if self._leadership is not None:
             self._step_down(self._leadership, "store closed", planned=True)
         await self._drop_session()  # ends the backend, which releases the lock
+        if self._closing:  # psycopg bounds what they wait for (a query's cancellation) to 10 s
+            await asyncio.wait(self._closing)
         pool, self._pool = self._pool, None
         if pool is not None:
             await pool.close()
@@ -772,8 +785,7 @@ class PostgresStore:
         session = self._session
         if session is None or session.closed:
             raise psycopg.OperationalError("the lock session is closed")
-        job = asyncio.ensure_future(self._lock_within(session))
-        job.add_done_callback(_discard)
+        job = self._start_on_session(self._lock_within(session))
         self._waiting = job
         bound = self._lock_wait + self._session_timeout
         try:
@@ -856,22 +868,53 @@ class PostgresStore:
         if session is None or session.closed:
             raise psycopg.OperationalError("the lock session is closed")
         try:
-            return await _bounded(work(session), self._session_timeout)
+            return await _bounded(self._start_on_session(work(session)), self._session_timeout)
         except TimeoutError:
             await self._drop_session(session)
             raise TimeoutError(
                 f"the lock session did not answer within {self._session_timeout:g} s"
             ) from None
 
+    def _start_on_session(self, work: Coroutine[Any, Any, T]) -> asyncio.Task[T]:
+        """Run ``work`` (which uses the lock session) as a task of its own, remembered until the session
+        is dropped: see :meth:`_drop_session`."""
+        job = asyncio.ensure_future(work)
+        job.add_done_callback(_discard)
+        self._session_work = job
+        return job
+
     async def _drop_session(self, session: Conn | None = None) -> None:
         """Close the lock session (``session``: only if it is still the current one); the server then
-        releases any lock it held."""
+        releases any lock it held.
+
+        Work given up on may still run on the session: psycopg, told to cancel it, cancels the query on
+        the server and goes on watching the socket for the answer. Closing the connection under it frees
+        the socket's descriptor while the event loop is asked to watch it, which uvloop answers by
+        aborting the whole process. Such a session is shut down instead (the server reads the end at
+        once, ends the backend and frees the lock; psycopg reads it too and gives up) and closed as soon
+        as the work has ended."""
         current = self._session
         if current is None or (session is not None and session is not current):
             return
         self._session = None
+        work, self._session_work = self._session_work, None
+        if work is None or work.done():
+            await self._close_session(current)
+            return
+        _shut_down(current)
+        closing = asyncio.create_task(
+            self._close_after(work, current), name=f"cronoq-lock-close:{self._schema}"
+        )
+        self._closing.add(closing)
+        closing.add_done_callback(self._closing.discard)
+
+    async def _close_after(self, work: asyncio.Future[Any], session: Conn) -> None:
+        await asyncio.wait({work})
+        await self._close_session(session)
+
+    async def _close_session(self, session: Conn) -> None:
         try:
-            await current.close()
+            await session.close()
         except psycopg.Error as err:
             log.debug("store.lock_session_close_failed", error=self._redact(err))
 

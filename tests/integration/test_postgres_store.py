@@ -13,6 +13,7 @@ import contextlib
 import os
 import signal
 import socket
+import sys
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import replace
 from typing import Any, TypeVar
@@ -629,6 +630,56 @@ async def test_an_unresponsive_lock_session_loses_leadership(
         assert "did not answer within 0.5 s" in lead.reason
     # Resumed, the backend finds its client gone and exits, which frees the lock.
     assert (await asyncio.wait_for(waiting, WITHIN)).epoch == 2
+
+
+async def test_a_lock_check_given_up_on_does_not_crash_the_server_loop(
+    postgres_url: str, pg_schema: str, postgres_server: PostgresServer
+) -> None:
+    """A leader paused while its lock check waits on a hung backend, on the server's own event loop in a
+    process of its own. When it resumes, psycopg's poll timer and the check's bound are both due: the
+    check, given up on, had just asked the loop to watch the socket again when the store closed that
+    socket, and uvloop aborted the whole process (SIGABRT, found by ``make chaos`` in a leader resumed
+    after a 10 s pause). The store must let the check end before it closes its connection."""
+    if not postgres_server.local:
+        pytest.skip("needs a server whose backends this process can stop (not DATABASE_URL)")
+    child = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "tests.integration.lock_session_proc",
+        postgres_url,
+        pg_schema,
+        "0.5",
+        stdin=asyncio.subprocess.PIPE,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    stdin, stdout = child.stdin, child.stdout
+    assert stdin is not None and stdout is not None
+    try:
+
+        async def line(word: str) -> str:
+            raw: bytes = await asyncio.wait_for(stdout.readline(), WITHIN)
+            said, _, value = raw.decode().strip().partition(" ")
+            assert said == word, (raw, await asyncio.wait_for(child.wait(), WITHIN))
+            return value
+
+        loop = await line("loop")
+        assert await line("leading") == "1"
+        with stopped(int(await line("holder"))):
+            stdin.write(b"go\n")
+            await line("paused")
+            assert "did not answer within 0.5 s" in await line("lost")
+        # Resumed, the old backend finds its client gone and exits; the same process takes the lock again.
+        assert await line("leading") == "2"
+        await line("holder")
+        assert await asyncio.wait_for(child.wait(), WITHIN) == 0
+    finally:
+        if child.returncode is None:
+            child.kill()
+        errors = (await child.communicate())[1].decode()
+    assert child.returncode == 0, errors
+    if loop != "uvloop":
+        pytest.skip("uvloop is not installed: the crash this guards against is uvloop's")
 
 
 async def test_an_old_leader_is_fenced_after_a_takeover(
