@@ -69,7 +69,7 @@ from .outputs import OutputCache
 from .runtime import CommitFailures, Runtime
 from .scaler import WebhookScalers
 from .service import ShardService
-from .store import Leadership, StoreError
+from .store import Leadership, StoreError, StoreUnavailable
 from .store.factory import make_store
 from .workers import WorkerStream
 
@@ -79,6 +79,9 @@ PRUNE_EVERY_S = 60.0
 # After losing leadership, wait this long before competing for it again, so that a healthy standby
 # (polling every 0.5 s) takes over rather than the instance that just failed.
 REACQUIRE_AFTER_S = 2.0
+# A store that could not be reached at start is tried again after this long, doubling up to the most.
+STORE_RETRY_FIRST_S = 0.5
+STORE_RETRY_MAX_S = 5.0
 # A standby closes connections about this long after accepting them (gRPC: max_connection_age, which
 # gRPC jitters by 10 %; HTTP: a sweep every STANDBY_SWEEP_S), so clients go back to their balancer.
 STANDBY_CONNECTION_S = 1.0
@@ -231,9 +234,14 @@ class ShardServer:
             yield from forwarded_families(self.peers, "cronoq_shard_")
 
     async def start(self) -> None:
-        """Open the store, listen, and begin leading (memory: before returning) or standing by."""
+        """Open the store, listen, and begin leading (memory: before returning) or standing by. A store
+        that cannot be reached yet (Postgres down or restarting) is waited for as a standby waits for
+        leadership; one that cannot be used (a bad URL, a newer schema) stops the start."""
+        unreachable: StoreUnavailable | None = None
         try:
             await self.store.open()
+        except StoreUnavailable as err:
+            unreachable = err
         except StoreError as err:
             await self.store.close()
             raise OSError(f"store: {err}") from err
@@ -244,24 +252,44 @@ class ShardServer:
             raise
         if self.finder is not None:
             await self.finder.start()
-        self._leader_task = asyncio.get_running_loop().create_task(self._lead_forever())
+        self._leader_task = asyncio.get_running_loop().create_task(self._lead_forever(unreachable))
         if not self.store.durable:
             await self._serving.wait()
         else:
             log.info("standing_by", store=self.config.store.KIND)
 
-    async def _lead_forever(self) -> None:
+    async def _lead_forever(self, unreachable: StoreUnavailable | None = None) -> None:
         """Stand by until leading, lead until leadership is lost, and again, until shutdown.
 
         A failure nothing here can recover from (an unreadable or damaged store, a bug) ends the process
         through :attr:`ended` with :attr:`failure` set: a server that can neither lead nor stand by must
         not stay up looking healthy (``/healthz`` 200) while holding, or never taking, leadership."""
         try:
+            if unreachable is not None:
+                await self._open_store(unreachable)
             await self._lead_loop()
         except Exception as err:
             self.failure = f"leadership failed: {type(err).__name__}: {err}"
             log.error("leadership_failed", error=self.failure)
             self.ended.set()
+
+    async def _open_store(self, failure: StoreUnavailable) -> None:
+        """Open a store that could not be reached at start, trying again after 0.5 s, then after twice
+        as long each time up to STORE_RETRY_MAX_S. Each new reason is logged once, as is the end."""
+        log.warning("store_unreachable", error=str(failure), store=self.config.store.KIND)
+        said, delay = str(failure), STORE_RETRY_FIRST_S
+        while True:
+            await asyncio.sleep(delay)
+            try:
+                await self.store.open()
+            except StoreUnavailable as err:
+                if str(err) != said:
+                    said = str(err)
+                    log.warning("store_unreachable", error=said, store=self.config.store.KIND)
+                delay = min(2 * delay, STORE_RETRY_MAX_S)
+                continue
+            log.info("store_reachable", store=self.config.store.KIND)
+            return
 
     async def _lead_loop(self) -> None:
         while not self._stopping:

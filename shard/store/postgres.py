@@ -618,6 +618,8 @@ class PostgresStore:
             await pool.close()
             if isinstance(err, StoreError):
                 raise
+            if isinstance(err, _TRANSIENT):  # down, restarting, unreachable, refusing this role for now
+                raise StoreUnavailable(f"cannot use Postgres at {where}: {self._redact(err)}") from None
             if isinstance(err, psycopg.Error):
                 raise StoreError(f"cannot use Postgres at {where}: {self._redact(err)}") from None
             raise

@@ -20,9 +20,12 @@ from pathlib import Path
 import psycopg
 import pytest
 from psycopg import sql
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
+from chaos.proxy import LinkProxy
 from cronoq.client import Client, Lease
 from cronoq.errors import ApiError, Unavailable
+from tests.ports import free_ports
 
 from .helpers import durable_config, postgres_store, worker
 from .serverproc import ServerProcess, leader_and_standby, new_server
@@ -222,3 +225,42 @@ async def test_migrations_create_the_schema_and_a_newer_schema_is_refused(
     assert out.returncode == 1
     assert "999" in out.stderr and "upgrade" in out.stderr
     assert postgres_url.split("@")[0].split(":")[-1] not in out.stderr + out.stdout  # no password
+
+
+async def test_a_server_started_while_postgres_is_down_waits_for_it(
+    tmp_path: Path, postgres_url: str, pg_schema: str
+) -> None:
+    """Started while nothing answers at the store's address, the server does not exit: it listens as a
+    standby (``/healthz`` 200, ``/readyz`` 503), logs why once, keeps trying, and leads as soon as
+    Postgres answers there (here: a forwarder to the real server, opened on that port later)."""
+    params = conninfo_to_dict(postgres_url)
+    port = free_ports(1)[0]
+    env = {"DATABASE_URL": make_conninfo(postgres_url, host="127.0.0.1", port=port)}
+    server = new_server(tmp_path / "a", pg_config(pg_schema), env)
+    server.start(ready=False)
+    try:
+        assert server.probe("/readyz") == 503
+        assert "store_unreachable" in server.logs() and "Connection refused" in server.logs()
+        upstream = (str(params.get("host") or "127.0.0.1"), int(params.get("port") or 5432))
+        link = LinkProxy("postgres", upstream, seed=0)
+        await link.start(port=port)
+        try:
+            await asyncio.to_thread(server.wait_probe, "/readyz", 200, 20.0)
+            assert "store_reachable" in server.logs()
+            async with Client(server.target) as client:
+                submitted = await client.submit({"n": 1})
+            with psycopg.connect(postgres_url, autocommit=True) as conn:
+                stored = conn.execute(
+                    sql.SQL("SELECT count(*) FROM {}.cronoq_tasks WHERE id = %s").format(
+                        sql.Identifier(pg_schema)
+                    ),
+                    (submitted.id,),
+                ).fetchone()
+            assert stored == (1,)
+        finally:
+            await asyncio.to_thread(server.stop)  # this loop carries the store's bytes meanwhile
+            await link.close()
+    finally:
+        server.stop()
+    assert server.proc is not None and server.proc.returncode == 0, server.logs()
+    assert server.logs().count("store_unreachable") == 1, server.logs()
