@@ -892,9 +892,9 @@ class PostgresStore:
         Work given up on may still run on the session: psycopg, told to cancel it, cancels the query on
         the server and goes on watching the socket for the answer. Closing the connection under it frees
         the socket's descriptor while the event loop is asked to watch it, which uvloop answers by
-        aborting the whole process. Such a session is shut down instead (the server reads the end at
-        once, ends the backend and frees the lock; psycopg reads it too and gives up) and closed as soon
-        as the work has ended."""
+        aborting the whole process. Such a session is shut down instead (the backend ends, freeing the
+        lock, as soon as it reads from the socket; psycopg reads the end too and gives up) and closed
+        once the work has ended."""
         current = self._session
         if current is None or (session is not None and session is not current):
             return
