@@ -203,7 +203,9 @@ async def test_a_retry_policy_without_initial_backoff_waits_the_pools_backoff(
         raise RuntimeError("fails")
 
     async with worker(large_server.target, handler), Client(large_server.target) as client:
-        sub = await client.submit(b"x", retry={"multiplier": 2.0})
+        # Without jitter: the SDK's default (full jitter) would draw the delay from [0, 60 s], and 2 % of
+        # draws come within the 1.5 s below (a full-suite run drew one).
+        sub = await client.submit(b"x", retry={"multiplier": 2.0, "jitter": False})
         deadline = asyncio.get_running_loop().time() + 10
         while (info := await client.get(sub.id)).status != "retrying":
             assert asyncio.get_running_loop().time() < deadline, info
