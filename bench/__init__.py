@@ -6,6 +6,8 @@ import contextlib
 from collections.abc import Coroutine, Iterator
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from psycopg.conninfo import conninfo_to_dict
+
 from cronoq.grpc_settings import load_grpc
 from cronoq.process import choose_event_loop
 
@@ -22,6 +24,18 @@ def on_loop(main: Coroutine[Any, Any, T]) -> T:
     """``asyncio.run`` on the event loop ``cronoq-server`` would use here (``CRONOQ_EVENT_LOOP``), so
     that raw floors, producers and workers are measured on the same kind of loop as the server."""
     return LOOP.run(main)
+
+
+def percentile(values: list[float], q: float) -> float:
+    """The ``q`` quantile of ``values`` (nearest rank); NaN when there are none."""
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else float("nan")
+
+
+def local_port(server: PostgresServer) -> int | None:
+    """The port of ``server`` when it runs on this machine (``bench.cpu.postgres_cpu_s`` counts its
+    CPU), else None."""
+    return int(str(conninfo_to_dict(server.url)["port"])) if server.local else None
 
 
 @contextlib.contextmanager

@@ -26,8 +26,6 @@ import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 
-from psycopg.conninfo import conninfo_to_dict
-
 from cronoq.client import Client, task
 from cronoq.engine import compiled
 from tests.integration.serverproc import ServerProcess, running_server
@@ -39,8 +37,10 @@ from . import (
     grpc_ceiling,
     latency_floor,
     library,
+    local_port,
     lone_submit,
     on_loop,
+    percentile,
     postgres_or_skip,
     scaleout,
     sdk_workers,
@@ -63,11 +63,6 @@ lease_ttl_s = 30
 
 
 PARTS = ("library", "memory", "sdks", "shards", "scaleout", "sqlite", "postgres")
-
-
-def percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else float("nan")
 
 
 async def drain(
@@ -261,7 +256,7 @@ def main() -> None:
                 args.slots,
                 6500,
                 env,
-                int(str(conninfo_to_dict(pg.url)["port"])) if pg.local else None,
+                local_port(pg),
             )
             failover.report(pg.url, args.failovers)
 
