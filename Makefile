@@ -29,7 +29,7 @@ help:
 	@echo "              replays a run's schedule (default: a random seed, printed)"
 	@echo "make test   - run the whole test suite (unit + integration)"
 	@echo "make lint   - ruff and mypy --strict on our sources"
-	@echo "make bench  - engine, transport, drain, latency, sharding, scale-out, durable stores, failover (numbers printed)"
+	@echo "make bench  - engine, transport, drain, latency, sharding, scale-out, durable stores, failover, pgqueuer side by side (numbers printed)"
 	@echo "make proto  - regenerate proto/cronoq/v1/*_pb2*.py and their .pyi stubs from proto/cronoq/v1/cronoq.proto"
 	@echo "make schema - regenerate docs/cronoq-config.schema.json and docs/cronoq-operator.schema.json"
 	@echo "make sdk-go - Go and the Go SDK's libraries (apt-get, as root); make sdk-go-proto - regenerate sdk/go/cronoqv1"

@@ -8,7 +8,10 @@ printed beside it); the same drain with durable stores (fsync on):
 commit latency percentiles read from the server's ``/metrics``. A lone Submit's acknowledgement, on
 the memory store and on Postgres (issue #25: p50 <= 1.5 ms on Postgres, ``bench.lone_submit``). Simulated
 scale-out (issue #25): 1, 2 and 3 shards, each server under the same CPU quota, ≥ 1.8 and ≥ 2.6 times one shard's drain
-(``bench.scaleout``). Nothing here asserts: the numbers are for people.
+(``bench.scaleout``). pgqueuer, the plain Postgres job queue, drained and timed on the same Postgres in the same
+run (``bench.pgqueuer_drain``, part ``pgqueuer``), and cronoq's drains over its rate against issue #25's
+targets: the memory store ≥ twice its rate, Postgres ≥ its rate (aiming for 1.5 times). Nothing here
+asserts: the numbers are for people.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ import time
 import urllib.request
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from cronoq.client import Client, task
 from cronoq.engine import compiled
@@ -41,6 +45,7 @@ from . import (
     lone_submit,
     on_loop,
     percentile,
+    pgqueuer_drain,
     postgres_or_skip,
     scaleout,
     sdk_workers,
@@ -48,6 +53,9 @@ from . import (
 )
 from .cpu import postgres_cpu_s, process_cpu_s, self_cpu_s
 from .worker import start_worker
+
+if TYPE_CHECKING:
+    from tests.postgres import PostgresServer
 
 POOL_CONFIG = """
 [limits]
@@ -62,7 +70,7 @@ lease_ttl_s = 30
 """
 
 
-PARTS = ("library", "memory", "sdks", "shards", "scaleout", "sqlite", "postgres")
+PARTS = ("library", "memory", "sdks", "shards", "scaleout", "sqlite", "postgres", "pgqueuer")
 
 
 async def drain(
@@ -172,7 +180,8 @@ def durable_drain(
     target_rate: int,
     env: dict[str, str],
     database_port: int | None = None,
-) -> None:
+) -> float:
+    """Print the drain through a server on ``store``; its tasks/s."""
     with tempfile.TemporaryDirectory() as tmp:
         body = POOL_CONFIG + store.replace("{tmp}", tmp)
         with running_server(Path(tmp), body, env=env) as server:
@@ -184,19 +193,25 @@ def durable_drain(
                 f"  group commit: {commit_figures(server)}",
                 flush=True,
             )
+            return d["tasks_per_s"]
 
 
 def main() -> None:
     p = argparse.ArgumentParser(
         prog="python -m bench", description="What `make bench` runs (with every part, and these defaults)."
     )
-    p.add_argument("--tasks", type=int, default=20_000, help="tasks in each drain (default: %(default)s)")
+    p.add_argument(
+        "--tasks", type=int, default=20_000, help="tasks in each drain, pgqueuer's too (default: %(default)s)"
+    )
     p.add_argument("--slots", type=int, default=64, help="the drain worker's slots (default: %(default)s)")
     p.add_argument(
-        "--rate", type=float, default=200.0, help="tasks/s of the latency run (default: %(default)s)"
+        "--rate",
+        type=float,
+        default=200.0,
+        help="tasks/s of the latency runs, pgqueuer's too (default: %(default)s)",
     )
     p.add_argument(
-        "--seconds", type=float, default=10.0, help="length of the latency run (default: %(default)s)"
+        "--seconds", type=float, default=10.0, help="length of the latency runs (default: %(default)s)"
     )
     p.add_argument(
         "--engine-tasks", type=int, default=100_000, help="tasks of the engine run (default: %(default)s)"
@@ -216,7 +231,8 @@ def main() -> None:
         help="comma-separated parts: library (in-process mode), memory (engine, transport, drain, latency), "
         "sdks (the drain served by each SDK's worker: Python, TypeScript, Go), "
         "shards (two shards and a router), scaleout (1, 2 and 3 shards, each under the same CPU quota), "
-        "sqlite and postgres (durable drains; postgres also failover) (default: all)",
+        "sqlite and postgres (durable drains; postgres also failover), pgqueuer (the plain Postgres job "
+        "queue on the same Postgres, for the comparison issue #25 asks for) (default: all)",
     )
     args = p.parse_args()
     stores = set(args.stores.split(","))
@@ -229,10 +245,11 @@ def main() -> None:
         f"engine: {'compiled with mypyc' if compiled() else 'interpreted (built with CRONOQ_COMPILE=0 or no C compiler)'}",
         flush=True,
     )
+    rates: dict[str, float] = {}  # drains' tasks/s: cronoq's "memory" and "Postgres", and "pgqueuer"
     if "library" in stores:
         library.report(args.library_tasks)
     if "memory" in stores:
-        memory_figures(args)
+        rates["memory"] = memory_figures(args)
     if "sdks" in stores:
         sdk_workers.run(args.tasks, args.slots)
     if "shards" in stores:
@@ -243,25 +260,52 @@ def main() -> None:
         durable_drain(
             "SQLite", '[store]\nkind = "sqlite"\npath = "{tmp}/cronoq.db"\n', args.tasks, args.slots, 4000, {}
         )
-    if "postgres" in stores:
+    if stores & {"postgres", "pgqueuer"}:
         with postgres_or_skip() as pg:
-            if pg is None:
-                return
-            env = {**os.environ, "DATABASE_URL": pg.url}
-            lone_submit.report_postgres(pg.url)
-            durable_drain(
-                "Postgres",
-                '[store]\nkind = "postgres"\nschema = "cronoq_bench"\n',
-                args.tasks,
-                args.slots,
-                6500,
-                env,
-                local_port(pg),
-            )
-            failover.report(pg.url, args.failovers)
+            if pg is not None:
+                postgres_figures(args, stores, pg, rates)
+    comparison(rates)
 
 
-def memory_figures(args: argparse.Namespace) -> None:
+def postgres_figures(
+    args: argparse.Namespace, stores: set[str], pg: PostgresServer, rates: dict[str, float]
+) -> None:
+    """cronoq on Postgres and pgqueuer, one after the other on the same server, then failover."""
+    if "postgres" in stores:
+        lone_submit.report_postgres(pg.url)
+        rates["Postgres"] = durable_drain(
+            "Postgres",
+            '[store]\nkind = "postgres"\nschema = "cronoq_bench"\n',
+            args.tasks,
+            args.slots,
+            6500,
+            {**os.environ, "DATABASE_URL": pg.url},
+            local_port(pg),
+        )
+    if "pgqueuer" in stores:
+        plan = pgqueuer_drain.Plan(args.tasks, args.rate, args.seconds)
+        rates["pgqueuer"] = pgqueuer_drain.report(pg.url, plan, database_port=local_port(pg))
+    if "postgres" in stores:
+        failover.report(pg.url, args.failovers)
+
+
+def comparison(rates: dict[str, float]) -> None:
+    """cronoq's drains over pgqueuer's measured in this run, against issue #25's targets: the memory
+    store at least twice pgqueuer's rate, Postgres at least pgqueuer's, aiming for 1.5 times."""
+    if "pgqueuer" not in rates:
+        return
+    targets = {"memory": "target >= 2x", "Postgres": "target >= 1x, aim 1.5x"}
+    ratios = [
+        f"{name} {rates[name] / rates['pgqueuer']:.1f}x ({target})"
+        for name, target in targets.items()
+        if name in rates
+    ]
+    if ratios:
+        print(f"cronoq vs pgqueuer in this run: {', '.join(ratios)}", flush=True)
+
+
+def memory_figures(args: argparse.Namespace) -> float:
+    """Print the memory store's figures; the tasks/s of its drain (over the batched worker stream)."""
     eng = engine_bench.run(args.engine_tasks)
     print(
         f"engine: {eng['decisions_per_s']:,.0f} decisions/s with the garbage collector paused, "
@@ -297,6 +341,7 @@ def memory_figures(args: argparse.Namespace) -> None:
     )
     with tempfile.TemporaryDirectory() as tmp, running_server(Path(tmp), POOL_CONFIG) as server:
         d = on_loop(drain(server, args.tasks, args.slots))
+        memory_rate = d["tasks_per_s"]
         print(
             f"end-to-end drain: {d['tasks']:,.0f} no-op tasks, SubmitBatch x1000, 1 worker x {args.slots} slots: "
             f"{d['tasks_per_s']:,.0f} tasks/s (submit {d['submit_s']:.2f} s, total {d['total_s']:.2f} s)"
@@ -324,6 +369,7 @@ def memory_figures(args: argparse.Namespace) -> None:
         flush=True,
     )
     lone_submit.report_memory()
+    return memory_rate
 
 
 if __name__ == "__main__":
