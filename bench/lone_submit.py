@@ -18,7 +18,7 @@ from pathlib import Path
 from cronoq.client import Client
 from tests.integration.serverproc import running_server
 
-from . import on_loop, postgres_or_skip
+from . import on_loop, percentile, postgres_or_skip
 
 TARGET_P50_MS = 1.5  # Postgres (issue #25)
 SUBMITS = 300
@@ -39,11 +39,6 @@ async def measure(target: str, submits: int, warmup: int) -> list[float]:
     return seconds
 
 
-def quantile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
-
-
 def report(name: str, store: str, env: dict[str, str] | None, submits: int, warmup: int) -> None:
     """Start a server with ``store`` (a ``[store]`` section, or "" for memory), measure, print a line."""
     with tempfile.TemporaryDirectory() as tmp, running_server(Path(tmp), store, env=env) as server:
@@ -51,7 +46,7 @@ def report(name: str, store: str, env: dict[str, str] | None, submits: int, warm
     target = f"   target p50 <= {TARGET_P50_MS} ms" if store else " (no commit: the floor)"
     print(
         f"lone Submit, {name} store ({submits} sequential single Submits, no worker): "
-        f"p50 {quantile(seconds, 0.5) * 1e3:.2f} ms, p99 {quantile(seconds, 0.99) * 1e3:.2f} ms{target}",
+        f"p50 {percentile(seconds, 0.5) * 1e3:.2f} ms, p99 {percentile(seconds, 0.99) * 1e3:.2f} ms{target}",
         flush=True,
     )
 
