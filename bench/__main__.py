@@ -51,7 +51,7 @@ from . import (
     sdk_workers,
     sharding,
 )
-from .cpu import postgres_cpu_s, process_cpu_s, self_cpu_s
+from .cpu import cost_line, postgres_cpu_s, process_cpu_s, self_cpu_s
 from .worker import start_worker
 
 if TYPE_CHECKING:
@@ -116,18 +116,17 @@ async def drain(
         "worker_us": worker_s / handled * 1e6,
         "producer_us": producer_s / handled * 1e6,
         "database_us": database / handled * 1e6,
-        "cpu_bound": (os.cpu_count() or 1) * handled / (server_s + worker_s + producer_s + database),
     }
 
 
 def cpu_figures(d: dict[str, float]) -> str:
-    database = f", Postgres {d['database_us']:.0f} us" if d["database_us"] else ""
-    total = d["server_us"] + d["worker_us"] + d["producer_us"] + d["database_us"]
-    return (
-        f"  CPU per task: server {d['server_us']:.0f} us, worker {d['worker_us']:.0f} us, producer "
-        f"{d['producer_us']:.0f} us{database}, {total:.0f} us in all: {os.cpu_count()} cores allow at most "
-        f"{d['cpu_bound']:,.0f} tasks/s at these costs"
-    )
+    names = {
+        "server_us": "server",
+        "worker_us": "worker",
+        "producer_us": "producer",
+        "database_us": "Postgres",
+    }
+    return cost_line("task", {name: d[key] for key, name in names.items()})
 
 
 async def latency(target: str, rate: float, seconds: float) -> dict[str, float]:

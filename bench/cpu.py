@@ -87,3 +87,16 @@ def machine_busy_s() -> float:
     fields = Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:9]
     user, nice, system, _idle, _iowait, irq, softirq, steal = map(int, fields)
     return (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
+
+
+def cost_line(unit: str, us: dict[str, float]) -> str:
+    """The CPU microseconds each process (by name) spent per ``unit`` (task, job), in all, and the rate
+    the machine's cores allow at those costs; a process that spent nothing (a Postgres not on this
+    machine) is left out."""
+    spent = {name: v for name, v in us.items() if v}
+    total = sum(spent.values())
+    return (
+        f"  CPU per {unit}: {', '.join(f'{name} {v:.0f} us' for name, v in spent.items())}, {total:.0f} us in "
+        f"all: {os.cpu_count()} cores allow at most {(os.cpu_count() or 1) * 1e6 / total:,.0f} {unit}s/s at "
+        "these costs"
+    )

@@ -50,7 +50,7 @@ from pgqueuer.domain.settings import DBSettings
 from pgqueuer.domain.types import Channel
 
 from . import local_port, on_loop, percentile, postgres_or_skip
-from .cpu import postgres_cpu_s, self_cpu_s
+from .cpu import cost_line, postgres_cpu_s, self_cpu_s
 
 VERSION = "1.6.0"  # what pyproject.toml pins
 ENTRYPOINT = "noop"
@@ -102,17 +102,8 @@ class Session:
         return len(self.ran) / self.total_s
 
     def cpu_line(self) -> str:
-        per_job = {
-            "producer": self.producer_s,
-            "workers": self.workers_s,
-            **({"Postgres": self.database_s} if self.database_s else {}),
-        }
-        parts = ", ".join(f"{name} {s / len(self.ran) * 1e6:.0f} us" for name, s in per_job.items())
-        total = sum(per_job.values())
-        return (
-            f"  CPU per job: {parts}, {total / len(self.ran) * 1e6:.0f} us in all: {os.cpu_count()} cores "
-            f"allow at most {(os.cpu_count() or 1) * len(self.ran) / total:,.0f} jobs/s at these costs"
-        )
+        seconds = {"producer": self.producer_s, "workers": self.workers_s, "Postgres": self.database_s}
+        return cost_line("job", {name: s / len(self.ran) * 1e6 for name, s in seconds.items()})
 
 
 def settings_for(schema: str) -> DBSettings:
